@@ -1,0 +1,170 @@
+"""Reasoning traces (Bespoke-Stratos / Sky-T1 tag format) as chat conversations.
+
+Real traces are messy: truncated generations, missing ``<|end_of_thought|>`` or solution tags, empty
+rows. :func:`load_trace_rows` keeps every usable row, counts each defect, and never crashes on one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zoomr import tokens
+from zoomr.paths import resolve_repo_path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TraceRow:
+    """One problem with its reasoning trace (the assistant response, tags included)."""
+
+    id: str
+    question: str
+    response: str
+    system: str | None = None
+    defects: list[str] = field(default_factory=list)
+
+    def messages(self, include_system: bool = True) -> list[dict[str, str]]:
+        msgs = []
+        if include_system and self.system:
+            msgs.append({"role": "system", "content": self.system})
+        msgs.append({"role": "user", "content": self.question})
+        msgs.append({"role": "assistant", "content": self.response})
+        return msgs
+
+
+@dataclass
+class LoadReport:
+    rows: int = 0
+    kept: int = 0
+    defects: Counter = field(default_factory=Counter)
+
+    def summary(self) -> str:
+        parts = ", ".join(f"{k}: {v}" for k, v in sorted(self.defects.items())) or "none"
+        return f"{self.kept}/{self.rows} rows kept; defects: {parts}"
+
+
+def trace_defects(response: str) -> list[str]:
+    """Which tags of the thought/solution format are missing (truncated traces lack the closing ones)."""
+    defects = []
+    for tag, name in [
+        (tokens.BEGIN_THOUGHT, "missing_begin_thought"),
+        (tokens.END_THOUGHT, "missing_end_thought"),
+        (tokens.BEGIN_SOLUTION, "missing_begin_solution"),
+        (tokens.END_SOLUTION, "missing_end_solution"),
+    ]:
+        if tag not in response:
+            defects.append(name)
+    return defects
+
+
+def _from_skythought_eval(row: dict[str, Any], i: int) -> TraceRow | str:
+    question = row.get("question") or row.get("problem")
+    code = row.get("code")
+    response = code[0] if isinstance(code, list) and code else code
+    if not isinstance(question, str) or not question.strip():
+        return "no_question"
+    if not isinstance(response, str) or not response.strip():
+        return "no_response"
+    return TraceRow(id=str(row.get("idx", i)), question=question, response=response)
+
+
+def _from_bespoke(row: dict[str, Any], i: int) -> TraceRow | str:
+    conv = row.get("conversations")
+    if not isinstance(conv, list) or len(conv) < 2:
+        return "no_conversations"
+    user = next((c.get("value") for c in conv if c.get("from") in ("user", "human")), None)
+    assistant = next((c.get("value") for c in conv if c.get("from") in ("assistant", "gpt")), None)
+    if not isinstance(user, str) or not user.strip():
+        return "no_question"
+    if not isinstance(assistant, str) or not assistant.strip():
+        return "no_response"
+    return TraceRow(id=str(row.get("id", i)), question=user, response=assistant, system=row.get("system"))
+
+
+PARSERS = {"skythought_eval": _from_skythought_eval, "bespoke": _from_bespoke}
+
+
+def iter_raw_rows(source: str, path: str | None, hub_id: str | None, split: str):
+    if source == "local":
+        if not path:
+            raise ValueError("data.source=local needs data.path")
+        p = resolve_repo_path(path)
+        if not p.exists():
+            raise FileNotFoundError(f"trace file not found: {path} (looked at {p})")
+        if p.suffix == ".parquet":
+            import datasets
+
+            yield from datasets.Dataset.from_parquet(str(p))
+            return
+        with p.open(encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError:
+                    yield {"__malformed__": lineno}
+    elif source == "hub":
+        import datasets
+
+        yield from datasets.load_dataset(hub_id, split=split)
+    else:
+        raise ValueError(f"data.source must be local or hub, got {source!r}")
+
+
+def load_trace_rows(
+    source: str = "local",
+    path: str | None = None,
+    hub_id: str | None = None,
+    split: str = "train",
+    format: str = "skythought_eval",
+    max_samples: int | None = None,
+) -> tuple[list[TraceRow], LoadReport]:
+    """Parse trace rows, skipping (and counting) unusable ones; tag defects are counted but kept."""
+    if format not in PARSERS:
+        raise ValueError(f"data.format must be one of {sorted(PARSERS)}, got {format!r}")
+    parse = PARSERS[format]
+    report = LoadReport()
+    rows: list[TraceRow] = []
+    for i, raw in enumerate(iter_raw_rows(source, path, hub_id, split)):
+        report.rows += 1
+        if "__malformed__" in raw:
+            report.defects["malformed_json"] += 1
+            continue
+        parsed = parse(raw, i)
+        if isinstance(parsed, str):
+            report.defects[parsed] += 1
+            continue
+        parsed.defects = trace_defects(parsed.response)
+        report.defects.update(parsed.defects)
+        rows.append(parsed)
+        if max_samples is not None and len(rows) >= max_samples:
+            break
+    report.kept = len(rows)
+    if not rows:
+        raise ValueError(f"no usable trace rows ({report.summary()})")
+    log.info("traces: %s", report.summary())
+    return rows, report
+
+
+def sft_dataset(data: dict[str, Any], tokenizer=None):
+    """``datasets.Dataset`` of chat ``messages`` for TRL's SFTTrainer (the ``data.loader`` protocol)."""
+    import datasets
+
+    rows, report = load_trace_rows(
+        source=data["source"],
+        path=data.get("path"),
+        hub_id=data.get("hub_id"),
+        split=data.get("split", "train"),
+        format=data.get("format", "skythought_eval"),
+        max_samples=data.get("max_samples"),
+    )
+    ds = datasets.Dataset.from_list([{"messages": r.messages(), "id": r.id} for r in rows])
+    ds.info.description = report.summary()
+    return ds

@@ -1,0 +1,28 @@
+"""``python -m train +method=<name>``: the training entry point.
+
+The chosen method's config names the module that trains it (``method.trainer`` → ``train.<trainer>``),
+whose ``run(cfg)`` turns the config into plain objects and calls the library.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from zoomr.entry import hydra_entry, require_group, setup_logging
+
+
+@hydra_entry("train")
+def main(cfg) -> None:
+    setup_logging()
+    require_group(cfg, "method", "train")
+    trainer = cfg.method.get("trainer")
+    if not trainer:
+        raise SystemExit(
+            f"method {cfg.method.name!r} has nothing to train (it is a decoding policy): "
+            f"evaluate it with `python -m eval +method={cfg.method.name}`"
+        )
+    importlib.import_module(f"train.{trainer}").run(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Glue shared by the ``python -m <entry point>`` modules: schema registration, plain-object conversion.
+
+Only entry points import this; the rest of the library takes plain arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zoomr.models import ModelSpec, spec_from_dict
+from zoomr.schemas import register_with_hydra
+from zoomr.tracking import RunLogger, init_run
+
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+
+
+def hydra_entry(config_name: str) -> Callable:
+    """``@hydra_entry("train")`` = ``@hydra.main`` on conf/<config_name>.yaml with our schemas registered."""
+    import hydra
+
+    register_with_hydra()
+
+    def wrap(fn: Callable) -> Callable:
+        return hydra.main(config_path=CONF_DIR, config_name=config_name, version_base="1.3")(fn)
+
+    return wrap
+
+
+def to_plain(cfg: Any) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+def require_group(cfg: Any, group: str, entry: str) -> None:
+    """Fail with the available options when a group without default was not chosen (``+group=name``)."""
+    if cfg.get(group) is None:
+        options = sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
+        raise SystemExit(
+            f"no {group} chosen: run `python -m {entry} +{group}=<name>`; available {group}s: {', '.join(options)}"
+        )
+
+
+def model_spec(cfg: Any) -> ModelSpec:
+    return spec_from_dict(to_plain(cfg.model))
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def start_run(cfg: Any, job_type: str) -> tuple[Path, RunLogger]:
+    """Create the run directory, write the resolved config, start the tracker."""
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    plain = to_plain(cfg)
+    (run_dir / "config.json").write_text(json.dumps(plain, indent=2, default=str))
+    method = (plain.get("method") or {}).get("name", "none")
+    logger = init_run(
+        project=cfg.logger.project,
+        entity=cfg.logger.entity,
+        name=cfg.run_name,
+        group=cfg.logger.group or f"{job_type}/{method}/{cfg.model.name}",
+        tags=list(cfg.logger.tags),
+        config=plain,
+        mode=cfg.logger.mode,
+        dir=run_dir,
+        job_type=job_type,
+    )
+    return run_dir, logger
+
+
+def setup_logging() -> None:
+    logging.basicConfig(level=os.environ.get("ZOOMR_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s: %(message)s")

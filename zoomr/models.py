@@ -1,0 +1,217 @@
+"""Model and tokenizer loading: real hub checkpoints and tiny models built from configs.
+
+A tiny model (``tiny-qwen2``, ``tiny-llama``, ``tiny-qwen3``, …) is built once from a config with
+random weights and the locally trained tokenizer, written with ``save_pretrained`` into a cache
+directory, and from then on loaded with the ordinary ``from_pretrained``: the loading path users run
+with real checkpoints is the one tests exercise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+from zoomr.tokenizer import TOKENIZER_VERSION, train_bpe_tokenizer
+
+log = logging.getLogger(__name__)
+
+ARCHITECTURES = ("qwen2", "llama", "qwen3")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class ModelSpec:
+    """What to load. Exactly one of ``hf_id`` (a hub id or a local directory) and ``tiny`` is set.
+
+    ``tiny`` holds config overrides for a randomly initialised model of architecture ``arch``.
+    """
+
+    name: str
+    arch: str = "qwen2"
+    hf_id: str | None = None
+    tiny: dict[str, Any] | None = None
+    dtype: str = "float32"
+    attn_implementation: str = "sdpa"
+    trust_remote_code: bool = False
+    vocab_size: int = 4096  # tiny models: size of the locally trained BPE vocabulary (before special tokens)
+    seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if (self.hf_id is None) == (self.tiny is None):
+            raise ValueError(f"model {self.name!r}: set exactly one of hf_id and tiny")
+        if self.arch not in ARCHITECTURES:
+            raise ValueError(f"model {self.name!r}: arch {self.arch!r} not in {ARCHITECTURES}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"model {self.name!r}: dtype {self.dtype!r} not in {sorted(DTYPES)}")
+
+    @property
+    def is_tiny(self) -> bool:
+        return self.tiny is not None
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("ZOOMR_CACHE", Path.home() / ".cache" / "zoomr"))
+
+
+def tiny_config(arch: str, vocab_size: int, **overrides: Any):
+    """A transformers config of the same class as the real models, small enough for a CPU."""
+    base = dict(
+        vocab_size=vocab_size,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-6,
+    )
+    if arch == "qwen3":
+        base["head_dim"] = 64
+    base.update(overrides)
+    heads, kv = base["num_attention_heads"], base["num_key_value_heads"]
+    if heads % kv or heads // kv < 2:
+        raise ValueError(f"tiny {arch}: need GQA with >= 2 query heads per KV head, got {heads}/{kv}")
+    rope_theta = base.pop("rope_theta")
+    config = AutoConfig.for_model(arch, **base)
+    # transformers 5 keeps RoPE settings in rope_parameters
+    config.rope_parameters = {"rope_type": "default", "rope_theta": rope_theta}
+    return config
+
+
+def _tiny_dir(spec: ModelSpec, cache_dir: Path) -> Path:
+    key = json.dumps(
+        {"arch": spec.arch, "tiny": spec.tiny, "vocab": spec.vocab_size, "seed": spec.seed, "tok": TOKENIZER_VERSION},
+        sort_keys=True,
+    )
+    return cache_dir / "tiny" / f"{spec.name}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+
+
+def load_tokenizer_dir(cache_dir: Path, vocab_size: int) -> Path:
+    """Train (once) and save the local BPE tokenizer; return its directory."""
+    path = cache_dir / "tokenizers" / f"{TOKENIZER_VERSION}-{vocab_size}"
+    if not (path / "tokenizer.json").exists():
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        tok = train_bpe_tokenizer(vocab_size)
+        tok.save_pretrained(tmp)
+        tmp.rename(path) if not path.exists() else None
+    return path
+
+
+def build_tiny(spec: ModelSpec, cache_dir: Path | None = None) -> Path:
+    """Build the tiny model and tokenizer into the cache (once); return the directory."""
+    cache_dir = Path(cache_dir or default_cache_dir())
+    out = _tiny_dir(spec, cache_dir)
+    if (out / "config.json").exists():
+        return out
+    tok = AutoTokenizer.from_pretrained(load_tokenizer_dir(cache_dir, spec.vocab_size))
+    config = tiny_config(spec.arch, vocab_size=len(tok), **(spec.tiny or {}))
+    config.pad_token_id = tok.pad_token_id
+    config.eos_token_id = tok.eos_token_id
+    config.bos_token_id = None
+    torch.manual_seed(spec.seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    if not out.exists():
+        tmp.rename(out)
+    log.info("built tiny model %s at %s", spec.name, out)
+    return out
+
+
+def resolve_model_path(spec: ModelSpec, cache_dir: Path | None = None) -> str:
+    """Local directory or hub id that ``from_pretrained`` should read."""
+    return str(build_tiny(spec, cache_dir)) if spec.is_tiny else str(spec.hf_id)
+
+
+def load_tokenizer(spec: ModelSpec, cache_dir: Path | None = None):
+    path = resolve_model_path(spec, cache_dir)
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=spec.trust_remote_code)
+    except OSError as e:
+        raise _hub_error(spec, e) from e
+
+
+def load_model(
+    spec: ModelSpec,
+    cache_dir: Path | None = None,
+    device: str | torch.device = "cpu",
+    attn_implementation: str | None = None,
+    dtype: str | None = None,
+):
+    """Load the model with ``from_pretrained`` (tiny ones from the cache), in eval mode."""
+    path = resolve_model_path(spec, cache_dir)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path,
+            dtype=DTYPES[dtype or spec.dtype],
+            attn_implementation=attn_implementation or spec.attn_implementation,
+            trust_remote_code=spec.trust_remote_code,
+        )
+    except OSError as e:
+        raise _hub_error(spec, e) from e
+    return model.to(device).eval()
+
+
+def load_model_and_tokenizer(spec: ModelSpec, cache_dir: Path | None = None, **kwargs: Any):
+    return load_model(spec, cache_dir, **kwargs), load_tokenizer(spec, cache_dir)
+
+
+def _hub_error(spec: ModelSpec, error: Exception) -> RuntimeError:
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false")
+    return RuntimeError(
+        f"could not load model {spec.name!r} from {spec.hf_id!r}: {error.__class__.__name__}: {str(error)[:300]}\n"
+        f"The Hugging Face hub is {'disabled (HF_HUB_OFFLINE=1)' if offline else 'unreachable or the id is wrong'}. "
+        "Download the checkpoint on a machine with hub access and point model.hf_id at the local directory, "
+        "or pick a tiny model (model=tiny-qwen2 | tiny-llama | tiny-qwen3)."
+    )
+
+
+def spec_from_dict(d: dict[str, Any]) -> ModelSpec:
+    """Build a ModelSpec from a (resolved) model config mapping, ignoring unknown-to-spec keys strictly."""
+    known = set(ModelSpec.__dataclass_fields__)
+    unknown = set(d) - known
+    if unknown:
+        raise ValueError(f"model config has unknown keys {sorted(unknown)}; expected a subset of {sorted(known)}")
+    return ModelSpec(**d)
+
+
+def describe(model) -> dict[str, Any]:
+    """Shape facts about a loaded model (used in run summaries and memory accounting)."""
+    c = model.config
+    return {
+        "model_type": c.model_type,
+        "layers": c.num_hidden_layers,
+        "heads": c.num_attention_heads,
+        "kv_heads": c.num_key_value_heads,
+        "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+        "hidden": c.hidden_size,
+        "params": sum(p.numel() for p in model.parameters()),
+        "dtype": str(next(model.parameters()).dtype),
+    }
+
+
+__all__ = [
+    "ModelSpec",
+    "asdict",
+    "build_tiny",
+    "default_cache_dir",
+    "describe",
+    "load_model",
+    "load_model_and_tokenizer",
+    "load_tokenizer",
+    "resolve_model_path",
+    "spec_from_dict",
+    "tiny_config",
+]

@@ -1,0 +1,64 @@
+"""Schemas of supervised fine-tuning (``+method=sft``) and of reasoning-trace data (``data=traces``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class LoraSettings:
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+
+
+@dataclass
+class SFTMethod:
+    """TRL SFTTrainer recipe: full fine-tuning or LoRA (``use_lora``), assistant-only loss."""
+
+    name: str = "sft"
+    trainer: str = "sft"  # module train.<trainer> runs this method
+    use_lora: bool = True
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    max_length: int = 1024  # TRL truncates silently at its default: always explicit
+    max_steps: int = 30  # -1: use epochs
+    epochs: float = 1.0
+    per_device_batch_size: int = 2
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 2e-4
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.03
+    lr_scheduler: str = "cosine"
+    max_grad_norm: float = 1.0
+    logging_steps: int = 5
+    save_steps: int = 15
+    save_total_limit: int = 2
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+    assistant_only_loss: bool = True
+
+
+@dataclass
+class TracesData:
+    """Reasoning traces in the Bespoke-Stratos / Sky-T1 tag format.
+
+    ``source``: ``local`` (a JSONL/parquet file) or ``hub`` (``hub_id``, e.g. bespokelabs/Bespoke-Stratos-17k).
+    ``format``: ``skythought_eval`` (rows with ``question`` and ``code[0]``, the vendored sample) or
+    ``bespoke`` (rows with ``system`` and ``conversations`` [{from, value}]).
+    """
+
+    name: str = "traces"
+    loader: str = "data_prep.traces"  # module with sft_dataset(data: dict, tokenizer) -> datasets.Dataset
+    source: str = "local"
+    path: str | None = None
+    hub_id: str | None = None
+    split: str = "train"
+    format: str = "skythought_eval"
+    max_samples: int | None = None
+    eval_fraction: float = 0.0
+
+
+SCHEMAS = [("method", "sft", SFTMethod), ("data", "traces", TracesData)]
