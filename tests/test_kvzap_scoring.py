@@ -34,7 +34,10 @@ def brute_force(model, pretext):
     (cs, ce), (rs, re) = pretext.context, pretext.repeat
     with torch.no_grad(), eager_attention(model):
         out = model(pretext.input_ids[:, :re], output_attentions=True, output_hidden_states=True)
-        zip_, plus = torch.zeros(cfg.num_hidden_layers, Hkv, ce - cs), torch.zeros(cfg.num_hidden_layers, Hkv, ce - cs)
+        zip_, plus = (
+            torch.zeros(cfg.num_hidden_layers, Hkv, ce - cs),
+            torch.zeros(cfg.num_hidden_layers, Hkv, ce - cs),
+        )
         for layer_idx, layer in enumerate(model.model.layers):
             h = layer.input_layernorm(out.hidden_states[layer_idx])[0]  # attention input
             v = layer.self_attn.v_proj(h).view(-1, Hkv, d)

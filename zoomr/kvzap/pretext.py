@@ -33,7 +33,9 @@ class RepeatPretext:
     def __post_init__(self) -> None:
         (cs, ce), (rs, re_) = self.context, self.repeat
         if not (0 <= cs < ce <= rs < re_ <= self.input_ids.shape[-1]):
-            raise ValueError(f"bad pretext spans: context {self.context}, repeat {self.repeat}, T={self.input_ids.shape[-1]}")
+            raise ValueError(
+                f"bad pretext spans: context {self.context}, repeat {self.repeat}, T={self.input_ids.shape[-1]}"
+            )
 
 
 def _encode(tokenizer, text: str) -> list[int]:

@@ -78,7 +78,11 @@ class _Collector:
 
     def __init__(self, model: nn.Module, pretext: RepeatPretext, cache, keep_hidden: bool):
         cfg = model.config
-        self.n_layers, self.n_heads, self.n_kv = cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads
+        self.n_layers, self.n_heads, self.n_kv = (
+            cfg.num_hidden_layers,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+        )
         self.groups = self.n_heads // self.n_kv
         self.cache, self.pretext = cache, pretext
         (self.cs, self.ce), (self.rs, self.re) = pretext.context, pretext.repeat
@@ -88,7 +92,9 @@ class _Collector:
         self.plus = torch.zeros(self.n_layers, self.n_heads, n, device=device)
         self.wov = torch.zeros(self.n_layers, self.n_heads, n, device=device)
         self.hidden = (
-            torch.zeros(self.n_layers, n, cfg.hidden_size, dtype=next(model.parameters()).dtype, device=device)
+            torch.zeros(
+                self.n_layers, n, cfg.hidden_size, dtype=next(model.parameters()).dtype, device=device
+            )
             if keep_hidden
             else None
         )
