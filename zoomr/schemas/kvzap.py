@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+from zoomr.schemas.cache import PolicyConfig
 
 
 @dataclass
@@ -59,23 +62,34 @@ class KVzapFit:
 
 
 @dataclass
-class KVzapMethod:
+class KVzapMethod(PolicyConfig):
     """``+method=kvzap``: fitting (``python -m train``) and the threshold pruning policy (``python -m eval``).
 
-    Policy (paper §3.3, Algorithm 1): every token is scored once per layer from its attention input;
-    a KV pair scoring below ``threshold`` is evicted once it leaves the ``window`` most recent tokens.
+    Policy (paper §3.3, Algorithm 1; kvpress ``DMSPress``): every token is scored once per layer from its
+    attention input by the surrogate ``<surrogate_dir>/<model_type>``; a KV pair scoring below ``threshold``
+    is evicted, after the attention of the step, once ``window`` newer tokens exist. ``decoding=false``
+    prunes during prefill only. ``threshold: -.inf`` keeps everything (full KV).
     """
 
     name: str = "kvzap"
-    trainer: str = "kvzap"  # train.<trainer>
-    policy: str = "kvzap"  # zoomr.cache.<policy>
+    policy: str = "kvzap"  # zoomr.cache registry name
+    trainer: str | None = "kvzap"  # train.<trainer> fits the surrogates
     pairs_dir: str = "runs/kvzap/pairs"
-    surrogate_dir: str = "runs/kvzap"  # holds linear/ and mlp/ (ours or NVIDIA's nvidia/KVzap-*)
+    surrogate_dir: str = "runs/kvzap"  # holds linear/ and mlp/ (ours, or NVIDIA's nvidia/KVzap-* downloads)
     model_type: str = "mlp"  # linear | mlp: which surrogate the policy uses
     threshold: float = -4.0
     window: int = 128
-    decoding: bool = True  # also prune while decoding (else prefill only)
+    decoding: bool = True
     fit: KVzapFit = field(default_factory=KVzapFit)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.model_type not in ("linear", "mlp"):
+            raise ValueError(f"KVzapMethod: model_type must be linear|mlp, got {self.model_type!r}")
+        if self.window < 0 or math.isnan(self.threshold):
+            raise ValueError(
+                f"KVzapMethod: need window >= 0 and a threshold, got {self.window}, {self.threshold}"
+            )
 
 
 SCHEMAS = [
