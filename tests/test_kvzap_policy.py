@@ -218,3 +218,39 @@ def test_prefill_only_and_loading_from_config(tiny, tmp_path):
         KVzapCache(KVzapMethod(), model.config, surrogate=new_surrogate(256, 2, 3))
     with pytest.raises(RuntimeError, match="attention inputs"), torch.no_grad():
         model(torch.tensor([[1, 2, 3]]), cache=kvzap(model, surrogate, 0.0), use_cache=True)
+
+
+@pytest.mark.parametrize("mode", ["ratio", "threshold"])
+def test_kvzip_oracle_prunes_the_prompt_by_its_scores(tiny, mode):
+    from zoomr.kvzap.pretext import build_repeat_pretext
+    from zoomr.kvzap.scoring import kvzip_scores
+
+    model, tok, _ = tiny
+    prompt = tok("The capital of France is Paris. The capital of Spain is Madrid. " * 3).input_ids
+    log_s = kvzip_scores(model, build_repeat_pretext(tok, prompt)).log()  # [L, H, n]
+    L, H, n = log_s.shape
+    cfg = {"policy": "kvzip", "mode": mode, "ratio": 0.5, "n_sink": 2, "window": 8,
+           "threshold": float(log_s.median())}  # fmt: skip
+    cache = build_policy(cfg, model.config, tok)
+    out = generate(
+        model, tok, [prompt], cache, DecodeSettings(max_new_tokens=5, progress=False, stop_token_ids=[])
+    )
+    torch.testing.assert_close(cache.log_scores[0], log_s)
+    kept = [cache.layers[i].store.rows().pos[0] for i in range(L)]  # per layer [H, N]
+    rows = out[0].stats.rows
+    assert (rows[1:] - rows[:-1] == 1).all()  # pruned once, after prefill
+    if mode == "ratio":
+        assert int(rows[0].sum()) == L * H * n - int(L * H * n * 0.5)
+        s = log_s.clone()
+        s[..., :2] = math.inf
+        cut = s.flatten().sort().values[int(L * H * n * 0.5)]
+        for la in range(L):
+            for h in range(H):
+                got = set(kept[la][h][kept[la][h] >= 0].tolist()) & set(range(n))
+                assert all(s[la, h, i] >= cut for i in got) and {0, 1} <= got
+        assert len({int(r) for r in rows[0].sum(-1)}) > 1  # layers differ (global ranking)
+    else:
+        for la in range(L):
+            for h in range(H):
+                got = [p for p in kept[la][h].tolist() if 0 <= p < n]
+                assert got == [i for i in range(n) if log_s[la, h, i] >= cfg["threshold"] or i >= n - 8]

@@ -92,7 +92,39 @@ class KVzapMethod(PolicyConfig):
             )
 
 
+@dataclass
+class KVzipOracleConfig(PolicyConfig):
+    """``+method=kvzap_oracle``: KVzip / KVzip+ scores of the prompt as an oracle pruning policy (prefill only).
+
+    The prompt is scored once with the repeat pretext right after an unchunked prefill. ``mode=ratio``
+    (KVzip, kvpress ``KVzipPress``): evict the ``ratio`` lowest-scoring pairs over all layers and heads
+    (``layerwise``: the same ratio in every layer), the first ``n_sink`` tokens protected. ``mode=threshold``:
+    KVzap's rule with the exact scores (log s < ``threshold`` and ``window`` newer prompt tokens), the
+    oracle a KVzap surrogate approximates.
+    """
+
+    name: str = "kvzap_oracle"
+    policy: str = "kvzip"
+    score: str = "kvzip_plus"  # kvzip_plus | kvzip
+    mode: str = "ratio"  # ratio | threshold
+    ratio: float = 0.5
+    layerwise: bool = False
+    n_sink: int = 4
+    threshold: float = -4.0
+    window: int = 128
+    chunk_size: int = 512
+    instruction: str = "\n\nRepeat the previous context exactly."
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.score not in ("kvzip_plus", "kvzip") or self.mode not in ("ratio", "threshold"):
+            raise ValueError(f"KVzipOracleConfig: score kvzip_plus|kvzip, mode ratio|threshold; got {self}")
+        if not 0 <= self.ratio < 1:
+            raise ValueError(f"KVzipOracleConfig: ratio must be in [0, 1), got {self.ratio}")
+
+
 SCHEMAS = [
     ("pipeline", "kvzap_pairs", KVzapPairsPipeline),
     ("method", "kvzap", KVzapMethod),
+    ("method", "kvzap_oracle", KVzipOracleConfig),
 ]
