@@ -91,7 +91,7 @@ def test_chunking_does_not_change_scores(model_tok):
     text = " ".join([TEXT] * 6)
     pretext = build_repeat_pretext(tok, tok(text, add_special_tokens=False)["input_ids"])
     ref = kvzip_scores(model, pretext, chunk_size=10_000)
-    for chunk in (1, 17, 64):
+    for chunk in (7, 64):
         got = kvzip_scores(model, pretext, chunk_size=chunk)
         torch.testing.assert_close(got.kvzip_plus, ref.kvzip_plus, rtol=1e-4, atol=1e-7)
         torch.testing.assert_close(got.kvzip, ref.kvzip, rtol=1e-4, atol=1e-7)
