@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     node = OmegaConf.load(Path(CONF_DIR) / "model" / f"{args.model}.yaml")
     node.pop("defaults", None)
     spec = spec_from_dict(OmegaConf.to_container(node, resolve=True))
-    model, tok = load_model_and_tokenizer(spec, attn_implementation="zoomr")
+    model, tok = load_model_and_tokenizer(spec)  # the engine switches to the policy attention
     surrogate = load_surrogate(args.surrogate)
     thresholds = [float(t) for t in args.thresholds.split(",")]  # "-inf" parses
     prompts = math500_prompts(tok, args.prompts)
