@@ -226,10 +226,10 @@ def generate(
     rec = [_Recorder() for _ in range(B)]
     active = list(range(B))  # batch row -> sequence index
 
-    def forward(
-        step_ids: torch.Tensor, step_valid: torch.Tensor, positions=None, prefill=False, keep_last=False
-    ):
-        step = cache.begin_step(step_valid, positions=positions, input_ids=step_ids, is_prefill=prefill)
+    def forward(step_ids, step_valid, positions=None, prefill=False, last_chunk=False, keep_last=False):
+        step = cache.begin_step(
+            step_valid, positions=positions, input_ids=step_ids, is_prefill=prefill, ends_prefill=last_chunk
+        )
         t0 = time.perf_counter()
         kwargs = {"logits_to_keep": 1} if keep_last else {}
         logits = model(
@@ -267,7 +267,10 @@ def generate(
         t_prefill = 0.0
         for start in range(0, S, chunk):
             sl = slice(start, min(S, start + chunk))
-            logits, dt = forward(input_ids[:, sl], valid[:, sl], prefill=True, keep_last=True)
+            last = sl.stop == S
+            logits, dt = forward(
+                input_ids[:, sl], valid[:, sl], prefill=True, last_chunk=last, keep_last=True
+            )
             t_prefill += dt
         record(0, t_prefill, force=True)
         next_logits = logits[:, -1]

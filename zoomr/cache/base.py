@@ -75,6 +75,7 @@ class Step:
     order: torch.Tensor  # [B, S] feed index in the sequence (-1 for invalid)
     valid: torch.Tensor  # [B, S] bool: pads / idle slots are False and never stored
     is_prefill: bool
+    ends_prefill: bool = False  # the last (or only) prefill chunk: prompt-time policies (SnapKV) act here
     auto: bool = False  # opened by the cache itself (stock ``generate``), closed at the next step
     layers_done: set[int] = field(default_factory=set)
 
@@ -177,6 +178,7 @@ class PolicyCache(Cache):
         super().__init__(layers=[PolicyLayer(i, self) for i in range(self.num_layers)])
         self.lengths: torch.Tensor | None = None  # [B] logical length per sequence
         self.fed: torch.Tensor | None = None  # [B] tokens fed per sequence (forced included)
+        self.prompt_lengths: torch.Tensor | None = None  # [B] tokens fed when the prefill ended
         self.step: Step | None = None
         self.steps_done = 0
         self.compute_device: torch.device | None = None
@@ -274,9 +276,14 @@ class PolicyCache(Cache):
         positions: torch.Tensor | None = None,
         input_ids: torch.Tensor | None = None,
         is_prefill: bool | None = None,
+        ends_prefill: bool | None = None,
         auto: bool = False,
     ) -> Step:
-        """Declare the next forward: ``valid [B, S]`` (False = pad / idle), optional RoPE ``positions``."""
+        """Declare the next forward: ``valid [B, S]`` (False = pad / idle), optional RoPE ``positions``.
+
+        ``is_prefill`` defaults to "first forward"; ``ends_prefill`` (default: ``is_prefill``) marks the
+        last prefill chunk. The prompt length of each sequence is recorded when the prefill ends.
+        """
         if self.step is not None and not self.step.auto:
             raise RuntimeError("begin_step called twice without end_step")
         if self.step is not None:
@@ -296,15 +303,19 @@ class PolicyCache(Cache):
         self.fed = self.fed.to(valid.device) + valid.sum(1)
         top = torch.where(valid, positions + 1, torch.zeros_like(positions)).amax(dim=1)
         self.lengths = torch.maximum(self.lengths.to(valid.device), top)
+        prefill = self.steps_done == 0 if is_prefill is None else is_prefill
         self.step = Step(
             index=self.steps_done,
             input_ids=input_ids,
             positions=positions,
             order=order,
             valid=valid,
-            is_prefill=self.steps_done == 0 if is_prefill is None else is_prefill,
+            is_prefill=prefill,
+            ends_prefill=prefill if ends_prefill is None else ends_prefill,
             auto=auto,
         )
+        if self.step.ends_prefill:
+            self.prompt_lengths = self.fed.clone()
         return self.step
 
     def end_step(self) -> None:
@@ -361,7 +372,7 @@ class PolicyCache(Cache):
     def reset(self) -> None:
         for layer in self.layers:
             layer.reset()
-        self.lengths = self.fed = self.step = None
+        self.lengths = self.fed = self.step = self.prompt_lengths = None
         self.steps_done, self._select_s = 0, 0.0
 
     def select_batch(self, index: torch.Tensor) -> None:
@@ -371,6 +382,8 @@ class PolicyCache(Cache):
                 layer.store.select_batch(index)
         self.lengths = self.lengths[index.to(self.lengths.device)]
         self.fed = self.fed[index.to(self.fed.device)]
+        if self.prompt_lengths is not None:
+            self.prompt_lengths = self.prompt_lengths[index.to(self.prompt_lengths.device)]
         self.on_select_batch(index)
 
     def on_select_batch(self, index: torch.Tensor) -> None:

@@ -74,6 +74,7 @@ class PagedKV:
         self.table = torch.full((batch, heads, 0), -1, dtype=torch.long, device=self.device)
         self._alloc_pools(0)
         self.free = torch.zeros(0, dtype=torch.long, device=self.device)  # ids of unused pages
+        self.version = 0  # bumped by every change of the rows (a copy made at version v is stale after)
 
     # ------------------------------------------------------------------ allocation
     def _empty(self, *shape: int, dtype: torch.dtype, fill: float | None = None) -> torch.Tensor:
@@ -181,6 +182,7 @@ class PagedKV:
         for t in self.attrs.values():
             t.view(-1)[flat] = 0.0
         self.n = n_new
+        self.version += 1
 
     # ------------------------------------------------------------------ reads
     def flat_index(self, n_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -282,6 +284,7 @@ class PagedKV:
             else:
                 new_t.view(-1)[dst] = old_t.view(-1)[src]
         self.n = n_new
+        self.version += 1
 
     # ------------------------------------------------------------------ accounting
     def tensors(self) -> list[torch.Tensor]:
@@ -312,3 +315,4 @@ class PagedKV:
         k = self.k.view(-1, self.head_dim)
         k[idx] = rotate(k[idx], delta, inv_freq)
         self.pos.view(-1)[idx] = new_pos.to(self.device)[valid]
+        self.version += 1
