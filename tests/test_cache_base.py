@@ -253,3 +253,13 @@ def test_engine_matches_stock_generate_batch1(tiny2):
             ids, cache=build_policy(cfg, model.config), max_new_tokens=25, min_new_tokens=25, do_sample=False
         )
         assert stock[0, ids.shape[1] :].tolist() == ours[0].token_ids
+
+
+def test_running_without_the_policy_attention_fails_loudly(cache_dir):
+    model, _ = load_model_and_tokenizer(tiny_spec("qwen2", num_hidden_layers=2), cache_dir)  # plain SDPA
+    cache = build_policy({"policy": "streaming", "budget_rows": 8}, model.config)
+    ids = torch.randint(0, 4000, (1, 12))
+    with torch.no_grad():
+        model(ids, cache=cache, use_cache=True)
+        with pytest.raises(RuntimeError, match="attn_implementation='zoomr'"):
+            model(ids[:, :1], cache=cache, use_cache=True)

@@ -135,3 +135,27 @@ def test_stats_per_step(tiny2):
         model, tok, ["a b c"], cache, DecodeSettings(20, progress=False, stop_token_ids=[], stats_every=5)
     )
     assert every[0].stats.step.tolist() == [0, 5, 10, 15]
+
+
+class SeesInputs(FullCache):
+    wants_attention_input = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen = []
+
+    def on_attention_input(self, layer_idx, hidden_states):
+        self.seen.append((self.steps_done, layer_idx, tuple(hidden_states.shape)))
+
+
+def test_attention_input_hook(tiny2):
+    model, tok = tiny2
+    cache = SeesInputs(FullConfig(), model.config)
+    generate(model, tok, ["a b", "c"], cache, DecodeSettings(3, progress=False, stop_token_ids=[]))
+    D = model.config.hidden_size
+    assert cache.seen[:2] == [(0, 0, (2, 2, D)), (0, 1, (2, 2, D))]  # prefill: both layers, padded batch
+    assert [s[:2] for s in cache.seen[2:]] == [(1, 0), (1, 1), (2, 0), (2, 1)] and cache.seen[-1][2] == (
+        2,
+        1,
+        D,
+    )

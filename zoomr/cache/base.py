@@ -38,7 +38,8 @@ current token saw everything and later tokens see the kept set. After the whole 
 ``on_step_end(step)``; policies that decide across layers (one kept set for all layers) evict there.
 A budget therefore counts the rows resident *between* steps.
 
-Hooks (all optional, all take the :class:`PolicyLayer` or :class:`Step`): ``on_append``, ``on_queries``,
+Hooks (all optional, all take the :class:`PolicyLayer` or :class:`Step`): ``on_attention_input`` (the
+attention module's input hidden states, before ``update``; set ``wants_attention_input``), ``on_append``, ``on_queries``,
 ``wants_attention_weights`` + ``on_attention``, ``after_attention``, ``on_step_end``, ``forced_inputs`` (extra
 tokens to run for a sequence before its next sampled token, e.g. pause tokens), ``next_positions``
 (RoPE positions of new tokens; StreamingLLM's re-rotation overrides it). Per-row state that must follow the
@@ -108,9 +109,9 @@ class PolicyLayer(CacheLayerMixin):
     def __init__(self, idx: int, owner: PolicyCache) -> None:
         super().__init__()
         self.idx = idx
-        self._owner_id = id(owner)
         self.store: PagedKV | None = None
         self.view: Rows | None = None  # rows handed to this step's attention (released after it)
+        self.attended = False  # set by the policy attention when it consumed ``view`` this step
         self.state: dict[str, Any] = {}  # free per-layer policy state (tensors here count in resident bytes)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -188,6 +189,14 @@ class PolicyCache(Cache):
     # ------------------------------------------------------------------ hooks (override in policies)
     def on_append(self, layer: PolicyLayer) -> None:
         """After this step's rows were appended to ``layer``, before its attention."""
+
+    wants_attention_input: ClassVar[bool] = (
+        False  # True: the engine calls on_attention_input (forward pre-hooks)
+    )
+
+    def on_attention_input(self, layer_idx: int, hidden_states: torch.Tensor) -> None:
+        """The attention module's input hidden states ``[B, S, D]`` of this step, before ``update`` of that layer
+        (e.g. KVzap scores new tokens from them). Called by :func:`zoomr.engine.generate` only."""
 
     def on_queries(self, layer: PolicyLayer, query: torch.Tensor) -> None:
         """Post-RoPE queries of this step at ``layer``: ``[B, H_q, S, d]`` (pads included; see ``self.step.valid``)."""
@@ -323,6 +332,13 @@ class PolicyCache(Cache):
         step, self.step = self.step, None
         if step is None:
             return
+        missed = [i for i in sorted(step.layers_done) if not self.layers[i].attended]
+        if missed:
+            raise RuntimeError(
+                f"{type(self).__name__}: layers {missed} did not run the policy attention, so the ragged mask and the "
+                "policy hooks were skipped. Load the model with attn_implementation='zoomr' (zoomr.attention) or call "
+                "zoomr.attention.use_policy_attention(model); zoomr.engine.generate switches it for you."
+            )
         for layer in self.layers:
             layer.view = None
         self.on_step_end(step)
@@ -348,6 +364,7 @@ class PolicyCache(Cache):
         layer.store.append(key_states, value_states, step.positions, step.order, step.valid)
         self.on_append(layer)
         layer.view = self.load_rows(layer, key_states.device)
+        layer.attended = False
         step.layers_done.add(layer_idx)
         from zoomr.attention import register_view
 

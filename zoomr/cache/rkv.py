@@ -106,9 +106,11 @@ class RKVServingCache(_QueryRing):
 
     def on_step_end(self, step: Step) -> None:
         cfg = self.config
-        if not step.is_prefill:
-            self.decode_steps += 1
-        due = step.ends_prefill or (not step.is_prefill and self.decode_steps % cfg.compact_every == 0)
+        before = self.decode_steps
+        if not step.is_prefill:  # count generated tokens (one per plain decode step, more for fed chunks)
+            self.decode_steps += int(step.valid.sum(1).max())
+        crossed = self.decode_steps // cfg.compact_every > before // cfg.compact_every
+        due = step.ends_prefill or (not step.is_prefill and crossed)
         if not due or int(self.layers[0].store.n.max()) <= cfg.budget_rows:
             return
         with self.selecting():
