@@ -24,7 +24,9 @@ KVPRESS_PYTHON = os.environ.get("KVPRESS_PYTHON", "/tmp/kvpress-venv/bin/python"
 S, RATIO, WINDOW, KERNEL, N_SINK = 64, 0.5, 8, 5, 4
 
 
-def dump_kvpress(model_dir: str, press_name: str, ids: list[int], out: str) -> None:  # runs in the kvpress venv
+def dump_kvpress(
+    model_dir: str, press_name: str, ids: list[int], out: str
+) -> None:  # runs in the kvpress venv
     import torch
     from kvpress import SnapKVPress, StreamingLLMPress
     from transformers import AutoModelForCausalLM, DynamicCache
@@ -78,14 +80,22 @@ def test_kept_rows_match_kvpress(arch, press, cache_dir, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     run = subprocess.run(
         [KVPRESS_PYTHON, __file__, str(model_dir), press, str(tmp_path / "ids.json"), str(out)],
-        capture_output=True, text=True, env=env,
+        capture_output=True,
+        text=True,
+        env=env,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     theirs = json.loads(out.read_text())
 
     budget = int(S * (1 - RATIO))
     if press == "snapkv":
-        cfg = {"policy": "snapkv", "budget_rows": budget, "window": WINDOW, "kernel": KERNEL, "pooling": "avgpool"}
+        cfg = {
+            "policy": "snapkv",
+            "budget_rows": budget,
+            "window": WINDOW,
+            "kernel": KERNEL,
+            "pooling": "avgpool",
+        }
     else:
         cfg = {"policy": "streaming", "budget_rows": budget, "n_sink": N_SINK}
     model = load_model(spec, cache_dir, attn_implementation="zoomr")

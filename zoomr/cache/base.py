@@ -45,6 +45,15 @@ tokens to run for a sequence before its next sampled token, e.g. pause tokens), 
 (RoPE positions of new tokens; StreamingLLM's re-rotation overrides it). Per-row state that must follow the
 rows through evictions (e.g. accumulated attention) is declared in ``row_attrs`` and lives in the store.
 
+Context available in hooks: ``self.step`` (:class:`Step`: this forward's ``input_ids``, ``positions``, feed
+``order``, ``valid``, ``is_prefill`` / ``ends_prefill``), ``self.lengths`` (logical length per sequence),
+``self.fed`` (tokens fed, forced included), ``self.prompt_lengths``, ``self.tokenizer``; per-layer free state in
+``layer.state`` (reindex it in ``on_select_batch`` when finished sequences leave the batch). Store helpers:
+``store.rows()``, ``store.attr(name)`` / ``add_to_attr``, ``store.n``; row j of (b, h) is its j-th row in
+insertion order. A policy whose full cache lives on host (offload, ZoomR) subclasses
+:class:`zoomr.cache.offload.HostRowsMixin` and overrides ``load_rows`` to bring only what attention needs.
+A policy that must run without the ``"zoomr"`` attention is refused at the end of the step (loud error).
+
 Stats: ``resident_rows()`` ``[L, B, H]``, ``resident_bytes()`` ``{"device", "host"}`` from the tensors held,
 ``logical_lengths()``, ``pop_select_seconds()``.
 """
