@@ -58,6 +58,7 @@ class Source:
     parse: Callable[[dict[str, Any]], Problem]
     hub_config: str | None = None
     task: str = "math"
+    sort: bool = True  # order problems by id (AIME I-01..II-15); False keeps the file's canonical order
 
 
 def _answer_str(value: Any) -> str:
@@ -149,7 +150,7 @@ def gpqa_problem(row: dict[str, Any], seed: int) -> Problem:
 
 
 SOURCES: dict[str, Source] = {
-    "math500": Source("math500/test.jsonl", "HuggingFaceH4/MATH-500", "test", _math500),
+    "math500": Source("math500/test.jsonl", "HuggingFaceH4/MATH-500", "test", _math500, sort=False),
     "aime_2024": Source("aime_2024/train.jsonl", "HuggingFaceH4/aime_2024", "train", _aime_from_url),
     "aime_2022_2024": Source(
         "aimo_validation_aime_2022_2024/train.jsonl", "AI-MO/aimo-validation-aime", "train", _aime_from_url
@@ -169,7 +170,13 @@ SOURCES: dict[str, Source] = {
     ),
     "amc23": Source("amc_2023/test.jsonl", "math-ai/amc23", "test", _amc_from_url),
     "gpqa_diamond": Source(
-        "gpqa_diamond/dataset.zip", "Idavidrein/gpqa", "train", lambda row: row, "gpqa_diamond", "gpqa"
+        "gpqa_diamond/dataset.zip",
+        "Idavidrein/gpqa",
+        "train",
+        lambda row: row,
+        "gpqa_diamond",
+        "gpqa",
+        sort=False,
     ),
 }
 
@@ -215,8 +222,10 @@ def load_source(
     else:
         raise ValueError(f"benchmark.source must be local|hub, got {source!r}")
     if src.task == "gpqa":
-        return [gpqa_problem(row, option_seed) for row in rows]
-    return [src.parse(row) for row in rows]
+        problems = [gpqa_problem(row, option_seed) for row in rows]
+    else:
+        problems = [src.parse(row) for row in rows]
+    return sorted(problems, key=lambda p: p.id) if src.sort else problems
 
 
 def load_problems(

@@ -46,6 +46,7 @@ class GenerationConfig:
     batch_size: int = 16  # sequences decoded together (problems x samples)
     system_prompt: str | None = None
     enable_thinking: bool | None = None  # passed to chat templates that understand it (Qwen3)
+    save_token_ids: bool = False  # store generated token ids in every result row (large at paper scale)
 
 
 @dataclass
