@@ -44,13 +44,20 @@ def fingerprint(cfg: Any) -> dict[str, Any]:
     }
 
 
-def build_policy(cfg: Any) -> Any:
-    """The cache policy of ``+method=`` (None: full KV), built by the cache library."""
+def policy_config(cfg: Any, model: Any, tokenizer: Any) -> dict[str, Any] | None:
+    """The ``+method=`` cache-policy config (None: full KV), checked by building it once."""
     if cfg.get("method") is None:
         return None
-    from zoomr.cache import build_policy as build  # the cache library's factory
+    method = to_plain(cfg.method)
+    if not method.get("policy"):
+        raise SystemExit(
+            f"method {method.get('name')!r} is not a cache policy (no 'policy' field): "
+            "evaluate a trained model with model.hf_id=<checkpoint> and the policy it was trained for"
+        )
+    from zoomr.cache import build_policy
 
-    return build(to_plain(cfg.method))
+    build_policy(method, model.config, tokenizer)  # fail on a bad config before any decoding
+    return method
 
 
 def run(cfg: Any) -> dict[str, Any]:
@@ -73,7 +80,7 @@ def run(cfg: Any) -> dict[str, Any]:
     device = pick_device(cfg.device)
     tokenizer = load_tokenizer(spec, cfg.cache_dir)
     model = load_model(spec, cfg.cache_dir, device=device)
-    generate = engine_generator(model, tokenizer, build_policy(cfg), gen)
+    generate = engine_generator(model, tokenizer, policy_config(cfg, model, tokenizer), gen)
     log.info(
         "%s: %d problems x %d samples, %s on %s, method %s -> %s",
         bench.name, len(problems), gen.n_samples, spec.name, device, cfg.run_name, run_dir,
@@ -98,11 +105,19 @@ def run(cfg: Any) -> dict[str, Any]:
     metrics = compute_metrics(rows)
     metrics["grading_timeouts_this_run"] = timeouts
     (Path(run_dir) / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    pooled = metrics["pooled"]
+    summary = {
+        "benchmark": bench.name,
+        "model": spec.name,
+        "method": cfg.run_name,
+        **{k: v for k, v in pooled.items() if isinstance(v, int | float | str)},
+        "run_dir": str(run_dir),
+    }
+    (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
     table = format_table(metrics)
     print(
         f"\n== eval {bench.name} | {spec.name} | {cfg.run_name} ==\n{table}\nresults: {run_dir}", flush=True
     )
-    pooled = metrics["pooled"]
     logger.summary({k: v for k, v in pooled.items() if isinstance(v, int | float)})
     logger.summary({f"acc/{name}": m["accuracy"] for name, m in metrics["by_competition"].items()})
     logger.table(

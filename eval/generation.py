@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 
 @dataclass
 class Generation:
@@ -39,12 +41,56 @@ def sample_seed(seed: int, problem_id: str, sample: int) -> int:
     return int(digest[:15], 16)
 
 
-def engine_generator(model: Any, tokenizer: Any, policy: Any, gen: Any) -> GenerateFn:
-    """A :data:`GenerateFn` decoding through ``zoomr.engine`` with ``policy`` (None = full KV)."""
-    try:
-        import zoomr.engine  # noqa: F401
-    except ImportError as e:
-        raise RuntimeError(
-            "zoomr.engine (the cache library's decode engine) is not available on this branch yet"
-        ) from e
-    raise NotImplementedError("wired when zoomr.engine lands")
+def kv_stats(stats: Any, prompt_tokens: int, n_tokens: int) -> dict[str, float]:
+    """Resident-KV summary of one sequence from the engine's per-step stats (rows ``[T, L, H]``, bytes ``[T]``).
+
+    rows_* are rows per (layer, KV head): ``rows_mean`` over decode steps, ``rows_peak`` the largest step,
+    ``rows_final`` at the end. ``kv_per_512`` (AbridgeKV's budget unit) = 512 x (final rows beyond the
+    prompt length) / (generated tokens that entered the cache, i.e. all but the last sampled one): exactly
+    512 for full KV; for a compressing policy it also counts the open block and its code (pause) rows.
+    """
+    rows = np.asarray(stats.rows, dtype=float)
+    if rows.size == 0:
+        return {}
+    per_step = rows.reshape(rows.shape[0], -1).mean(axis=1)  # mean over layers and KV heads
+    decode = per_step[1:] if len(per_step) > 1 else per_step
+    kv_bytes = np.asarray(stats.kv_bytes, dtype=float)
+    dec_bytes = kv_bytes[1:] if len(kv_bytes) > 1 else kv_bytes
+    final = float(per_step[-1])
+    return {
+        "rows_mean": float(decode.mean()),
+        "rows_peak": float(per_step.max()),
+        "rows_final": final,
+        "bytes_mean": float(dec_bytes.mean()) if dec_bytes.size else 0.0,
+        "bytes_peak": float(kv_bytes.max()) if kv_bytes.size else 0.0,
+        "kv_per_512": 512.0 * max(final - prompt_tokens, 0.0) / max(n_tokens - 1, 1),
+    }
+
+
+def engine_generator(model: Any, tokenizer: Any, policy: dict[str, Any] | None, gen: Any) -> GenerateFn:
+    """A :data:`GenerateFn` decoding through ``zoomr.engine.generate`` with the cache policy config
+    ``policy`` (the ``+method=`` node; None = full KV). A fresh cache is built for every batch."""
+    from zoomr.engine import DecodeSettings, generate
+
+    def run(prompts: list[str], seeds: list[int]) -> list[Generation]:
+        settings = DecodeSettings(
+            max_new_tokens=gen.max_new_tokens,
+            temperature=gen.temperature,
+            top_p=gen.top_p,
+            top_k=gen.top_k,
+            seed=list(seeds),
+            progress=False,
+        )
+        outs = generate(model, tokenizer, prompts, policy, settings)
+        return [
+            Generation(
+                text=o.text,
+                token_ids=list(o.token_ids),
+                truncated=bool(o.hit_cap),
+                prompt_tokens=o.prompt_tokens,
+                kv=kv_stats(o.stats, o.prompt_tokens, o.n_tokens),
+            )
+            for o in outs
+        ]
+
+    return run
