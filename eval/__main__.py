@@ -74,8 +74,8 @@ def run(cfg: Any) -> dict[str, Any]:
     gen: GenerationConfig = to_dataclass(GenerationConfig, cfg.generation)
     grading: GradingConfig = to_dataclass(GradingConfig, cfg.grading)
     problems = load_benchmark(bench)
+    check_fingerprint(cfg.run_dir, fingerprint(cfg))  # before start_run rewrites config.json
     run_dir, logger = start_run(cfg, job_type="eval")
-    check_fingerprint(run_dir, fingerprint(cfg))
     spec = model_spec(cfg)
     device = pick_device(cfg.device)
     tokenizer = load_tokenizer(spec, cfg.cache_dir)

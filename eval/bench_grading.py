@@ -47,7 +47,9 @@ def build_samples(n: int, n_pathological: int) -> list[tuple[str, str, str, str]
         elif kind == "correct":
             text = sol
         elif kind == "unboxed":
-            text = _replace_last_boxed(sol, "").replace("\\boxed{}", "") + f"\nThe final answer is ${p.answer}$."
+            text = (
+                _replace_last_boxed(sol, "").replace("\\boxed{}", "") + f"\nThe final answer is ${p.answer}$."
+            )
         elif kind == "wrong":
             text = _replace_last_boxed(sol, other)
         elif kind == "long_wrong":
@@ -96,18 +98,24 @@ def main(argv: list[str] | None = None) -> int:
                 "by_kind": by_kind,
             }
         )
-    print(f"grading {len(samples)} MATH-500-style samples, timeout {args.timeout}s, {args.start_method} workers")
+    print(
+        f"grading {len(samples)} MATH-500-style samples, timeout {args.timeout}s, {args.start_method} workers"
+    )
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, OMP_NUM_THREADS="
           f"{os.environ.get('OMP_NUM_THREADS', '-')}")  # fmt: skip
     print(f"| workers | seconds | samples/s | timeouts | methods |\n|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['workers']} | {r['seconds']} | {r['samples_per_second']} | {r['timeouts']} | {r['methods']} |")
+        print(
+            f"| {r['workers']} | {r['seconds']} | {r['samples_per_second']} | {r['timeouts']} | {r['methods']} |"
+        )
     print("\n| kind | samples | correct | worker-side seconds (last config) |\n|---|---|---|---|")
     for kind, v in results[-1]["by_kind"].items():
         print(f"| {kind} | {v['samples']} | {v['correct']} | {v['grade_seconds']} |")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"samples": len(samples), "timeout_s": args.timeout, "results": results}, indent=2))
+    out.write_text(
+        json.dumps({"samples": len(samples), "timeout_s": args.timeout, "results": results}, indent=2)
+    )
     print(f"\nwritten: {out}")
     return 0
 

@@ -4,9 +4,8 @@ in plain text; prompts use the model's chat template."""
 from __future__ import annotations
 
 import os
-import tempfile
+import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -61,17 +60,35 @@ def test_problem_limit_and_unknown_source():
         load_problems(["nope"])
 
 
-def _files_under(*roots: Path) -> set[Path]:
-    return {Path(d) / f for root in roots for d, _, files in os.walk(root) for f in files}
+_WRITES: list[str] | None = None
 
 
-def test_gpqa_loads_from_zip_without_plain_text_on_disk():
-    roots = (REPO_ROOT / "eval", Path(tempfile.gettempdir()), Path.cwd())
-    before = _files_under(*roots)
-    problems = load_source("gpqa_diamond", DATA, option_seed=1234)
-    created = _files_under(*roots) - before
+def _audit(event: str, args: tuple) -> None:
+    """Record every file opened for writing while ``_WRITES`` is a list (audit hooks cannot be removed)."""
+    if _WRITES is not None and event == "open":
+        path, mode, flags = args
+        writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+            isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)
+        )
+        if writing:
+            _WRITES.append(str(path))
+
+
+sys.addaudithook(_audit)
+
+
+def test_gpqa_loads_from_zip_without_plain_text_on_disk(tmp_path):
+    global _WRITES
+    _WRITES = []
+    (tmp_path / "control.txt").write_text("x")  # the hook sees writes
+    assert _WRITES == [str(tmp_path / "control.txt")]
+    _WRITES = []
+    try:
+        problems = load_source("gpqa_diamond", DATA, option_seed=1234)
+    finally:
+        writes, _WRITES = _WRITES, None
     assert len(problems) == 198
-    assert not [f for f in created if "gpqa" in f.name.lower() or f.suffix == ".csv"]
+    assert writes == [], f"files opened for writing while decrypting GPQA: {writes}"
     assert not list((REPO_ROOT / "eval").rglob("*.csv"))
     # options: the four answers, shuffled per question, the same order every time, gold letter consistent
     again = load_source("gpqa_diamond", DATA, option_seed=1234)

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from hydra import compose, initialize_config_dir
 
 from eval.__main__ import run
@@ -48,25 +49,55 @@ def _cli(run_dir: Path) -> list[str]:
     return [sys.executable, "-m", "eval", *OVERRIDES, f"run_dir={run_dir}"]
 
 
+def _run_in_process(run_dir: Path, cache_dir: str, *overrides: str) -> dict:
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("eval", overrides=[*overrides, f"run_dir={run_dir}", f"cache_dir={cache_dir}"])
+    return run(cfg)
+
+
+def test_entry_point_full_kv_and_a_compressing_policy(tmp_path, cache_dir):
+    small = ["benchmark=suite", "benchmark.problem_limit=2", "generation.n_samples=2", "generation.max_new_tokens=40",
+             "generation.batch_size=4", "grading.workers=1", "logger=none"]  # fmt: skip
+    full = _run_in_process(tmp_path / "full", cache_dir, *small)["pooled"]
+    assert full["samples"] == 4 and full["kv_per_512"] == pytest.approx(512.0)
+    rows = [json.loads(line) for line in _lines(tmp_path / "full")]
+    for r in rows:
+        assert r["kv"]["rows_final"] == r["prompt_tokens"] + r["n_tokens"] - 1  # full KV keeps every row
+        assert r["truncated"] == (r["n_tokens"] == 40)
+    assert json.loads((tmp_path / "full" / "summary.json").read_text())["method"] == "full"
+    again = _run_in_process(tmp_path / "full", cache_dir, *small)  # resumes: nothing left to generate
+    assert len(_lines(tmp_path / "full")) == 4 and again["pooled"]["accuracy"] == full["accuracy"]
+    # StreamingLLM holds at most budget_rows rows per head, so its KV/512 falls well below full KV's
+    stream = _run_in_process(
+        tmp_path / "stream", cache_dir, *small, "+method=streaming", "method.budget_rows=16"
+    )
+    assert stream["pooled"]["rows_peak_max"] <= 16 + 1 and stream["pooled"]["kv_per_512"] < 100
+    with pytest.raises(SystemExit, match="different settings"):
+        _run_in_process(tmp_path / "stream", cache_dir, *small, "+method=streaming", "method.budget_rows=32")
+    assert json.loads((tmp_path / "stream" / "config.json").read_text())["method"]["budget_rows"] == 16
+
+
+@pytest.mark.slow  # three model-loading processes: ~30 s on an idle 2-core machine, ~80 s when it is busy
 def test_sigkill_mid_run_then_resume(tmp_path, cache_dir):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled",
            "ZOOMR_CACHE": cache_dir}  # fmt: skip
-    # uninterrupted reference, in process (the same run(cfg) the entry point calls)
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose("eval", overrides=[*OVERRIDES, f"run_dir={tmp_path / 'ref'}", f"cache_dir={cache_dir}"])
-    run(cfg)
+    _run_in_process(tmp_path / "ref", cache_dir, *OVERRIDES)  # uninterrupted reference (what the CLI calls)
     total = N_PROBLEMS * N_SAMPLES
     assert len(_lines(tmp_path / "ref")) == total
 
     cut = tmp_path / "cut"
-    proc = subprocess.Popen(_cli(cut), cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        _cli(cut), cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     deadline = time.monotonic() + 180
     while len(_lines(cut)) < 3 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     killed_at = len(_lines(cut))
-    assert 3 <= killed_at < total, f"the run was not killed mid-way ({killed_at} rows): {proc.stderr.read()[-2000:]}"
+    assert 3 <= killed_at < total, (
+        f"the run was not killed mid-way ({killed_at} rows): {proc.stderr.read()[-2000:]}"
+    )
 
     done = subprocess.run(_cli(cut), cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
