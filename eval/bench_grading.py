@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, OMP_NUM_THREADS="
           f"{os.environ.get('OMP_NUM_THREADS', '-')}")  # fmt: skip
-    print(f"| workers | seconds | samples/s | timeouts | methods |\n|---|---|---|---|---|")
+    print("| workers | seconds | samples/s | timeouts | methods |\n|---|---|---|---|---|")
     for r in results:
         print(
             f"| {r['workers']} | {r['seconds']} | {r['samples_per_second']} | {r['timeouts']} | {r['methods']} |"

@@ -81,7 +81,7 @@ def test_gpqa_loads_from_zip_without_plain_text_on_disk(tmp_path):
     global _WRITES
     _WRITES = []
     (tmp_path / "control.txt").write_text("x")  # the hook sees writes
-    assert _WRITES == [str(tmp_path / "control.txt")]
+    assert [str(tmp_path / "control.txt")] == _WRITES
     _WRITES = []
     try:
         problems = load_source("gpqa_diamond", DATA, option_seed=1234)
