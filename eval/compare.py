@@ -2,8 +2,8 @@
 
 One row per arm (the first arm is the reference), per benchmark its accuracy (avg@k, %) and the
 paired difference to the reference in points with its 95% paired-bootstrap interval, then KV/512,
-truncation % and mean generated tokens on the first benchmark. Run directories of one arm on
-several benchmarks (same model and run_name) share a row. Arms must cover the same problems of a
+mean resident KV, truncation % and mean generated tokens on the first benchmark. Run directories of
+one arm on several benchmarks (same model and run_name) share a row. Arms must cover the same problems of a
 benchmark; anything else is an error that names the differing problems.
 
 Writes ``table.md``, ``table.csv`` and ``table.json`` to ``--out`` and prints the Markdown table.
@@ -146,15 +146,19 @@ def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Header and cells of the Table-1 layout."""
     benches = result["benchmarks"]
     primary = benches[0]
-    header = ["Arm", "KV/512"]
+    header = ["Arm", "KV/512", "Mean KV (MiB)"]
     for b in benches:
         header += [f"{b} avg@k", f"Δ {b} [{int(100 * result['confidence'])}% CI]"]
     header += [f"Trunc. % ({primary})", f"Tokens ({primary})"]
     rows = []
     for arm, per_bench in result["arms"].items():
         first = per_bench.get(primary, {}).get("metrics", {})
-        kv = first.get("kv_per_512")
-        cells = [arm, "—" if kv is None else f"{kv:.0f}"]
+        kv, kv_bytes = first.get("kv_per_512"), first.get("bytes_mean")
+        cells = [
+            arm,
+            "—" if kv is None else f"{kv:.0f}",
+            "—" if kv_bytes is None else f"{kv_bytes / 2**20:.1f}",
+        ]
         for b in benches:
             entry = per_bench.get(b)
             if entry is None:
@@ -193,7 +197,8 @@ def write_outputs(result: dict[str, Any], out_dir: Path) -> str:
     note = (
         f"Reference: {result['reference']}. Δ: paired difference in accuracy points, per-problem mean correctness, "
         f"{result['n_resamples']} bootstrap resamples of problems (one shared index matrix, seed {result['seed']}), "
-        "percentile interval. KV/512: persistent KV rows per 512 generated tokens per KV head."
+        "percentile interval. KV/512: persistent KV rows per 512 generated tokens per KV head; Mean KV: resident "
+        "K/V bytes of one sequence averaged over its decode steps; both on the first benchmark."
     )
     (out_dir / "table.md").write_text(md + "\n\n" + note + "\n")
     with open(out_dir / "table.csv", "w", newline="") as f:

@@ -48,6 +48,9 @@ def kv_stats(stats: Any, prompt_tokens: int, n_tokens: int) -> dict[str, float]:
     ``rows_final`` at the end. ``kv_per_512`` (AbridgeKV's budget unit) = 512 x (final rows beyond the
     prompt length) / (generated tokens that entered the cache, i.e. all but the last sampled one): exactly
     512 for full KV; for a compressing policy it also counts the open block and its code (pause) rows.
+    It assumes the prompt stays whole (full, AbridgeKV, ZoomR, LightThinker); for policies that also evict
+    prompt rows, ``kv_per_512_all`` = 512 x final rows / (prompt + cached generated tokens) is the
+    resident share of the whole sequence.
     """
     rows = np.asarray(stats.rows, dtype=float)
     if rows.size == 0:
@@ -64,6 +67,7 @@ def kv_stats(stats: Any, prompt_tokens: int, n_tokens: int) -> dict[str, float]:
         "bytes_mean": float(dec_bytes.mean()) if dec_bytes.size else 0.0,
         "bytes_peak": float(kv_bytes.max()) if kv_bytes.size else 0.0,
         "kv_per_512": 512.0 * max(final - prompt_tokens, 0.0) / max(n_tokens - 1, 1),
+        "kv_per_512_all": 512.0 * final / max(prompt_tokens + n_tokens - 1, 1),
     }
 
 

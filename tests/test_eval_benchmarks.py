@@ -115,3 +115,11 @@ def test_prompts_use_the_chat_template(tiny_model_and_tokenizer):
         f"{letter}) {c}" in msg for letter, c in zip("ABCD", gpqa.choices)
     )
     assert render(math, tokenizer, system_prompt="Be brief.").startswith("<|im_start|>system\nBe brief.")
+
+
+def test_hub_source_fails_clearly_offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(RuntimeError, match="benchmark.source=local"):
+        load_source("aime_2025", DATA, source="hub")
+    with pytest.raises(ValueError, match="local\\|hub"):
+        load_source("aime_2025", DATA, source="ftp")

@@ -122,9 +122,11 @@ def test_compare_table(tmp_path, capsys):
     ci = paired_bootstrap(np.array([a[i] for i in ids]), np.array([b[i] for i in ids]), seed=1234)
     assert (d["delta"], d["low"], d["high"]) == (ci.delta, ci.low, ci.high)
     header, rows = table_rows(result)
-    assert header[:3] == ["Arm", "KV/512", "aime25 avg@k"] and header[-2].startswith("Trunc.")
-    assert rows[0][0] == "tiny/full" and rows[0][3] == "ref" and rows[0][1] == "307"
-    assert re.fullmatch(r"[+-]\d+\.\d \[[+-]\d+\.\d, [+-]\d+\.\d\]", rows[1][3])
+    assert header[:4] == ["Arm", "KV/512", "Mean KV (MiB)", "aime25 avg@k"] and header[-2].startswith(
+        "Trunc."
+    )
+    assert rows[0][0] == "tiny/full" and rows[0][4] == "ref" and rows[0][1] == "307" and rows[0][2] == "—"
+    assert re.fullmatch(r"[+-]\d+\.\d \[[+-]\d+\.\d, [+-]\d+\.\d\]", rows[1][4])
     assert main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "cmp")]) == 0
     assert {p.name for p in (tmp_path / "cmp").iterdir()} == {"table.md", "table.csv", "table.json"}
     assert "tiny/abridge" in capsys.readouterr().out
