@@ -290,8 +290,8 @@ class Grader:
             if on_result:
                 on_result(i, g)
 
-        for i, (text, gold, task) in enumerate(samples):
-            text = self.prepare(text)
+        prepared = [(self.prepare(text), gold, task) for text, gold, task in samples]
+        for i, (text, gold, task) in enumerate(prepared):
             t0 = time.perf_counter()
             if task == "gpqa":
                 g = grade_letter(text, gold)
@@ -307,7 +307,7 @@ class Grader:
             g.seconds = time.perf_counter() - t0
             done(i, g)
         if pending:
-            self._run_workers(samples, pending, done)
+            self._run_workers(prepared, pending, done)
         return results  # type: ignore[return-value]
 
     def _run_workers(
@@ -321,8 +321,12 @@ class Grader:
                 if w.job is None and pending:
                     i = pending.popleft()
                     text, gold, _ = samples[i]
+                    try:
+                        w.conn.send((i, text, gold))
+                    except OSError:  # the idle worker died (e.g. killed from outside): replace, retry
+                        self._replace(w)
+                        w.conn.send((i, text, gold))
                     w.job, w.started = i, time.monotonic()
-                    w.conn.send((i, self.prepare(text), gold))
                     busy[w.conn] = w
             now = time.monotonic()
             next_deadline = min(w.started + self.timeout_s for w in busy.values())

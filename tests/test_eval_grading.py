@@ -93,6 +93,9 @@ def test_stuck_and_dead_workers_are_replaced():
     with Grader(workers=1, timeout_s=1.5, exact_first=False, check=_stuck) as g:
         grades = g.grade(samples)
         assert g.timeouts == 1 and g.restarts == 2
+        os.kill(g._workers[0].proc.pid, signal.SIGKILL)  # an idle worker killed from outside
+        g._workers[0].proc.join(5)
+        assert [x.correct for x in g.grade([("2", "2", "math")])] == [True] and g.restarts == 3
     assert time.monotonic() - t0 < 20
     assert [x.method for x in grades] == ["timeout", "math_verify", "error", "math_verify"]
     assert [x.correct for x in grades] == [False, True, False, True]
