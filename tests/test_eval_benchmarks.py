@@ -28,7 +28,15 @@ def _benchmark(name: str, *overrides: str) -> BenchmarkConfig:
 
 
 @pytest.mark.parametrize(
-    "name,count", [("math500", 500), ("aime24", 30), ("aime25", 30), ("gpqa_diamond", 198), ("suite", 303)]
+    "name,count",
+    [
+        ("math500", 500),
+        ("aime24", 30),
+        ("aime25", 30),
+        ("gpqa_diamond", 198),
+        ("suite", 303),
+        ("aime25_hmmt25", 60),
+    ],
 )
 def test_benchmark_configs_load(name, count):
     problems = load_benchmark(_benchmark(name))
