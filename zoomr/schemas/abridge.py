@@ -42,12 +42,12 @@ class AbridgeMethod:
     max_response_tokens: int = 512  # responses are truncated to this many tokens
     heldout_examples: int = 4  # the first N examples are held out (paper: the first 192 pairs)
     optim: AbridgeOptim = field(default_factory=AbridgeOptim)
-    max_steps: int = 200
+    max_steps: int = 100
     per_device_batch_size: int = 4
     gradient_accumulation_steps: int = 1
     logging_steps: int = 10
     eval_steps: int = 50
-    save_steps: int = 100
+    save_steps: int = 50
     save_total_limit: int = 2
     bf16: bool = False
     gradient_checkpointing: bool = False
