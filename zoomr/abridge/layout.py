@@ -161,3 +161,28 @@ def add_pause_tokens(model, tokenizer, num_pause: int) -> int:
         if out is not None and out.weight is not emb:
             out.weight[old:] = out.weight[:old].mean(0, keepdim=True)
     return len(new)
+
+
+def block_start(layout: AbridgeLayout, prompt_len: int, block: int) -> int:
+    """RoPE position of the first raw token of response block ``block``."""
+    return prompt_len + block * (layout.block_size + layout.position_shift())
+
+
+def roles_from_order(order, prompt_len, layout: AbridgeLayout):
+    """``(kind, block, slot)`` of stream tokens from their feed index (vectorised; the serving side).
+
+    ``order`` is any ``[B, ...]`` LongTensor of stream indices (-1 = no token, reported as PAD) and
+    ``prompt_len`` a ``[B]`` tensor. Equals what :func:`interleave` lays out for the same stream.
+    """
+    import torch
+
+    shape = (-1,) + (1,) * (order.dim() - 1)
+    j = order - prompt_len.to(order.device).view(shape)
+    period = layout.block_size + layout.num_pause
+    blk = torch.div(j, period, rounding_mode="floor")
+    r = j - blk * period
+    kind = torch.where(j < 0, PROMPT, torch.where(r < layout.block_size, RAW, PAUSE))
+    kind = torch.where(order < 0, PAD, kind)
+    block = torch.where(kind >= RAW, blk, -1)
+    slot = torch.where(kind == PAUSE, r - layout.block_size, -1)
+    return kind, block, slot

@@ -31,6 +31,9 @@ class AbridgeMethod:
 
     name: str = "abridge"
     trainer: str = "abridge"
+    policy: str = "abridge"  # the serving policy in zoomr.cache (python -m eval +method=abridge)
+    page_size: int = 16  # serving: rows per storage page
+    layout_from_checkpoint: bool = True  # serving: a checkpoint's abridge.json wins over the fields below
     block_size: int = 64  # C
     num_pause: int = 16  # K_max: pause tokens (code rows) written per completed block
     quota: int | None = None
