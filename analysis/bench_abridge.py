@@ -6,6 +6,16 @@ AbridgeKV per-layer masks (dense boolean + SDPA on CPU, FlexAttention BlockMask 
 causal mask (same kernel path as the dense block mask), and SDPA ``is_causal`` (no mask at all).
 
     OMP_NUM_THREADS=1 python -m analysis.bench_abridge step --out runs/bench/abridge_step.json
+
+``kv``: resident KV bytes of whole generations (every sequence runs to ``--new-tokens``), full KV ÷
+AbridgeKV, from the engine's per-step page accounting, against the analytic ceiling C / q̄ (reached only
+when the prompt and the open block are negligible) and the analytic value for these prompt lengths.
+
+    OMP_NUM_THREADS=1 python -m analysis.bench_abridge kv --out runs/bench/abridge_kv.json
+
+``parity``: trainer forward vs incremental generator on a trained checkpoint (see zoomr.abridge.parity).
+
+    OMP_NUM_THREADS=1 python -m analysis.bench_abridge parity --checkpoint runs/train/abridge-tiny-qwen2-traces/final
 """
 
 from __future__ import annotations
@@ -114,9 +124,147 @@ def bench_step(args) -> dict:
     return {"part": "step", **info, "arms": rows_out, "block_mask_over_dense_causal": ratio}
 
 
+def _load(checkpoint: str | None):
+    """The trained checkpoint when given (its layout), else the random tiny model with the default layout."""
+    from zoomr.abridge.artifacts import load_abridge_config
+
+    if checkpoint:
+        layout, quotas, _ = load_abridge_config(checkpoint)
+        spec = ModelSpec(name="abridge", arch="qwen2", hf_id=checkpoint)
+    else:
+        layout, quotas = AbridgeLayout(64, 16), [8] * TINY["num_hidden_layers"]
+        spec = ModelSpec(name="tiny-qwen2", arch="qwen2", tiny=TINY)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return load_model(spec, device=device), load_tokenizer(spec), layout, quotas
+
+
+def _prompts(tok, n: int) -> list[list[int]]:
+    from data_prep.traces import load_trace_rows
+    from zoomr.abridge.data import prompt_response_ids
+
+    rows, _ = load_trace_rows(path="data_prep/data/traces/sky-t1-math-correct-5k-32b-ckpt140_aime24.jsonl")
+    return [prompt_response_ids({"messages": r.messages()}, tok)[0] for r in rows[:n]]
+
+
+def analytic_rows(prompt: int, new: int, c: int, q: float) -> tuple[float, float]:
+    """Mean rows per (layer, head) over decode steps t = 1..new-1 (t tokens fed after the prompt)."""
+    ts = range(1, new)
+    full = statistics.mean(prompt + t for t in ts)
+    abridge = statistics.mean(prompt + (t // c) * q + t % c for t in ts)
+    return full, abridge
+
+
+def bench_kv(args) -> dict:
+    from zoomr.cache.abridge import AbridgeCache
+    from zoomr.engine import DecodeSettings, generate
+    from zoomr.schemas.abridge import AbridgeMethod
+
+    model, tok, layout, quotas = _load(args.checkpoint)
+    L = model.config.num_hidden_layers
+    prompts = _prompts(tok, args.batch)
+    settings = DecodeSettings(max_new_tokens=args.new_tokens, stop_token_ids=[], progress=True)
+    up, down = 2 * quotas[0], quotas[0] // 2
+    per_layer = [down, down, up] + [quotas[0]] * (L - 3) if L >= 3 else quotas
+    arms = {"full": None, f"abridge q={quotas[0]}": quotas, f"abridge per-layer {per_layer}": per_layer}
+    if 2 * quotas[0] <= layout.num_pause:
+        arms[f"abridge q={2 * quotas[0]}"] = [2 * quotas[0]] * L
+    results = {}
+    for name, qs in arms.items():
+        cache = (
+            {"policy": "full"}
+            if qs is None
+            else AbridgeCache(AbridgeMethod(), model.config, tok, layout=layout, quotas=qs)
+        )
+        t0 = time.perf_counter()
+        outs = generate(model, tok, prompts, cache, settings)
+        dt = time.perf_counter() - t0
+        kv = [float(o.stats.kv_bytes[1:].mean()) for o in outs]
+        rows = [float(o.stats.rows[1:].mean()) for o in outs]
+        results[name] = {
+            "mean_kv_bytes": statistics.mean(kv),
+            "peak_kv_bytes": statistics.mean(float(o.stats.kv_bytes.max()) for o in outs),
+            "mean_rows": statistics.mean(rows),
+            "tokens_per_s": sum(o.n_tokens for o in outs) / dt,
+            "quotas": qs,
+        }
+    full = results["full"]
+    p_mean = statistics.mean(len(p) for p in prompts)
+    print(
+        f"resident KV over whole generations: {len(prompts)} prompts (mean {p_mean:.0f} tokens) x {args.new_tokens} new tokens, C={layout.block_size} K={layout.num_pause}"
+    )
+    print(
+        f"{'arm':<34} {'mean KV MiB':>11} {'full ÷ arm':>10} {'rows ratio':>10} {'analytic':>9} {'ceiling C/q':>11} {'tok/s':>7}"
+    )
+    for name, r in results.items():
+        r["full_over_arm_bytes"] = full["mean_kv_bytes"] / r["mean_kv_bytes"]
+        r["full_over_arm_rows"] = full["mean_rows"] / r["mean_rows"]
+        if r["quotas"]:
+            q = statistics.mean(r["quotas"])
+            a_full, a_ab = analytic_rows(round(p_mean), args.new_tokens, layout.block_size, q)
+            r["analytic_ratio"], r["ceiling"] = a_full / a_ab, layout.block_size / q
+        else:
+            r["analytic_ratio"] = r["ceiling"] = 1.0
+        print(
+            f"{name:<34} {r['mean_kv_bytes'] / 2**20:>11.3f} {r['full_over_arm_bytes']:>10.2f} "
+            f"{r['full_over_arm_rows']:>10.2f} {r['analytic_ratio']:>9.2f} {r['ceiling']:>11.2f} {r['tokens_per_s']:>7.0f}"
+        )
+    return {
+        "part": "kv",
+        "prompts": len(prompts),
+        "mean_prompt_tokens": p_mean,
+        "new_tokens": args.new_tokens,
+        "layout": f"C={layout.block_size} K={layout.num_pause} {layout.code_positions}",
+        "checkpoint": args.checkpoint,
+        "threads": torch.get_num_threads(),
+        "arms": results,
+    }
+
+
+def bench_parity(args) -> dict:
+    from zoomr.abridge.parity import parity_report
+
+    model, tok, layout, quotas = _load(args.checkpoint)
+    if args.float64:  # separates the method's error from fp32 rounding (incremental vs one forward)
+        model = model.double()
+    wrong = list(quotas)
+    wrong[0] = quotas[0] + 1 if quotas[0] < layout.num_pause else quotas[0] - 1
+    reports = [
+        parity_report(model, tok, p, layout, quotas, wrong, args.new_tokens)
+        for p in _prompts(tok, args.batch)
+    ]
+    keys = [
+        "tokens",
+        "max_abs_ce_diff",
+        "mean_abs_ce_diff",
+        "wrong_schedule_max_abs_ce_diff",
+        "wrong_over_parity",
+        "full_history_max_abs_ce_diff",
+        "disagreeing_tokens",
+        "served_follows_compressing",
+    ]
+    print(
+        f"parity (model {next(model.parameters()).dtype}, CE in float64), {args.checkpoint or 'random tiny model'}: "
+        f"layout {layout}, quotas {quotas}, wrong {wrong}"
+    )
+    print(" ".join(f"{k:>14.14}" for k in keys))
+    for r in reports:
+        print(" ".join(f"{r[k]:>14.3g}" if isinstance(r[k], float) else f"{r[k]:>14}" for k in keys))
+    return {
+        "part": "parity",
+        "model_dtype": str(next(model.parameters()).dtype),
+        "checkpoint": args.checkpoint,
+        "quotas": quotas,
+        "wrong": wrong,
+        "reports": reports,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("part", choices=["step"])
+    ap.add_argument("part", choices=["step", "kv", "parity"])
+    ap.add_argument("--checkpoint", default=None, help="a +method=abridge final/ directory (kv, parity)")
+    ap.add_argument("--new-tokens", type=int, default=2048)
+    ap.add_argument("--float64", action="store_true", help="parity in float64")
     ap.add_argument("--block-size", type=int, default=64)
     ap.add_argument("--num-pause", type=int, default=16)
     ap.add_argument("--quota", type=int, default=8)
@@ -126,7 +274,7 @@ def main() -> None:
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    result = bench_step(args)
+    result = {"step": bench_step, "kv": bench_kv, "parity": bench_parity}[args.part](args)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))

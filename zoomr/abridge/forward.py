@@ -46,9 +46,13 @@ def stream_logits(model, batch: dict[str, torch.Tensor], quotas: Sequence[int], 
     return out.logits
 
 
-def token_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """``[B, S]`` fp32 CE of predicting ``labels`` at each position (0 where ignored)."""
-    ce = F.cross_entropy(logits.float().transpose(1, 2), labels.clamp_min(0), reduction="none")
+def token_ce(logits: torch.Tensor, labels: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``[B, S]`` CE of predicting ``labels`` at each position (0 where ignored), computed in ``dtype``.
+
+    fp32 loses ~1e-5 nats to cancellation (logsumexp − logit) on confident tokens of a trained model:
+    parity checks use float64.
+    """
+    ce = F.cross_entropy(logits.to(dtype).transpose(1, 2), labels.clamp_min(0), reduction="none")
     return ce * (labels != IGNORE)
 
 
@@ -57,15 +61,18 @@ def per_response_token(ce: torch.Tensor, labels: torch.Tensor) -> list[torch.Ten
     return [row[lab != IGNORE] for row, lab in zip(ce, labels)]
 
 
-def stream_response_ce(model, batch, quotas: Sequence[int], backend: str = "auto") -> list[torch.Tensor]:
+def stream_response_ce(
+    model, batch, quotas: Sequence[int], backend: str = "auto", dtype: torch.dtype = torch.float32
+) -> list[torch.Tensor]:
     """Per-response-token CE under the block mask, one vector per example."""
-    return per_response_token(
-        token_ce(stream_logits(model, batch, quotas, backend), batch["labels"]), batch["labels"]
-    )
+    logits = stream_logits(model, batch, quotas, backend)
+    return per_response_token(token_ce(logits, batch["labels"], dtype), batch["labels"])
 
 
 @torch.no_grad()
-def full_kv_response_ce(model, batch: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+def full_kv_response_ce(
+    model, batch: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32
+) -> list[torch.Tensor]:
     """Per-response-token CE with plain causal attention over prompt + raw response (pauses removed)."""
     out = []
     for ids, kind in zip(batch["input_ids"], batch["kind"]):
@@ -76,7 +83,7 @@ def full_kv_response_ce(model, batch: dict[str, torch.Tensor]) -> list[torch.Ten
         logits = model(
             input_ids=ids, position_ids=torch.arange(ids.shape[1])[None].to(ids), use_cache=False
         ).logits
-        out += per_response_token(token_ce(logits, labels), labels)
+        out += per_response_token(token_ce(logits, labels, dtype), labels)
     return out
 
 

@@ -23,7 +23,8 @@ from zoomr.abridge.layout import AbridgeLayout, interleave, pause_token_ids
 
 @torch.no_grad()
 def served_token_ce(model, tokenizer, prompt_ids: list[int], cache, max_new_tokens: int):
-    """Greedy-decode one prompt with ``cache``; return (tokens, CE of each token under the served logits).
+    """Greedy-decode one prompt with ``cache``; return (tokens, float64 CE of each token under the served
+    logits, the engine's output).
 
     A forward hook records the logits each forward ends with: for one sequence, the engine samples from
     exactly those (the prefill's last position, a decode token, or the last pause token).
@@ -31,7 +32,7 @@ def served_token_ce(model, tokenizer, prompt_ids: list[int], cache, max_new_toke
     from zoomr.engine import DecodeSettings, generate
 
     seen: list[torch.Tensor] = []
-    hook = model.register_forward_hook(lambda mod, inp, out: seen.append(out.logits[0, -1].float()))
+    hook = model.register_forward_hook(lambda mod, inp, out: seen.append(out.logits[0, -1].double()))
     try:
         settings = DecodeSettings(max_new_tokens=max_new_tokens, stop_token_ids=[], progress=False)
         out = generate(model, tokenizer, [prompt_ids], cache, settings)[0]
@@ -62,9 +63,10 @@ def parity_report(
     device = next(model.parameters()).device
     stream = interleave(prompt_ids, tokens, layout, pause_token_ids(tokenizer, layout.num_pause))
     batch = {k: v.to(device) for k, v in collate([stream], tokenizer.pad_token_id or 0).items()}
-    trainer = stream_response_ce(model, batch, list(quotas), "auto")[0]
-    wrong = stream_response_ce(model, batch, list(wrong_quotas), "auto")[0]
-    full = full_kv_response_ce(model, batch)[0]
+    f64 = torch.float64  # CE in float64: fp32 cancellation would add ~1e-5 nats on confident tokens
+    trainer = stream_response_ce(model, batch, list(quotas), "auto", f64)[0]
+    wrong = stream_response_ce(model, batch, list(wrong_quotas), "auto", f64)[0]
+    full = full_kv_response_ce(model, batch, f64)[0]
     diff = (served - trainer).abs()
     disagree = (full - trainer).abs() > margin
     follows = (served - trainer).abs() < (served - full).abs()
