@@ -64,9 +64,11 @@ def test_train_resume_and_allocate(tmp_path, cache_dir):
     saved = json.loads((run_dir / "final" / "abridge.json").read_text())
     assert saved["quotas"] == [2, 2, 2, 2] and saved["layout"]["block_size"] == 8
 
-    more = _compose("abridge", [*TINY_RUN, "method.max_steps=6", f"cache_dir={cache_dir}"], run_dir)
-    second = recipe.run(more)
+    more = [*TINY_RUN, "method.max_steps=6", "method.gradient_checkpointing=true", f"cache_dir={cache_dir}"]
+    second = recipe.run(_compose("abridge", more, run_dir))
     assert second["resumed_from"].endswith("checkpoint-4") and second["steps"] == 6
+    with pytest.raises(SystemExit, match="quotas"):  # same run dir, another schedule: refuse to resume
+        recipe.run(_compose("abridge", [*more, "method.quota=1"], run_dir))
 
     alloc_dir = tmp_path / "alloc"
     acfg = _compose(

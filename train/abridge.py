@@ -133,6 +133,20 @@ def load_streams(
     return streams
 
 
+def guard_resume(run_dir: Path, layout: AbridgeLayout, quotas: list[int], resume: str | None) -> None:
+    """Record the run's layout and quotas; refuse to resume a run that was trained with others."""
+    from zoomr.abridge.artifacts import load_abridge_config
+
+    if resume and (run_dir / "abridge.json").exists():
+        old_layout, old_quotas, _ = load_abridge_config(run_dir)
+        if (old_layout, old_quotas) != (layout, quotas):
+            raise SystemExit(
+                f"{run_dir} was trained with {old_layout}, quotas {old_quotas}; this run asks for {layout}, "
+                f"quotas {quotas}. Pick another run_name=… (or resume=never to start over there)."
+            )
+    save_abridge_config(run_dir, layout, quotas)
+
+
 def load_start_model(spec: ModelSpec, m: AbridgeMethod, cache_dir: str, device: torch.device):
     if m.init_from:
         start = ModelSpec(name=spec.name, arch=spec.arch, hf_id=m.init_from, dtype=spec.dtype)
@@ -160,6 +174,7 @@ def run(cfg) -> dict[str, Any]:
     use_abridge_attention(model)
     ckpt_dir = run_dir / "checkpoints"
     resume = resolve_resume(cfg.resume, ckpt_dir)
+    guard_resume(run_dir, layout, quotas, resume)
     trainer = AbridgeTrainer(
         model=model,
         args=training_args(

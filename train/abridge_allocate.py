@@ -45,11 +45,11 @@ def plot_costs(path: Path, costs: list[float], schedule: list[int], base: int) -
     import matplotlib.pyplot as plt
 
     colors = {2 * base: "tab:red", base: "tab:gray", base // 2: "tab:blue"}
-    fig, ax = plt.subplots(figsize=(max(4, 0.35 * len(costs) + 2), 3))
+    fig, ax = plt.subplots(figsize=(max(5, 0.35 * len(costs) + 2), 3.2))
     ax.bar(range(len(costs)), costs, color=[colors.get(q, "black") for q in schedule])
     ax.set_xlabel("layer")
     ax.set_ylabel(f"held-out CE increase\n(quota {base} → {base // 2})")
-    ax.set_title(f"AbridgeKV layer costs: red = {2 * base} rows, gray = {base}, blue = {base // 2}")
+    ax.set_title(f"AbridgeKV layer costs\nred: {2 * base} rows, gray: {base}, blue: {base // 2}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -67,10 +67,14 @@ def dense_mask(mask_mod: Callable, batch: int, length: int, device: torch.device
 
 
 def flex_block_mask(mask_mod: Callable, batch: int, length: int, device: torch.device):
-    """The same ``mask_mod`` as a FlexAttention ``BlockMask`` (sparse over 128×128 tiles)."""
+    """The same ``mask_mod`` as a FlexAttention ``BlockMask`` (sparse over 128×128 tiles).
+
+    Compiled on CUDA, so long sequences never materialise the dense ``S × S`` mask.
+    """
     from torch.nn.attention.flex_attention import create_block_mask
 
-    return create_block_mask(mask_mod, batch, None, length, length, device=str(device))
+    compile_ = torch.device(device).type == "cuda"
+    return create_block_mask(mask_mod, batch, None, length, length, device=str(device), _compile=compile_)
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
