@@ -179,7 +179,9 @@ class SegmentTracker:
             if self.summary_start is None:
                 self.anomalies += 1
                 return None
-            seg = Segment(len(self.segments), self.open_start, self.summary_start, self.summary_start, pos + 1)
+            seg = Segment(
+                len(self.segments), self.open_start, self.summary_start, self.summary_start, pos + 1
+            )
             self.segments.append(seg)
             self.summary_start = None
             self.open_start = pos + 1

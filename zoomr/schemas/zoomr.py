@@ -1,0 +1,43 @@
+"""Schemas of ZoomR: summary augmentation (``+pipeline=summarize``), delimiter SFT (``+method=zoomr_sft``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from data_prep.llm_client import EndpointSettings
+
+
+@dataclass
+class SummarizePipeline:
+    """``conf/pipeline/summarize.yaml``: paragraph summaries from an OpenAI-compatible server (ZoomR A.1).
+
+    The API key is never part of the config: ``endpoint.api_key_env`` names the environment variable.
+    ``store`` (default ``<out_dir>/store.sqlite``) caches every finished summary keyed by
+    (paragraph hash, model, prompt version): rerunning asks only for what is missing.
+    """
+
+    name: str = "summarize"
+    module: str = "summarize"  # data_prep.<module>.run(cfg)
+    endpoint: EndpointSettings = field(default_factory=EndpointSettings)
+    min_paragraph_chars: int = 400
+    keep_truncated: bool = False
+    reject_truncated_answers: bool = True
+    out_dir: str = "runs/data_prep/summaries"
+    store: str | None = None
+    max_rows: int | None = None
+    count_tokens: bool = True  # report lengths in tokens of the config's model tokenizer
+    progress: bool = True
+
+    def settings(self):
+        from data_prep.summarize import SummarizeSettings
+
+        return SummarizeSettings(
+            endpoint=self.endpoint,
+            min_paragraph_chars=self.min_paragraph_chars,
+            keep_truncated=self.keep_truncated,
+            reject_truncated_answers=self.reject_truncated_answers,
+            progress=self.progress,
+        )
+
+
+SCHEMAS = [("pipeline", "summarize", SummarizePipeline)]
