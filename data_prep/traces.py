@@ -10,7 +10,6 @@ import json
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from zoomr import tokens

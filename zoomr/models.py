@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from zoomr.tokenizer import TOKENIZER_VERSION, train_bpe_tokenizer
 

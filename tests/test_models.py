@@ -1,0 +1,106 @@
+"""Tiny models and the local tokenizer: loaders agree, save/load round-trips, hub ids fail fast."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+from tests.conftest import tiny_spec
+from zoomr import tokens
+from zoomr.models import ModelSpec, build_tiny, describe, load_model, load_tokenizer, tiny_config
+from zoomr.tokenizer import special_token_ids
+
+TEXTS = [
+    "Let $x^2 + 3x = 10$. Then x = 2 or x = -5.\n\nSo the answer is \\boxed{2}.",
+    f"{tokens.BEGIN_THOUGHT}\nFirst, note that 17 is prime.{tokens.BEGIN_SUMMARY} 17 prime {tokens.END_SUMMARY}",
+    "Unicode: naïve café — 東京 ∑_{i=1}^{n} i² \t\ttabs  and   spaces",
+    "".join(tokens.pause_token(i) for i in range(4)) + tokens.SPLITTER + tokens.lightthinker_cache_token(8),
+]
+
+
+def test_every_tokenizer_loader_gives_identical_ids(tiny_arch, cache_dir):
+    path = build_tiny(tiny_spec(tiny_arch), cache_dir)
+    auto = AutoTokenizer.from_pretrained(path)
+    fast = PreTrainedTokenizerFast.from_pretrained(path)
+    ours = load_tokenizer(tiny_spec(tiny_arch), cache_dir)
+    for text in TEXTS:
+        ids = fast(text).input_ids
+        assert auto(text).input_ids == ids
+        assert ours(text).input_ids == ids
+        assert fast.decode(ids) == text
+
+
+def test_special_tokens_are_single_ids(cache_dir):
+    tok = load_tokenizer(tiny_spec("qwen2"), cache_dir)
+    ids = special_token_ids(tok)
+    assert len(set(ids.values())) == len(tokens.ALL_SPECIAL_TOKENS)
+    for t in (tokens.BEGIN_SUMMARY, tokens.END_SUMMARY, tokens.pause_token(255), tokens.IM_END):
+        assert tok(t, add_special_tokens=False).input_ids == [ids[t]]
+    assert tok.eos_token == tok.pad_token == tokens.EOS
+
+
+def test_chat_template_marks_assistant_turn(cache_dir):
+    tok = load_tokenizer(tiny_spec("qwen2"), cache_dir)
+    msgs = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "\\boxed{4}"}]
+    out = tok.apply_chat_template(msgs, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    mask = out["assistant_masks"]
+    assistant_ids = [i for i, m in zip(out["input_ids"], mask) if m]
+    assert tok.decode(assistant_ids) == "\\boxed{4}<|im_end|>"
+    prompt = tok.apply_chat_template(msgs[:1], tokenize=False, add_generation_prompt=True)
+    assert prompt.endswith("<|im_start|>assistant\n")
+
+
+def test_tiny_models_have_the_real_classes_and_gqa(tiny_arch, cache_dir):
+    model = load_model(tiny_spec(tiny_arch), cache_dir)
+    expected = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}[tiny_arch]
+    assert type(model).__name__ == expected
+    d = describe(model)
+    assert d["heads"] // d["kv_heads"] >= 2 and d["layers"] == 4
+    assert model.config.vocab_size == len(load_tokenizer(tiny_spec(tiny_arch), cache_dir))
+
+
+def test_model_round_trip_gives_identical_logits(tmp_path, cache_dir):
+    spec = tiny_spec("llama")
+    model = load_model(spec, cache_dir)
+    ids = torch.tensor([[5, 17, 99, 1024, 7]])
+    with torch.no_grad():
+        before = model(ids).logits
+    model.save_pretrained(tmp_path)
+    again = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert torch.equal(again(ids).logits, before)
+
+
+def test_build_is_cached_and_keyed_on_config(cache_dir):
+    a = build_tiny(tiny_spec("qwen2"), cache_dir)
+    assert build_tiny(tiny_spec("qwen2"), cache_dir) == a
+    assert build_tiny(tiny_spec("qwen2", num_hidden_layers=2), cache_dir) != a
+
+
+def test_gqa_requirement_and_spec_validation():
+    with pytest.raises(ValueError, match="GQA"):
+        tiny_config("llama", 100, num_attention_heads=4, num_key_value_heads=4)
+    with pytest.raises(ValueError, match="exactly one"):
+        ModelSpec(name="x", arch="qwen2")
+    with pytest.raises(ValueError, match="arch"):
+        ModelSpec(name="x", arch="gpt2", tiny={})
+
+
+def test_real_model_id_fails_fast_with_clear_message():
+    code = (
+        "from zoomr.models import ModelSpec, load_tokenizer\n"
+        "load_tokenizer(ModelSpec(name='r1', arch='qwen2', hf_id='deepseek-ai/DeepSeek-R1-Distill-Qwen-7B'))\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode != 0
+    assert time.time() - t0 < 60
+    assert "could not load model 'r1'" in proc.stderr
+    assert "HF_HUB_OFFLINE=1" in proc.stderr and "tiny" in proc.stderr

@@ -1,0 +1,47 @@
+"""The trace loader keeps messy real rows, counts their defects, and never crashes on a bad line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from data_prep.traces import load_trace_rows, sft_dataset
+
+
+def test_vendored_traces_load_with_defects_counted():
+    rows, report = load_trace_rows(path="data_prep/data/traces/sky-t1-math-correct-5k-32b-ckpt140_aime24.jsonl")
+    assert report.rows == report.kept == len(rows) == 30
+    truncated = [r for r in rows if "missing_end_thought" in r.defects]
+    assert report.defects["missing_end_thought"] == len(truncated) > 0
+    assert all(r.response.startswith("<|begin_of_thought|>") for r in rows)
+
+
+def test_malformed_rows_are_counted_not_fatal(tmp_path):
+    p = tmp_path / "t.jsonl"
+    good = {"system": "sys", "conversations": [{"from": "user", "value": "Q"}, {"from": "assistant", "value": "A"}]}
+    lines = [json.dumps(good), "{not json", json.dumps({"conversations": []}),
+             json.dumps({"conversations": [{"from": "user", "value": ""}, {"from": "assistant", "value": "A"}]})]
+    p.write_text("\n".join(lines) + "\n")
+    rows, report = load_trace_rows(path=str(p), format="bespoke")
+    assert len(rows) == 1 and rows[0].messages()[0] == {"role": "system", "content": "sys"}
+    assert report.defects["malformed_json"] == 1
+    assert report.defects["no_conversations"] == 1
+    assert report.defects["no_question"] == 1
+
+
+def test_errors_name_the_problem(tmp_path):
+    with pytest.raises(FileNotFoundError, match="trace file not found"):
+        load_trace_rows(path=str(tmp_path / "missing.jsonl"))
+    with pytest.raises(ValueError, match="data.format"):
+        load_trace_rows(path="x", format="csv")
+    (tmp_path / "empty.jsonl").write_text("{bad\n")
+    with pytest.raises(ValueError, match="no usable trace rows"):
+        load_trace_rows(path=str(tmp_path / "empty.jsonl"))
+
+
+def test_sft_dataset_is_chat_messages():
+    ds = sft_dataset({"source": "local", "path": "data_prep/data/traces/sky-t1-math-correct-5k-32b-ckpt140_aime24.jsonl",
+                      "max_samples": 3})
+    assert len(ds) == 3
+    assert [m["role"] for m in ds[0]["messages"]] == ["user", "assistant"]
