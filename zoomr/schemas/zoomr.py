@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from data_prep.llm_client import EndpointSettings
+from zoomr import tokens
+from zoomr.schemas.sft import SFTMethod
 
 
 @dataclass
@@ -40,4 +42,20 @@ class SummarizePipeline:
         )
 
 
-SCHEMAS = [("pipeline", "summarize", SummarizePipeline)]
+@dataclass
+class ZoomRSFTMethod(SFTMethod):
+    """``+method=zoomr_sft``: LoRA SFT on summary-augmented traces (ZoomR §3.2, §4: 16K max length).
+
+    ``trainable_tokens`` are added to the tokenizer when missing (embeddings resized) and their input
+    embedding and output-head rows are trained next to LoRA (PEFT ``trainable_token_indices``):
+    LoRA on the linear layers alone cannot learn a new token's embedding.
+    """
+
+    name: str = "zoomr_sft"
+    trainer: str = "zoomr_sft"
+    max_length: int = 16384
+    trainable_tokens: list[str] = field(default_factory=lambda: list(tokens.SUMMARY_TAGS))
+    require_summaries: bool = True  # refuse data without any <|begin_of_summary|>
+
+
+SCHEMAS = [("pipeline", "summarize", SummarizePipeline), ("method", "zoomr_sft", ZoomRSFTMethod)]
