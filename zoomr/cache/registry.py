@@ -1,0 +1,76 @@
+"""Policy registry: ``@register_policy("name", config=Dataclass)`` and ``build_policy(cfg, model_config)``.
+
+A policy module anywhere in ``zoomr/cache/`` registers itself at import; :func:`build_policy` imports every
+module of the package on a miss, so adding a policy is one file (plus its schema and YAML), no list to edit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from zoomr.cache.base import PolicyCache
+
+POLICIES: dict[str, type[PolicyCache]] = {}
+
+
+def register_policy(name: str, config: type) -> Callable[[type[PolicyCache]], type[PolicyCache]]:
+    """Class decorator: make ``cls`` buildable as ``policy: <name>`` with hyperparameters ``config``."""
+
+    def wrap(cls: type[PolicyCache]) -> type[PolicyCache]:
+        if name in POLICIES and POLICIES[name] is not cls:
+            raise ValueError(f"policy {name!r} registered twice ({POLICIES[name].__name__}, {cls.__name__})")
+        cls.policy_name, cls.config_class = name, config
+        POLICIES[name] = cls
+        return cls
+
+    return wrap
+
+
+def _discover() -> None:
+    import zoomr.cache as package
+
+    for info in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{package.__name__}.{info.name}")
+
+
+def policy_class(name: str) -> type[PolicyCache]:
+    if name not in POLICIES:
+        _discover()
+    if name not in POLICIES:
+        raise KeyError(f"unknown cache policy {name!r}; registered: {sorted(POLICIES)}")
+    return POLICIES[name]
+
+
+def policy_config(cfg: Any) -> Any:
+    """The policy's config dataclass from a dataclass, a dict or an OmegaConf node (unknown keys are errors)."""
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        return cfg
+    if not isinstance(cfg, Mapping):
+        from omegaconf import OmegaConf
+
+        cfg = OmegaConf.to_container(cfg, resolve=True)
+    cfg = dict(cfg)
+    name = cfg.get("policy") or cfg.get("name")
+    if name is None:
+        raise ValueError(f"cache policy config needs a 'policy' field, got keys {sorted(cfg)}")
+    from zoomr.schemas import to_dataclass
+
+    return to_dataclass(policy_class(name).config_class, cfg)
+
+
+def build_policy(cfg: Any, model_config: Any, tokenizer: Any = None, **kwargs: Any) -> PolicyCache:
+    """A fresh cache for one ``generate`` call: ``build_policy(cfg.method, model.config, tokenizer)``."""
+    config = policy_config(cfg)
+    return policy_class(config.policy)(config, model_config, tokenizer=tokenizer, **kwargs)
+
+
+def match_budget(cfg: Any, rows: float) -> Any:
+    """``cfg`` with ``budget_rows`` set to ``rows`` (rounded): give a baseline another arm's measured mean."""
+    config = policy_config(cfg)
+    if not hasattr(config, "budget_rows"):
+        raise ValueError(f"policy {config.policy!r} has no budget_rows")
+    return dataclasses.replace(config, budget_rows=max(1, round(rows)))

@@ -1,0 +1,54 @@
+"""StreamingLLM (Xiao et al., ICLR 2024, §3.2; mit-han-lab/streaming-llm ``kv_cache.py``).
+
+Keep the first ``n_sink`` rows (attention sinks) and the most recent ``budget_rows - n_sink`` rows of every
+(sequence, KV head). Eviction runs after each layer's attention, so the current token sees the resident rows
+plus itself and ``budget_rows`` rows stay between steps; a prompt longer than the budget is attended in full
+at prefill and cut afterwards (as the reference does before the next forward).
+
+``reposition=True`` is the paper's pos_shift variant: after every eviction the kept keys are re-rotated to
+their index inside the cache and new tokens take position ``rows held`` (RoPE is a rotation group, so the
+post-RoPE keys are moved by the position difference). Default: original positions (R-KV's baseline).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from zoomr.cache.base import PolicyCache, PolicyLayer
+from zoomr.cache.registry import register_policy
+from zoomr.cache.rope import rope_inv_freq
+from zoomr.schemas.cache import StreamingConfig
+
+
+def sink_window_keep(n: torch.Tensor, width: int, n_sink: int, recent: int) -> torch.Tensor:
+    """``[B, H, width]`` bool: rows ``j < n_sink`` or ``j >= n - recent`` (rows in insertion order)."""
+    j = torch.arange(width, device=n.device)[None, None, :]
+    n = n[:, :, None]
+    return (j < n) & ((j < n_sink) | (j >= n - recent))
+
+
+@register_policy("streaming", config=StreamingConfig)
+class StreamingCache(PolicyCache):
+    def __init__(self, config: StreamingConfig, model_config, tokenizer=None) -> None:
+        super().__init__(config, model_config, tokenizer)
+        self.recent = config.budget_rows - config.n_sink
+        self.inv_freq = rope_inv_freq(self.model_config, self.head_dim) if config.reposition else None
+
+    def after_attention(self, layer: PolicyLayer) -> None:
+        store = layer.store
+        if int(store.n.max()) <= self.config.budget_rows:
+            return
+        with self.selecting():
+            keep = sink_window_keep(store.n, int(store.n.max()), self.config.n_sink, self.recent)
+            self.evict(layer.idx, keep)
+            if self.inv_freq is not None:
+                flat, valid = store.flat_index()
+                new_pos = torch.arange(flat.shape[-1], device=flat.device).expand_as(flat)
+                store.reposition(new_pos, self.inv_freq)
+
+    def next_positions(self, valid: torch.Tensor) -> torch.Tensor:
+        store = self.layers[0].store
+        if self.inv_freq is None or store is None:
+            return super().next_positions(valid)
+        rank = torch.cumsum(valid.long(), dim=1) - 1  # in-cache positions: rows held, then onwards
+        return (store.n[:, 0].to(valid.device)[:, None] + rank).clamp_min(0) * valid

@@ -1,0 +1,368 @@
+"""Batched decoding with any KV-cache policy, measuring what every step really kept.
+
+Our own loop rather than ``model.generate``: each sequence of a left-padded batch gets positions
+0..n-1 over its own tokens, pads are never stored, and the attention mask is built per (sequence, KV head)
+from the rows the policy holds — so a batch decodes exactly like its prompts one by one, eviction included.
+Finished sequences leave the batch (their rows are freed). A policy may ask for forced tokens (pause /
+cache tokens) that run alongside other sequences' ordinary decode tokens; their outputs are not sampled.
+
+    outs = generate(model, tokenizer, prompts, build_policy(cfg.method, model.config, tokenizer),
+                    DecodeSettings(max_new_tokens=512, temperature=0.6, top_p=0.95, top_k=20, seed=1234))
+    outs[0].text, outs[0].n_tokens, outs[0].hit_cap, outs[0].stats.rows  # [steps, layers, kv heads]
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from zoomr.attention import ATTN_IMPLEMENTATION
+from zoomr.cache import ForcedInput, PolicyCache, build_policy
+
+
+@dataclass
+class DecodeSettings:
+    """Sampling and stopping. ``temperature=0`` is greedy. ``seed``: one int (sequence i uses seed + i) or a
+    list (one per prompt), so a sequence samples the same tokens alone or in any batch."""
+
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | list[int] = 0
+    stop_strings: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] | None = None  # None: the tokenizer's / model's EOS ids
+    prefill_chunk: int | None = None  # prefill in chunks of this many tokens (policies may evict between)
+    stats_every: int = 1  # record per-step stats every k decode steps (and always the last)
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ValueError(
+                f"bad sampling settings: T={self.temperature}, top_p={self.top_p}, top_k={self.top_k}"
+            )
+        if self.prefill_chunk is not None and self.prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
+        if self.stats_every < 1:
+            raise ValueError(f"stats_every must be >= 1, got {self.stats_every}")
+
+
+@dataclass
+class StepStats:
+    """Per recorded step (row 0 = after prefill) of one sequence."""
+
+    step: np.ndarray  # [T] decode step index (0 = prefill)
+    rows: np.ndarray  # [T, L, H] rows this sequence holds per layer and KV head
+    kv_bytes: np.ndarray  # [T] bytes of this sequence's K/V pages on the device
+    kv_bytes_host: np.ndarray  # [T] ... on host (offloading policies)
+    device_bytes: np.ndarray  # [T] every tensor the batch's cache holds on the device (measured)
+    host_bytes: np.ndarray  # [T] ... on host
+    batch_size: np.ndarray  # [T] sequences in the batch at that step (to share the batch totals)
+    select_s: np.ndarray  # [T] seconds the policy spent selecting during the step (batch-wide)
+    step_s: np.ndarray  # [T] wall time of the step's forward (batch-wide)
+
+    @property
+    def mean_rows(self) -> float:
+        """Mean rows per (layer, KV head) over recorded decode steps (prefill excluded when there are any)."""
+        rows = self.rows[1:] if len(self.rows) > 1 else self.rows
+        return float(rows.mean()) if rows.size else 0.0
+
+
+@dataclass
+class SequenceOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    n_tokens: int
+    prompt_tokens: int
+    hit_cap: bool
+    stop_reason: str  # eos | stop_string | length
+    n_forced: int
+    stats: StepStats
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "n_tokens": self.n_tokens,
+            "hit_cap": self.hit_cap,
+            "stop_reason": self.stop_reason,
+            "n_forced": self.n_forced,
+            "mean_rows": self.stats.mean_rows,
+            "peak_kv_bytes": int(self.stats.kv_bytes.max()) if self.stats.kv_bytes.size else 0,
+            "select_s": float(self.stats.select_s.sum()),
+        }
+
+
+def mean_rows(outputs: Sequence[SequenceOutput]) -> float:
+    """Mean resident rows per (layer, KV head, sequence, decode step): the budget to give a matched baseline."""
+    return float(np.mean([o.stats.mean_rows for o in outputs])) if outputs else 0.0
+
+
+# --------------------------------------------------------------------------------------------- sampling
+
+
+def sample_token(logits: torch.Tensor, s: DecodeSettings, generator: torch.Generator | None) -> int:
+    """One token from ``logits [V]``: greedy at T=0, else temperature, top-k, then top-p (nucleus)."""
+    if s.temperature == 0:
+        return int(torch.argmax(logits))
+    logits = logits.float() / s.temperature
+    if s.top_k:
+        kth = torch.topk(logits, min(s.top_k, logits.numel())).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if s.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        probs = torch.softmax(sorted_logits, -1)
+        drop = torch.cumsum(probs, -1) - probs > s.top_p  # keep the smallest prefix reaching top_p
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+    probs = torch.softmax(logits, -1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+@contextmanager
+def _policy_attention(model: torch.nn.Module):
+    """Run the model with the ``zoomr`` attention implementation, restoring the previous one after."""
+    previous = model.config._attn_implementation
+    if previous != ATTN_IMPLEMENTATION:
+        model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    try:
+        yield
+    finally:
+        if previous != ATTN_IMPLEMENTATION:
+            model.set_attn_implementation(previous)
+
+
+def _stop_ids(tokenizer: Any, model: Any, settings: DecodeSettings) -> set[int]:
+    if settings.stop_token_ids is not None:
+        return set(settings.stop_token_ids)
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        eos = getattr(source, "eos_token_id", None)
+        ids.update(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+    return ids
+
+
+class _Recorder:
+    """Accumulates one sequence's per-step stats."""
+
+    def __init__(self) -> None:
+        self.cols: dict[str, list] = {k: [] for k in StepStats.__dataclass_fields__}
+
+    def add(self, **values: Any) -> None:
+        for k, v in values.items():
+            self.cols[k].append(v)
+
+    def build(self) -> StepStats:
+        arrays = {k: np.asarray(v) for k, v in self.cols.items()}
+        if not len(arrays["rows"]):
+            arrays["rows"] = np.zeros((0, 0, 0), dtype=np.int32)
+        return StepStats(**arrays)
+
+
+# --------------------------------------------------------------------------------------------- generate
+
+
+@torch.no_grad()
+def generate(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    prompts: Sequence[str] | Sequence[Sequence[int]],
+    policy: PolicyCache | Any = None,
+    settings: DecodeSettings | None = None,
+) -> list[SequenceOutput]:
+    """Decode every prompt with ``policy`` (a fresh :class:`PolicyCache`, or a policy config; None = full KV).
+
+    Prompts are strings (tokenised as is: apply the chat template first) or lists of token ids.
+    """
+    settings = settings or DecodeSettings()
+    if policy is None:
+        policy = {"policy": "full"}
+    cache = policy if isinstance(policy, PolicyCache) else build_policy(policy, model.config, tokenizer)
+    if cache.steps_done:
+        raise ValueError("generate needs a fresh cache (build one per call with build_policy)")
+    device = next(model.parameters()).device
+    ids = [
+        list(p) if not isinstance(p, str) else tokenizer(p, add_special_tokens=False).input_ids
+        for p in prompts
+    ]
+    if not ids or any(len(p) == 0 for p in ids):
+        raise ValueError("every prompt must have at least one token")
+    B = len(ids)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    S = max(len(p) for p in ids)
+    input_ids = torch.full((B, S), pad_id, dtype=torch.long)
+    valid = torch.zeros(B, S, dtype=torch.bool)
+    for b, p in enumerate(ids):
+        input_ids[b, S - len(p) :] = torch.tensor(p)
+        valid[b, S - len(p) :] = True
+    input_ids, valid = input_ids.to(device), valid.to(device)
+    seeds = settings.seed if isinstance(settings.seed, list) else [settings.seed + i for i in range(B)]
+    if len(seeds) != B:
+        raise ValueError(f"{len(seeds)} seeds for {B} prompts")
+    gens = (
+        [torch.Generator(device=device).manual_seed(int(sd)) for sd in seeds]
+        if settings.temperature
+        else [None] * B
+    )
+    stop_ids = _stop_ids(tokenizer, model, settings)
+    tail = (
+        max((len(tokenizer(s, add_special_tokens=False).input_ids) for s in settings.stop_strings), default=0)
+        + 2
+    )
+
+    out_ids: list[list[int]] = [[] for _ in range(B)]
+    n_forced = [0] * B
+    reason: list[str | None] = [None] * B
+    rec = [_Recorder() for _ in range(B)]
+    active = list(range(B))  # batch row -> sequence index
+
+    def forward(
+        step_ids: torch.Tensor, step_valid: torch.Tensor, positions=None, prefill=False, keep_last=False
+    ):
+        step = cache.begin_step(step_valid, positions=positions, input_ids=step_ids, is_prefill=prefill)
+        t0 = time.perf_counter()
+        kwargs = {"logits_to_keep": 1} if keep_last else {}
+        logits = model(
+            input_ids=step_ids, position_ids=step.positions, cache=cache, use_cache=True, **kwargs
+        ).logits
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        dt = time.perf_counter() - t0
+        cache.end_step()
+        return logits, dt
+
+    def record(step_index: int, dt: float, force: bool = False) -> None:
+        if not force and step_index % settings.stats_every:
+            return
+        rows = cache.resident_rows()  # [L, B, H]
+        held = cache.resident_bytes()
+        seq = cache.sequence_kv_bytes()
+        sel = cache.pop_select_seconds()
+        for r, i in enumerate(active):
+            rec[i].add(
+                step=step_index,
+                rows=rows[:, r, :].numpy().astype(np.int32),
+                kv_bytes=int(seq["device"][r]) if "device" in seq else 0,
+                kv_bytes_host=int(seq["host"][r]) if "host" in seq else 0,
+                device_bytes=held["device"],
+                host_bytes=held["host"],
+                batch_size=len(active),
+                select_s=sel,
+                step_s=dt,
+            )
+
+    with _policy_attention(model):
+        # ---- prefill (optionally chunked: a policy may evict between chunks)
+        chunk = settings.prefill_chunk or S
+        t_prefill = 0.0
+        for start in range(0, S, chunk):
+            sl = slice(start, min(S, start + chunk))
+            logits, dt = forward(input_ids[:, sl], valid[:, sl], prefill=True, keep_last=True)
+            t_prefill += dt
+        record(0, t_prefill, force=True)
+        next_logits = logits[:, -1]
+        pending = [sample_token(next_logits[r], settings, gens[i]) for r, i in enumerate(active)]
+        bar = tqdm(
+            total=settings.max_new_tokens, desc=f"decode[{cache.policy_name}]", disable=not settings.progress
+        )
+        step_index = 0
+        while True:
+            # ---- account the sampled tokens, stop finished sequences
+            for r, i in enumerate(active):
+                tok = pending[r]
+                out_ids[i].append(tok)
+                if tok in stop_ids:
+                    reason[i] = "eos"
+                elif settings.stop_strings and any(
+                    s in tokenizer.decode(out_ids[i][-tail:], skip_special_tokens=False)
+                    for s in settings.stop_strings
+                ):
+                    reason[i] = "stop_string"
+                elif len(out_ids[i]) >= settings.max_new_tokens:
+                    reason[i] = "length"
+            bar.update(1)
+            forced = cache.forced_inputs(
+                [pending[r] if reason[i] is None else None for r, i in enumerate(active)]
+            )
+            rows_left = [r for r, i in enumerate(active) if reason[i] is None]
+            if not rows_left:
+                break
+            if len(rows_left) < len(active):
+                cache.select_batch(torch.tensor(rows_left, device=device))
+                forced = {rows_left.index(r): f for r, f in forced.items() if r in rows_left}
+                pending = [pending[r] for r in rows_left]
+                active = [active[r] for r in rows_left]
+            # ---- build the step: [pending token, forced tokens...] per sequence
+            feeds = [[pending[r], *(forced[r].token_ids if r in forced else [])] for r in range(len(active))]
+            Q = max(len(f) for f in feeds)
+            step_ids = torch.full((len(active), Q), pad_id, dtype=torch.long)
+            step_valid = torch.zeros(len(active), Q, dtype=torch.bool)
+            for r, f in enumerate(feeds):
+                step_ids[r, : len(f)] = torch.tensor(f)
+                step_valid[r, : len(f)] = True
+                n_forced[active[r]] += len(f) - 1
+            step_ids, step_valid = step_ids.to(device), step_valid.to(device)
+            positions = cache.next_positions(step_valid)
+            for r, f in forced.items():
+                if f.positions is not None:
+                    if len(f.positions) != len(f.token_ids):
+                        raise ValueError(
+                            f"forced input: {len(f.positions)} positions for {len(f.token_ids)} tokens"
+                        )
+                    positions[r, 1 : 1 + len(f.positions)] = torch.tensor(f.positions, device=device)
+            logits, dt = forward(step_ids, step_valid, positions=positions)
+            step_index += 1
+            cols = [
+                len(feeds[r]) - 1 if r in forced and forced[r].sample_from_last else 0
+                for r in range(len(active))
+            ]
+            pending = [sample_token(logits[r, cols[r]], settings, gens[i]) for r, i in enumerate(active)]
+            record(step_index, dt)
+            bar.set_postfix(
+                active=len(active), rows=int(cache.resident_rows().float().mean()) if len(active) else 0
+            )
+        bar.close()
+
+    outputs = []
+    for i in range(B):
+        toks = out_ids[i]
+        text_ids = toks[:-1] if reason[i] == "eos" else toks
+        text = tokenizer.decode(text_ids, skip_special_tokens=False)
+        if reason[i] == "stop_string":
+            cut = min((text.find(s) + len(s) for s in settings.stop_strings if s in text), default=len(text))
+            text = text[:cut]
+        outputs.append(
+            SequenceOutput(
+                index=i,
+                text=text,
+                token_ids=toks,
+                n_tokens=len(toks),
+                prompt_tokens=len(ids[i]),
+                hit_cap=reason[i] == "length",
+                stop_reason=reason[i] or "length",
+                n_forced=n_forced[i],
+                stats=rec[i].build(),
+            )
+        )
+    return outputs
+
+
+__all__ = [
+    "DecodeSettings",
+    "ForcedInput",
+    "SequenceOutput",
+    "StepStats",
+    "generate",
+    "mean_rows",
+    "sample_token",
+]
