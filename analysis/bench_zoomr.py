@@ -1,0 +1,132 @@
+"""Resident rows and decode step time of ZoomR vs full KV on a summary-structured stream (table + JSON).
+
+    python -m analysis.bench_zoomr --prompt 512 --generate 4096 --para 250 --summary 20 --window 512
+
+A tiny random-weight model is teacher-forced through a token stream shaped like a ZoomR generation
+(prompt, then paragraphs of ``--para`` tokens each closed by a ``--summary``-token summary; the last
+token of each paragraph is ``.``, a semantic boundary). Arms: full KV, ZoomR with offload, ZoomR on the
+device. Per arm: rows resident per (layer, KV head) at the end and on average, and the mean decode-step
+time. The measured final saving is compared with the paper's formula (ZoomR §3.5) fed the measured
+|I_all|. All arms run in this process, one after another, with the same thread count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from zoomr import tokens
+from zoomr.cache import build_policy
+from zoomr.memory_model import ZoomRFootprint, memory_saving
+from zoomr.models import load_model_and_tokenizer
+from zoomr.segments import boundary_table
+
+
+def structured_stream(tokenizer, n_prompt: int, n_gen: int, para: int, summ: int, seed: int = 0) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    table = boundary_table(tokenizer)
+    plain = torch.tensor([i for i in range(200, 4000) if not table[i]])
+    fill = lambda n: plain[torch.randint(len(plain), (n,), generator=g)].tolist()  # noqa: E731
+    dot = tokenizer.convert_tokens_to_ids(".")
+    b, e = (tokenizer.convert_tokens_to_ids(t) for t in tokens.SUMMARY_TAGS)
+    ids = fill(n_prompt)
+    while len(ids) < n_prompt + n_gen + 1:
+        ids += fill(para - 1) + [dot, b] + fill(summ - 2) + [e]
+    return ids[: n_prompt + n_gen + 1]
+
+
+@torch.no_grad()
+def run_arm(model, cache, ids: list[int], n_prompt: int) -> dict:
+    x = torch.tensor([ids])
+    step = cache.begin_step(torch.ones(1, n_prompt, dtype=torch.bool), input_ids=x[:, :n_prompt])
+    model(x[:, :n_prompt], cache=cache, use_cache=True, position_ids=step.positions)
+    cache.end_step()
+    times, rows = [], []
+    for t in range(n_prompt, len(ids) - 1):
+        step = cache.begin_step(torch.ones(1, 1, dtype=torch.bool), input_ids=x[:, t : t + 1])
+        t0 = time.perf_counter()
+        model(x[:, t : t + 1], cache=cache, use_cache=True, position_ids=step.positions)
+        cache.end_step()
+        times.append(time.perf_counter() - t0)
+        rows.append(float(cache.resident_rows().float().mean()))
+    held = cache.resident_bytes()
+    return {
+        "rows_final": rows[-1],
+        "rows_mean": float(np.mean(rows)),
+        "step_ms": 1000 * float(np.mean(times[len(times) // 10 :])),  # skip the warm-up tenth
+        "device_bytes": held["device"],
+        "host_bytes": held["host"],
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--prompt", type=int, default=512)
+    p.add_argument("--generate", type=int, default=4096)
+    p.add_argument("--para", type=int, default=250)
+    p.add_argument("--summary", type=int, default=20)
+    p.add_argument("--window", type=int, default=512)
+    p.add_argument("--top-k", type=int, default=2)
+    p.add_argument("--consensus", type=int, default=2)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--out", default="runs/bench/zoomr_rows.json")
+    args = p.parse_args()
+    torch.manual_seed(0)
+    from tests.conftest import tiny_spec
+
+    model, tok = load_model_and_tokenizer(
+        tiny_spec("qwen2", num_hidden_layers=args.layers), attn_implementation="zoomr"
+    )
+    ids = structured_stream(tok, args.prompt, args.generate, args.para, args.summary)
+    zcfg = {"policy": "zoomr", "top_k": args.top_k, "consensus": args.consensus, "window": args.window}
+    arms = {
+        "full": {"policy": "full"},
+        "zoomr_offload": {**zcfg, "offload": True},
+        "zoomr_device": {**zcfg, "offload": False},
+    }
+    results, caches = {}, {}
+    for name, cfg in arms.items():
+        caches[name] = cache = build_policy(cfg, model.config, tok)
+        results[name] = run_arm(model, cache, ids, args.prompt)
+        print(name, json.dumps(results[name]), flush=True)
+    log = caches["zoomr_offload"].recompute_log[0]
+    n_all = float(np.mean([len(r["votes"]) for r in log[-5:]]))
+    formula = memory_saving(
+        ZoomRFootprint(
+            args.prompt, args.generate, args.window, args.consensus, args.para, args.summary,
+            max(round(n_all), args.consensus),
+        )
+    )  # fmt: skip
+    full = results["full"]
+    header = f"{'arm':<15}{'rows final':>12}{'rows mean':>11}{'full/arm':>10}{'step ms':>9}{'time ratio':>11}"
+    print("\n" + header + "\n" + "-" * len(header))
+    for name, r in results.items():
+        r["rows_ratio_final"] = full["rows_final"] / r["rows_final"]
+        r["step_time_ratio"] = r["step_ms"] / full["step_ms"]
+        print(
+            f"{name:<15}{r['rows_final']:>12.0f}{r['rows_mean']:>11.1f}{r['rows_ratio_final']:>10.2f}"
+            f"{r['step_ms']:>9.2f}{r['step_time_ratio']:>11.2f}"
+        )
+    summary = caches["zoomr_offload"].summary()
+    print(
+        f"\nrecomputes {summary['recomputes']}, every {summary['tokens_between_recomputes']:.1f} tokens; "
+        f"|I_all| at the end {n_all:.1f}; paper formula with it: MS = {formula:.2f}x, measured "
+        f"{results['zoomr_offload']['rows_ratio_final']:.2f}x (the window overlaps the newest segments)"
+    )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {**vars(args), "threads": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS")}
+    out.write_text(
+        json.dumps({"meta": meta, "results": results, "zoomr": summary, "formula_ms": formula}, indent=2)
+    )
+    print(f"written {out}")
+
+
+if __name__ == "__main__":
+    main()
