@@ -96,13 +96,17 @@ def main() -> None:
         results[name] = run_arm(model, cache, ids, args.prompt)
         print(name, json.dumps(results[name]), flush=True)
     log = caches["zoomr_offload"].recompute_log[0]
-    n_all = float(np.mean([len(r["votes"]) for r in log[-5:]]))
-    formula = memory_saving(
-        ZoomRFootprint(
-            args.prompt, args.generate, args.window, args.consensus, args.para, args.summary,
-            max(round(n_all), args.consensus),
-        )
+    last = log[-1]
+    footprint = ZoomRFootprint(
+        args.prompt, last["position"] + 1 - args.prompt, args.window, args.consensus, args.para, args.summary,
+        max(len(last["votes"]), args.consensus),
     )  # fmt: skip
+    formula = {
+        "resident_rows": footprint.resident_rows,
+        "ms": memory_saving(footprint),
+        "n_all": len(last["votes"]),
+    }
+    measured = {"resident_rows": last["rows"], "ms": footprint.full_rows / last["rows"]}
     full = results["full"]
     header = f"{'arm':<15}{'rows final':>12}{'rows mean':>11}{'full/arm':>10}{'step ms':>9}{'time ratio':>11}"
     print("\n" + header + "\n" + "-" * len(header))
@@ -115,15 +119,20 @@ def main() -> None:
         )
     summary = caches["zoomr_offload"].summary()
     print(
-        f"\nrecomputes {summary['recomputes']}, every {summary['tokens_between_recomputes']:.1f} tokens; "
-        f"|I_all| at the end {n_all:.1f}; paper formula with it: MS = {formula:.2f}x, measured "
-        f"{results['zoomr_offload']['rows_ratio_final']:.2f}x (the window overlaps the newest segments)"
+        f"\nrecomputes {summary['recomputes']}, every {summary['tokens_between_recomputes']:.1f} tokens, "
+        f"mean AG {summary['mean_agreeability']:.3f}. At the last recompute (t = {last['position'] + 1}): "
+        f"|I_all| = {formula['n_all']}, |I_f| = {measured['resident_rows']} rows (saving {measured['ms']:.2f}x); "
+        f"the paper's formula with these inputs: {formula['resident_rows']:.0f} rows ({formula['ms']:.2f}x). "
+        "Between recomputes the rows generated since are appended, hence 'rows final' above."
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {**vars(args), "threads": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS")}
     out.write_text(
-        json.dumps({"meta": meta, "results": results, "zoomr": summary, "formula_ms": formula}, indent=2)
+        json.dumps(
+            {"meta": meta, "results": results, "zoomr": summary, "formula": formula, "measured": measured},
+            indent=2,
+        )
     )
     print(f"written {out}")
 

@@ -330,6 +330,8 @@ def run(cfg) -> dict[str, Any]:
     from zoomr.schemas.zoomr import SummarizePipeline
 
     pipe: SummarizePipeline = to_dataclass(SummarizePipeline, cfg.pipeline)
+    if cfg.get("data") is None:
+        raise SystemExit("summarize needs trace data: add data=traces (or +data=...; e.g. bespoke_stratos)")
     data = to_plain(cfg.data)
     run_dir, logger = start_run(cfg, job_type="data_prep")
     rows, load = load_trace_rows(

@@ -139,8 +139,8 @@ class ZoomRCache(PolicyCache):
         return torch.device("cpu") if self.config.offload else compute_device
 
     # ------------------------------------------------------------------ step protocol
-    def begin_step(self, valid, positions=None, input_ids=None, is_prefill=None, auto=False) -> Step:
-        step = super().begin_step(valid, positions, input_ids, is_prefill, auto)
+    def begin_step(self, valid, positions=None, input_ids=None, **kwargs) -> Step:
+        step = super().begin_step(valid, positions=positions, input_ids=input_ids, **kwargs)
         B = valid.shape[0]
         if self.trackers is None:
             self.seq_ids = list(range(B))
