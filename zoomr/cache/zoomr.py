@@ -116,6 +116,7 @@ class ZoomRCache(PolicyCache):
         self._recompute: torch.Tensor | None = None  # [B] bool, this step
         self._votes: torch.Tensor | None = None  # [B, cap], this step
         self._old_idx: torch.Tensor | None = None  # [B, N] rows read from the stores this step (-1 pad)
+        self._n_old: torch.Tensor | None = None  # [B] rows held before this step's tokens (host-side copy)
         self._incoming: tuple[torch.Tensor, torch.Tensor] | None = None
         self._prefetched: dict[int, tuple[Rows, Any]] = {}
         self._stream: Any = None
@@ -140,8 +141,10 @@ class ZoomRCache(PolicyCache):
 
     # ------------------------------------------------------------------ step protocol
     def begin_step(self, valid, positions=None, input_ids=None, **kwargs) -> Step:
-        step = super().begin_step(valid, positions=positions, input_ids=input_ids, **kwargs)
         B = valid.shape[0]
+        held = self._rows_held()
+        self._n_old = held if held.numel() else torch.zeros(B, dtype=torch.long)  # rows before this step
+        step = super().begin_step(valid, positions=positions, input_ids=input_ids, **kwargs)
         if self.trackers is None:
             self.seq_ids = list(range(B))
             self.recompute_log = {i: [] for i in range(B)}
@@ -298,8 +301,7 @@ class ZoomRCache(PolicyCache):
 
     def load_rows(self, layer: PolicyLayer, device: torch.device) -> Rows:
         store, step = layer.store, self.step
-        n_old = store.n[:, 0].cpu() - step.valid.sum(1).cpu()
-        idx = self._selected_old_rows(n_old)
+        idx = self._selected_old_rows(self._n_old)
         old = self._take_prefetched(layer.idx)
         if old is None:
             old = gather_rows(store, idx.to(store.device)).to(device)
