@@ -72,6 +72,7 @@ def policy_attention(
         )
     layer = cache.layers[layer_idx]
     rows, step = layer.view, cache.step
+    layer.attended = True
     B, Hq, S, d = query.shape
     Hkv, N = key.shape[1], key.shape[2]
     g = Hq // Hkv
