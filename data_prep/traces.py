@@ -101,6 +101,11 @@ def iter_raw_rows(source: str, path: str | None, hub_id: str | None, split: str)
 
             yield from datasets.Dataset.from_parquet(str(p))
             return
+        if p.is_dir():  # an HF dataset written with save_to_disk (e.g. data_prep.summarize's output)
+            import datasets
+
+            yield from datasets.load_from_disk(str(p))
+            return
         with p.open(encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():

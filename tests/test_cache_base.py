@@ -66,13 +66,28 @@ def test_paged_store_append_retain_and_bytes():
 
 BIG = [
     {"policy": "full"},
+    {"policy": "offload"},
+    {"policy": "h2o", "budget_rows": 600},
+    {"policy": "snapkv", "budget_rows": 600},
+    {"policy": "rkv", "budget_rows": 600},
+    {"policy": "rkv_serving", "budget_rows": 600},
+    {"policy": "evict_block", "rule": "attention"},  # block 512 > 200 generated rows: nothing completes
     {"policy": "streaming", "budget_rows": 600, "n_sink": 4},
     {"policy": "streaming", "budget_rows": 600, "n_sink": 4, "reposition": True},
 ]
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])
-def test_budget_covering_everything_equals_full_kv(arch, cache_dir):
+# every policy on qwen2; on llama / qwen3 the arch-sensitive paths (SDPA, eager weights, re-rotation) in the fast
+# suite and every policy under -m slow
+ARCH_CASES = (
+    [("qwen2", BIG)]
+    + [pytest.param(a, [BIG[0], BIG[2], BIG[-1]], id=f"{a}-core") for a in ("llama", "qwen3")]
+    + [pytest.param(a, BIG, id=f"{a}-all", marks=pytest.mark.slow) for a in ("llama", "qwen3")]
+)
+
+
+@pytest.mark.parametrize(("arch", "configs"), ARCH_CASES)
+def test_budget_covering_everything_equals_full_kv(arch, configs, cache_dir):
     """300-token prefill + 200 decode steps: a policy that never needs to evict gives full-KV logits."""
     model, _ = load_model_and_tokenizer(
         tiny_spec(arch, num_hidden_layers=2), cache_dir, attn_implementation="zoomr"
@@ -80,7 +95,7 @@ def test_budget_covering_everything_equals_full_kv(arch, cache_dir):
     ids = torch.randint(0, 4000, (1, 501), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = model(ids[:, :-1]).logits[:, 299:]
-        for cfg in BIG:
+        for cfg in configs:
             got = teacher_forced_logits(model, build_policy(cfg, model.config), ids, 300)
             assert got.shape == ref.shape
             assert (got - ref).abs().max() <= 1e-5, cfg
@@ -116,8 +131,17 @@ def record_visible(cache):
 
 @pytest.mark.parametrize(
     "cfg",
-    [{"policy": "streaming", "budget_rows": 40, "n_sink": 4}, {"policy": "full"}],
-    ids=["streaming", "full"],
+    [
+        {"policy": "full"},
+        {"policy": "streaming", "budget_rows": 40, "n_sink": 4},
+        {"policy": "h2o", "budget_rows": 30},
+        {"policy": "snapkv", "budget_rows": 30, "window": 8},
+        {"policy": "rkv", "budget_rows": 30, "window": 4, "buffer": 8},
+        {"policy": "rkv_serving", "budget_rows": 30, "window": 4, "compact_every": 8},
+        {"policy": "evict_block", "rule": "attention", "block": 8, "keep": 3},
+        {"policy": "offload"},
+    ],
+    ids=lambda c: c["policy"] + c.get("rule", ""),
 )
 def test_decode_logits_equal_explicit_mask_forward(tiny2, cfg):
     """Decode logits == one no-cache forward whose per-layer/head mask lets query t see exactly the rows the
@@ -187,8 +211,15 @@ def test_streaming_reposition_moves_keys_inside_the_cache(tiny2):
 
 @pytest.mark.parametrize(
     "cfg",
-    [{"policy": "full"}, {"policy": "streaming", "budget_rows": 12, "n_sink": 2}],
-    ids=["full", "streaming"],
+    [
+        {"policy": "full"},
+        {"policy": "streaming", "budget_rows": 12, "n_sink": 2},
+        {"policy": "h2o", "budget_rows": 10},
+        {"policy": "rkv", "budget_rows": 12, "window": 4, "buffer": 4},
+        {"policy": "evict_block", "rule": "random", "block": 8, "keep": 2},
+        {"policy": "offload"},
+    ],
+    ids=lambda c: c["policy"] + c.get("rule", ""),
 )
 def test_left_padded_batch_equals_single_runs(tiny2, cfg):
     model, tok = tiny2
@@ -222,3 +253,21 @@ def test_engine_matches_stock_generate_batch1(tiny2):
             ids, cache=build_policy(cfg, model.config), max_new_tokens=25, min_new_tokens=25, do_sample=False
         )
         assert stock[0, ids.shape[1] :].tolist() == ours[0].token_ids
+
+
+def test_running_without_the_policy_attention_fails_loudly(cache_dir):
+    model, _ = load_model_and_tokenizer(tiny_spec("qwen2", num_hidden_layers=2), cache_dir)  # plain SDPA
+    cache = build_policy({"policy": "streaming", "budget_rows": 8}, model.config)
+    ids = torch.randint(0, 4000, (1, 12))
+    with torch.no_grad():
+        model(ids, cache=cache, use_cache=True)
+        with pytest.raises(RuntimeError, match="attn_implementation='zoomr'"):
+            model(ids[:, :1], cache=cache, use_cache=True)
+
+
+def test_stock_generate_refuses_padded_batches(tiny2):
+    model, tok = tiny2
+    tok.padding_side = "left"
+    enc = tok(["a much longer prompt than the other", "short"], return_tensors="pt", padding=True)
+    with pytest.raises(NotImplementedError, match="zoomr.engine.generate"):
+        model.generate(**enc, cache=build_policy({"policy": "full"}, model.config), max_new_tokens=3)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,14 +86,21 @@ def sft_args(method: SFTMethod, output_dir: Path, seed: int, report_to: list[str
     )
 
 
-def run(cfg) -> dict[str, Any]:
+def run(cfg, schema: type = SFTMethod, prepare: Callable | None = None) -> dict[str, Any]:
+    """Train; recipes built on this one pass their method ``schema`` (a subclass of SFTMethod) and
+    ``prepare(model, tokenizer, method, peft_config) -> (model, peft_config, extra_summary)``,
+    called before the trainer is built (e.g. train/zoomr_sft.py adds tokens and trainable rows)."""
     from trl import SFTTrainer
 
-    method: SFTMethod = to_dataclass(SFTMethod, cfg.method)
+    method: SFTMethod = to_dataclass(schema, cfg.method)
     spec = model_spec(cfg)
     run_dir, logger = start_run(cfg, job_type="train")
     tokenizer = load_tokenizer(spec, cfg.cache_dir)
     model = load_model(spec, cfg.cache_dir)
+    peft_config = lora_config(method) if method.use_lora else None
+    extra: dict[str, Any] = {}
+    if prepare is not None:
+        model, peft_config, extra = prepare(model, tokenizer, method, peft_config)
     dataset = load_sft_dataset(to_plain(cfg.data), tokenizer)
     ckpt_dir = run_dir / "checkpoints"
     resume = resolve_resume(cfg.resume, ckpt_dir)
@@ -107,7 +115,7 @@ def run(cfg) -> dict[str, Any]:
         ),
         train_dataset=dataset,
         processing_class=tokenizer,
-        peft_config=lora_config(method) if method.use_lora else None,
+        peft_config=peft_config,
     )
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in trainer.model.parameters())
@@ -134,6 +142,7 @@ def run(cfg) -> dict[str, Any]:
         "seconds": round(elapsed, 1),
         "checkpoint": str(final_dir),
         "run_dir": str(run_dir),
+        **extra,
     }
     write_summary(run_dir, summary, f"SFT finished: {cfg.run_name}")
     logger.summary({k: v for k, v in summary.items() if isinstance(v, int | float)})

@@ -153,6 +153,26 @@ def _policy_attention(model: torch.nn.Module):
             model.set_attn_implementation(previous)
 
 
+@contextmanager
+def _attention_input_hooks(model: torch.nn.Module, cache: PolicyCache):
+    """Forward pre-hooks on every attention module feeding ``cache.on_attention_input`` (when it wants them)."""
+    handles = []
+    if cache.wants_attention_input:
+        for module in model.modules():
+            if hasattr(module, "layer_idx") and hasattr(module, "o_proj"):
+
+                def hook(mod, args, kwargs):
+                    hidden = kwargs.get("hidden_states", args[0] if args else None)
+                    cache.on_attention_input(mod.layer_idx, hidden)
+
+                handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def _stop_ids(tokenizer: Any, model: Any, settings: DecodeSettings) -> set[int]:
     if settings.stop_token_ids is not None:
         return set(settings.stop_token_ids)
@@ -237,10 +257,10 @@ def generate(
     rec = [_Recorder() for _ in range(B)]
     active = list(range(B))  # batch row -> sequence index
 
-    def forward(
-        step_ids: torch.Tensor, step_valid: torch.Tensor, positions=None, prefill=False, keep_last=False
-    ):
-        step = cache.begin_step(step_valid, positions=positions, input_ids=step_ids, is_prefill=prefill)
+    def forward(step_ids, step_valid, positions=None, prefill=False, last_chunk=False, keep_last=False):
+        step = cache.begin_step(
+            step_valid, positions=positions, input_ids=step_ids, is_prefill=prefill, ends_prefill=last_chunk
+        )
         t0 = time.perf_counter()
         kwargs = {"logits_to_keep": 1} if keep_last else {}
         logits = model(
@@ -272,13 +292,16 @@ def generate(
                 step_s=dt,
             )
 
-    with _policy_attention(model), _attached(cache, model):
+    with _policy_attention(model), _attention_input_hooks(model, cache), _attached(cache, model):
         # ---- prefill (optionally chunked: a policy may evict between chunks)
         chunk = settings.prefill_chunk or S
         t_prefill = 0.0
         for start in range(0, S, chunk):
             sl = slice(start, min(S, start + chunk))
-            logits, dt = forward(input_ids[:, sl], valid[:, sl], prefill=True, keep_last=True)
+            last = sl.stop == S
+            logits, dt = forward(
+                input_ids[:, sl], valid[:, sl], prefill=True, last_chunk=last, keep_last=True
+            )
             t_prefill += dt
         record(0, t_prefill, force=True)
         next_logits = logits[:, -1]

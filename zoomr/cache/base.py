@@ -38,12 +38,22 @@ current token saw everything and later tokens see the kept set. After the whole 
 ``on_step_end(step)``; policies that decide across layers (one kept set for all layers) evict there.
 A budget therefore counts the rows resident *between* steps.
 
-Hooks (all optional, all take the :class:`PolicyLayer` or :class:`Step`): ``on_append``, ``on_queries``,
+Hooks (all optional, all take the :class:`PolicyLayer` or :class:`Step`): ``on_attention_input`` (the
+attention module's input hidden states, before ``update``; set ``wants_attention_input``), ``on_append``, ``on_queries``,
 ``wants_attention_weights`` + ``on_attention``, ``after_attention``, ``on_step_end``, ``forced_inputs`` (extra
 tokens to run for a sequence before its next sampled token, e.g. pause tokens), ``next_positions``
 (RoPE positions of new tokens; StreamingLLM's re-rotation overrides it), ``attach(model)`` (model-level
 hooks a policy needs, installed by the engine for the run). Per-row state that must follow the
 rows through evictions (e.g. accumulated attention) is declared in ``row_attrs`` and lives in the store.
+
+Context available in hooks: ``self.step`` (:class:`Step`: this forward's ``input_ids``, ``positions``, feed
+``order``, ``valid``, ``is_prefill`` / ``ends_prefill``), ``self.lengths`` (logical length per sequence),
+``self.fed`` (tokens fed, forced included), ``self.prompt_lengths``, ``self.tokenizer``; per-layer free state in
+``layer.state`` (reindex it in ``on_select_batch`` when finished sequences leave the batch). Store helpers:
+``store.rows()``, ``store.attr(name)`` / ``add_to_attr``, ``store.n``; row j of (b, h) is its j-th row in
+insertion order. A policy whose full cache lives on host (offload, ZoomR) subclasses
+:class:`zoomr.cache.offload.HostRowsMixin` and overrides ``load_rows`` to bring only what attention needs.
+A policy that must run without the ``"zoomr"`` attention is refused at the end of the step (loud error).
 
 Stats: ``resident_rows()`` ``[L, B, H]``, ``resident_bytes()`` ``{"device", "host"}`` from the tensors held,
 ``logical_lengths()``, ``pop_select_seconds()``.
@@ -76,6 +86,7 @@ class Step:
     order: torch.Tensor  # [B, S] feed index in the sequence (-1 for invalid)
     valid: torch.Tensor  # [B, S] bool: pads / idle slots are False and never stored
     is_prefill: bool
+    ends_prefill: bool = False  # the last (or only) prefill chunk: prompt-time policies (SnapKV) act here
     auto: bool = False  # opened by the cache itself (stock ``generate``), closed at the next step
     layers_done: set[int] = field(default_factory=set)
 
@@ -108,9 +119,9 @@ class PolicyLayer(CacheLayerMixin):
     def __init__(self, idx: int, owner: PolicyCache) -> None:
         super().__init__()
         self.idx = idx
-        self._owner_id = id(owner)
         self.store: PagedKV | None = None
         self.view: Rows | None = None  # rows handed to this step's attention (released after it)
+        self.attended = False  # set by the policy attention when it consumed ``view`` this step
         self.state: dict[str, Any] = {}  # free per-layer policy state (tensors here count in resident bytes)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -178,6 +189,7 @@ class PolicyCache(Cache):
         super().__init__(layers=[PolicyLayer(i, self) for i in range(self.num_layers)])
         self.lengths: torch.Tensor | None = None  # [B] logical length per sequence
         self.fed: torch.Tensor | None = None  # [B] tokens fed per sequence (forced included)
+        self.prompt_lengths: torch.Tensor | None = None  # [B] tokens fed when the prefill ended
         self.step: Step | None = None
         self.steps_done = 0
         self.compute_device: torch.device | None = None
@@ -187,6 +199,14 @@ class PolicyCache(Cache):
     # ------------------------------------------------------------------ hooks (override in policies)
     def on_append(self, layer: PolicyLayer) -> None:
         """After this step's rows were appended to ``layer``, before its attention."""
+
+    wants_attention_input: ClassVar[bool] = (
+        False  # True: the engine calls on_attention_input (forward pre-hooks)
+    )
+
+    def on_attention_input(self, layer_idx: int, hidden_states: torch.Tensor) -> None:
+        """The attention module's input hidden states ``[B, S, D]`` of this step, before ``update`` of that layer
+        (e.g. KVzap scores new tokens from them). Called by :func:`zoomr.engine.generate` only."""
 
     def on_queries(self, layer: PolicyLayer, query: torch.Tensor) -> None:
         """Post-RoPE queries of this step at ``layer``: ``[B, H_q, S, d]`` (pads included; see ``self.step.valid``)."""
@@ -281,9 +301,14 @@ class PolicyCache(Cache):
         positions: torch.Tensor | None = None,
         input_ids: torch.Tensor | None = None,
         is_prefill: bool | None = None,
+        ends_prefill: bool | None = None,
         auto: bool = False,
     ) -> Step:
-        """Declare the next forward: ``valid [B, S]`` (False = pad / idle), optional RoPE ``positions``."""
+        """Declare the next forward: ``valid [B, S]`` (False = pad / idle), optional RoPE ``positions``.
+
+        ``is_prefill`` defaults to "first forward"; ``ends_prefill`` (default: ``is_prefill``) marks the
+        last prefill chunk. The prompt length of each sequence is recorded when the prefill ends.
+        """
         if self.step is not None and not self.step.auto:
             raise RuntimeError("begin_step called twice without end_step")
         if self.step is not None:
@@ -303,15 +328,19 @@ class PolicyCache(Cache):
         self.fed = self.fed.to(valid.device) + valid.sum(1)
         top = torch.where(valid, positions + 1, torch.zeros_like(positions)).amax(dim=1)
         self.lengths = torch.maximum(self.lengths.to(valid.device), top)
+        prefill = self.steps_done == 0 if is_prefill is None else is_prefill
         self.step = Step(
             index=self.steps_done,
             input_ids=input_ids,
             positions=positions,
             order=order,
             valid=valid,
-            is_prefill=self.steps_done == 0 if is_prefill is None else is_prefill,
+            is_prefill=prefill,
+            ends_prefill=prefill if ends_prefill is None else ends_prefill,
             auto=auto,
         )
+        if self.step.ends_prefill:
+            self.prompt_lengths = self.fed.clone()
         return self.step
 
     def end_step(self) -> None:
@@ -319,6 +348,13 @@ class PolicyCache(Cache):
         step, self.step = self.step, None
         if step is None:
             return
+        missed = [i for i in sorted(step.layers_done) if not self.layers[i].attended]
+        if missed:
+            raise RuntimeError(
+                f"{type(self).__name__}: layers {missed} did not run the policy attention, so the ragged mask and the "
+                "policy hooks were skipped. Load the model with attn_implementation='zoomr' (zoomr.attention) or call "
+                "zoomr.attention.use_policy_attention(model); zoomr.engine.generate switches it for you."
+            )
         for layer in self.layers:
             layer.view = None
         self.on_step_end(step)
@@ -344,6 +380,7 @@ class PolicyCache(Cache):
         layer.store.append(key_states, value_states, step.positions, step.order, step.valid)
         self.on_append(layer)
         layer.view = self.load_rows(layer, key_states.device)
+        layer.attended = False
         step.layers_done.add(layer_idx)
         from zoomr.attention import register_view
 
@@ -368,7 +405,7 @@ class PolicyCache(Cache):
     def reset(self) -> None:
         for layer in self.layers:
             layer.reset()
-        self.lengths = self.fed = self.step = None
+        self.lengths = self.fed = self.step = self.prompt_lengths = None
         self.steps_done, self._select_s = 0, 0.0
 
     def select_batch(self, index: torch.Tensor) -> None:
@@ -378,6 +415,8 @@ class PolicyCache(Cache):
                 layer.store.select_batch(index)
         self.lengths = self.lengths[index.to(self.lengths.device)]
         self.fed = self.fed[index.to(self.fed.device)]
+        if self.prompt_lengths is not None:
+            self.prompt_lengths = self.prompt_lengths[index.to(self.prompt_lengths.device)]
         self.on_select_batch(index)
 
     def on_select_batch(self, index: torch.Tensor) -> None:

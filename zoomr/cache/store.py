@@ -74,6 +74,10 @@ class PagedKV:
         self.table = torch.full((batch, heads, 0), -1, dtype=torch.long, device=self.device)
         self._alloc_pools(0)
         self.free = torch.zeros(0, dtype=torch.long, device=self.device)  # ids of unused pages
+        self.version = 0  # bumped by every change of the rows (a copy made at version v is stale after)
+        self._flat = torch.zeros(
+            batch, heads, 0, dtype=torch.long, device=self.device
+        )  # row map: pool row of (b, h, j)
 
     # ------------------------------------------------------------------ allocation
     def _empty(self, *shape: int, dtype: torch.dtype, fill: float | None = None) -> torch.Tensor:
@@ -146,54 +150,76 @@ class PagedKV:
         B, H, S, _ = keys.shape
         if (self.batch, self.heads) != (B, H):
             raise ValueError(f"append: got batch/heads {(B, H)}, store holds {(self.batch, self.heads)}")
-        dev = self.device
+        dev, p, d = self.device, self.page_size, self.head_dim
         valid = valid.to(dev)
-        m = valid.sum(dim=1)  # [B]
-        if int(m.sum()) == 0:
-            return
-        p = self.page_size
-        n_old = self.n
-        n_new = n_old + m[:, None]
-        have = _ceil_div(n_old, p)
-        need = _ceil_div(n_new, p)
-        extra = (need - have).flatten()  # pages to add per (b, h)
-        total = int(extra.sum())
-        self._ensure_table(int(need.max()))
-        if total:
-            ids = self._take_pages(total)
-            # table slot of each new page: have[b,h] + 0..extra[b,h]-1
-            owner = torch.repeat_interleave(torch.arange(B * H, device=dev), extra)
-            first = torch.cumsum(extra, 0) - extra
-            slot = torch.arange(total, device=dev) - first[owner] + have.flatten()[owner]
-            self.table.view(B * H, -1)[owner, slot] = ids
-        # destination row of every valid token: j = n_old + rank
-        rank = torch.cumsum(valid.long(), dim=1) - 1  # [B, S]
-        j = n_old[:, :, None] + rank[:, None, :]  # [B, H, S]
-        sel = valid[:, None, :].expand(B, H, S)
-        jj = j[sel]
-        bh = torch.arange(B * H, device=dev).view(B, H, 1).expand(B, H, S)[sel]
-        flat = self.table.view(B * H, -1)[bh, torch.div(jj, p, rounding_mode="floor")] * p + jj % p
-        d = self.head_dim
-        self.k.view(-1, d)[flat] = keys.to(dev, self.dtype)[sel.to(keys.device)].to(dev)
-        self.v.view(-1, d)[flat] = values.to(dev, self.dtype)[sel.to(values.device)].to(dev)
-        self.pos.view(-1)[flat] = pos.to(dev)[:, None, :].expand(B, H, S)[sel]
-        self.order.view(-1)[flat] = order.to(dev)[:, None, :].expand(B, H, S)[sel]
+        if S == 1 and bool(valid.all()):  # decoding: one row per (b, h), fewer ops
+            j = self.n
+            new_page = j % p == 0
+            count = int(new_page.sum())
+            self._ensure_table(int(j.max()) // p + 1)
+            if count:
+                self.table[new_page, torch.div(j[new_page], p, rounding_mode="floor")] = self._take_pages(
+                    count
+                )
+            flat = (
+                self.table.gather(-1, torch.div(j, p, rounding_mode="floor")[..., None])[..., 0] * p + j % p
+            ).view(-1)
+            jj, bh = j.view(-1), torch.arange(B * H, device=dev)
+            self.k.view(-1, d)[flat] = keys.to(dev, self.dtype).reshape(B * H, d)
+            self.v.view(-1, d)[flat] = values.to(dev, self.dtype).reshape(B * H, d)
+            self.pos.view(-1)[flat] = pos.to(dev).expand(B, H).reshape(-1)
+            self.order.view(-1)[flat] = order.to(dev).expand(B, H).reshape(-1)
+            n_new = j + 1
+        else:
+            m = valid.sum(dim=1)  # [B]
+            if int(m.sum()) == 0:
+                return
+            n_old = self.n
+            n_new = n_old + m[:, None]
+            have = _ceil_div(n_old, p)
+            need = _ceil_div(n_new, p)
+            extra = (need - have).flatten()  # pages to add per (b, h)
+            total = int(extra.sum())
+            self._ensure_table(int(need.max()))
+            if total:
+                ids = self._take_pages(total)
+                # table slot of each new page: have[b,h] + 0..extra[b,h]-1
+                owner = torch.repeat_interleave(torch.arange(B * H, device=dev), extra)
+                first = torch.cumsum(extra, 0) - extra
+                slot = torch.arange(total, device=dev) - first[owner] + have.flatten()[owner]
+                self.table.view(B * H, -1)[owner, slot] = ids
+            # destination row of every valid token: j = n_old + rank
+            rank = torch.cumsum(valid.long(), dim=1) - 1  # [B, S]
+            j = n_old[:, :, None] + rank[:, None, :]  # [B, H, S]
+            sel = valid[:, None, :].expand(B, H, S)
+            jj = j[sel]
+            bh = torch.arange(B * H, device=dev).view(B, H, 1).expand(B, H, S)[sel]
+            flat = self.table.view(B * H, -1)[bh, torch.div(jj, p, rounding_mode="floor")] * p + jj % p
+            self.k.view(-1, d)[flat] = keys.to(dev, self.dtype)[sel]
+            self.v.view(-1, d)[flat] = values.to(dev, self.dtype)[sel]
+            self.pos.view(-1)[flat] = pos.to(dev)[:, None, :].expand(B, H, S)[sel]
+            self.order.view(-1)[flat] = order.to(dev)[:, None, :].expand(B, H, S)[sel]
         for t in self.attrs.values():
             t.view(-1)[flat] = 0.0
+        self._set_flat(bh, jj, flat, int(n_new.max()))
         self.n = n_new
+        self.version += 1
+
+    def _set_flat(self, bh: torch.Tensor, jj: torch.Tensor, flat: torch.Tensor, width: int) -> None:
+        """Record the pool row of rows ``(bh, jj)`` in the row map (grown geometrically)."""
+        if self._flat.shape[-1] < width:
+            grown = torch.zeros(self.batch, self.heads, max(width, self._flat.shape[-1] * 5 // 4), dtype=torch.long,
+                                device=self.device)  # fmt: skip
+            grown[:, :, : self._flat.shape[-1]] = self._flat
+            self._flat = grown
+        self._flat.view(self.batch * self.heads, -1)[bh, jj] = flat
 
     # ------------------------------------------------------------------ reads
     def flat_index(self, n_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(flat [B, H, N], valid [B, H, N])``: pool row id of every row of the padded view (0 where invalid)."""
         N = int(self.n.max()) if n_rows is None else n_rows
-        p = self.page_size
-        j = torch.arange(N, device=self.device)
-        valid = j[None, None, :] < self.n[:, :, None]
-        if N == 0:
-            return torch.zeros(self.batch, self.heads, 0, dtype=torch.long, device=self.device), valid
-        page = self.table[:, :, torch.div(j, p, rounding_mode="floor")]
-        flat = (page * p + j % p).where(valid, torch.zeros((), dtype=torch.long, device=self.device))
-        return flat, valid
+        valid = torch.arange(N, device=self.device)[None, None, :] < self.n[:, :, None]
+        return self._flat[:, :, :N], valid
 
     def rows(self, device: torch.device | str | None = None, non_blocking: bool = False) -> Rows:
         """Gather every (b, h)'s rows into a padded view ``[B, H, N, d]`` (a copy: pages are not contiguous)."""
@@ -281,11 +307,15 @@ class PagedKV:
                 new_t.view(-1, new_t.shape[-1])[dst] = old_t.view(-1, old_t.shape[-1])[src]
             else:
                 new_t.view(-1)[dst] = old_t.view(-1)[src]
+        self._flat = torch.zeros(B, H, int(n_new.max()) if B * H else 0, dtype=torch.long, device=dev)
+        if src.numel():
+            self._flat.view(B * H, -1)[bh, jj] = dst
         self.n = n_new
+        self.version += 1
 
     # ------------------------------------------------------------------ accounting
     def tensors(self) -> list[torch.Tensor]:
-        return [*self._pools(), self.table, self.n, self.free]
+        return [*self._pools(), self.table, self.n, self.free, self._flat]
 
     def bytes(self) -> int:
         """Bytes of every tensor this store holds (pools with their free pages, tables, counters)."""
@@ -312,3 +342,4 @@ class PagedKV:
         k = self.k.view(-1, self.head_dim)
         k[idx] = rotate(k[idx], delta, inv_freq)
         self.pos.view(-1)[idx] = new_pos.to(self.device)[valid]
+        self.version += 1

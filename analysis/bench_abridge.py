@@ -1,0 +1,285 @@
+"""AbridgeKV measurements, printed as a table and written as JSON (``--out``).
+
+``step``: train step time (forward + backward) of the block-masked stream against plain causal
+attention on the SAME interleaved tokens, in the same process: the mask's cost. Three arms: the
+AbridgeKV per-layer masks (dense boolean + SDPA on CPU, FlexAttention BlockMask on CUDA), a dense
+causal mask (same kernel path as the dense block mask), and SDPA ``is_causal`` (no mask at all).
+
+    OMP_NUM_THREADS=1 python -m analysis.bench_abridge step --out runs/bench/abridge_step.json
+
+``kv``: resident KV bytes of whole generations (every sequence runs to ``--new-tokens``), full KV ÷
+AbridgeKV, from the engine's per-step page accounting, against the analytic ceiling C / q̄ (reached only
+when the prompt and the open block are negligible) and the analytic value for these prompt lengths.
+
+    OMP_NUM_THREADS=1 python -m analysis.bench_abridge kv --out runs/bench/abridge_kv.json
+
+``parity``: trainer forward vs incremental generator on a trained checkpoint (see zoomr.abridge.parity).
+
+    OMP_NUM_THREADS=1 python -m analysis.bench_abridge parity --checkpoint runs/train/abridge-tiny-qwen2-traces/final
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from zoomr.abridge.data import batch_meta, build_streams, collate
+from zoomr.abridge.forward import abridge_attention, token_ce
+from zoomr.abridge.layout import AbridgeLayout
+from zoomr.abridge.mask import layer_masks
+from zoomr.models import ModelSpec, load_model, load_tokenizer
+
+TINY = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+
+
+def _timed(fn, repeats: int, warmup: int = 2) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def bench_step(args) -> dict:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    spec = ModelSpec(name="tiny-qwen2", arch="qwen2", tiny=TINY)
+    model, tok = load_model(spec, device=device).train(), load_tokenizer(spec)
+    layout = AbridgeLayout(args.block_size, args.num_pause)
+    from data_prep.traces import load_trace_rows
+
+    rows, _ = load_trace_rows(path="data_prep/data/traces/sky-t1-math-correct-5k-32b-ckpt140_aime24.jsonl")
+    examples = [{"messages": r.messages()} for r in rows[: args.batch]]
+    streams = build_streams(examples, tok, layout, 512, args.response_tokens).streams
+    batch = {k: v.to(device) for k, v in collate(streams, tok.pad_token_id).items()}
+    quotas = [args.quota] * model.config.num_hidden_layers
+    length = batch["input_ids"].shape[1]
+    causal = (
+        torch.ones(length, length, dtype=torch.bool, device=device)
+        .tril()[None, None]
+        .expand(len(streams), 1, -1, -1)
+    )
+
+    def step(masks):
+        def run():
+            model.zero_grad(set_to_none=True)
+            logits = model(
+                input_ids=batch["input_ids"],
+                position_ids=batch["position_ids"],
+                abridge_masks=masks,
+                use_cache=False,
+            ).logits
+            token_ce(logits, batch["labels"]).sum().backward()
+
+        return run
+
+    arms = {}
+    with abridge_attention(model):
+        arms["abridge block mask"] = _timed(
+            lambda: step(layer_masks(batch_meta(batch), quotas, args.backend))(), args.repeats
+        )
+        arms["dense causal mask"] = _timed(step([causal] * len(quotas)), args.repeats)
+        arms["sdpa is_causal"] = _timed(step(None), args.repeats)
+    base = statistics.median(arms["sdpa is_causal"])
+    rows_out = {
+        name: {
+            "median_s": statistics.median(t),
+            "min_s": min(t),
+            "ratio_vs_is_causal": statistics.median(t) / base,
+        }
+        for name, t in arms.items()
+    }
+    info = {
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "batch": len(streams),
+        "stream_tokens": length,
+        "layout": f"C={layout.block_size} K={layout.num_pause} q={args.quota}",
+        "mask_backend": args.backend,
+        "repeats": args.repeats,
+    }
+    print(f"train step, {info}")
+    print(f"{'arm':<22} {'median s':>9} {'min s':>8} {'÷ is_causal':>12}")
+    for name, r in rows_out.items():
+        print(f"{name:<22} {r['median_s']:>9.3f} {r['min_s']:>8.3f} {r['ratio_vs_is_causal']:>12.3f}")
+    ratio = rows_out["abridge block mask"]["median_s"] / rows_out["dense causal mask"]["median_s"]
+    print(f"block mask ÷ dense causal mask (same kernel): {ratio:.3f}")
+    return {"part": "step", **info, "arms": rows_out, "block_mask_over_dense_causal": ratio}
+
+
+def _load(checkpoint: str | None):
+    """The trained checkpoint when given (its layout), else the random tiny model with the default layout."""
+    from zoomr.abridge.artifacts import load_abridge_config
+
+    if checkpoint:
+        layout, quotas, _ = load_abridge_config(checkpoint)
+        spec = ModelSpec(name="abridge", arch="qwen2", hf_id=checkpoint)
+    else:
+        layout, quotas = AbridgeLayout(64, 16), [8] * TINY["num_hidden_layers"]
+        spec = ModelSpec(name="tiny-qwen2", arch="qwen2", tiny=TINY)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return load_model(spec, device=device), load_tokenizer(spec), layout, quotas
+
+
+def _prompts(tok, n: int) -> list[list[int]]:
+    from data_prep.traces import load_trace_rows
+    from zoomr.abridge.data import prompt_response_ids
+
+    rows, _ = load_trace_rows(path="data_prep/data/traces/sky-t1-math-correct-5k-32b-ckpt140_aime24.jsonl")
+    return [prompt_response_ids({"messages": r.messages()}, tok)[0] for r in rows[:n]]
+
+
+def analytic_rows(prompt: int, new: int, c: int, q: float) -> tuple[float, float]:
+    """Mean rows per (layer, head) over decode steps t = 1..new-1 (t tokens fed after the prompt)."""
+    ts = range(1, new)
+    full = statistics.mean(prompt + t for t in ts)
+    abridge = statistics.mean(prompt + (t // c) * q + t % c for t in ts)
+    return full, abridge
+
+
+def bench_kv(args) -> dict:
+    from zoomr.cache.abridge import AbridgeCache
+    from zoomr.engine import DecodeSettings, generate
+    from zoomr.schemas.abridge import AbridgeMethod
+
+    model, tok, layout, quotas = _load(args.checkpoint)
+    L = model.config.num_hidden_layers
+    prompts = _prompts(tok, args.batch)
+    settings = DecodeSettings(max_new_tokens=args.new_tokens, stop_token_ids=[], progress=True)
+    up, down = 2 * quotas[0], quotas[0] // 2
+    per_layer = [down, down, up] + [quotas[0]] * (L - 3) if L >= 3 else quotas
+    arms = {"full": None, f"abridge q={quotas[0]}": quotas, f"abridge per-layer {per_layer}": per_layer}
+    if 2 * quotas[0] <= layout.num_pause:
+        arms[f"abridge q={2 * quotas[0]}"] = [2 * quotas[0]] * L
+    results = {}
+    for name, qs in arms.items():
+        cache = (
+            {"policy": "full"}
+            if qs is None
+            else AbridgeCache(AbridgeMethod(), model.config, tok, layout=layout, quotas=qs)
+        )
+        t0 = time.perf_counter()
+        outs = generate(model, tok, prompts, cache, settings)
+        dt = time.perf_counter() - t0
+        kv = [float(o.stats.kv_bytes[1:].mean()) for o in outs]
+        rows = [float(o.stats.rows[1:].mean()) for o in outs]
+        results[name] = {
+            "mean_kv_bytes": statistics.mean(kv),
+            "peak_kv_bytes": statistics.mean(float(o.stats.kv_bytes.max()) for o in outs),
+            "mean_rows": statistics.mean(rows),
+            "tokens_per_s": sum(o.n_tokens for o in outs) / dt,
+            "quotas": qs,
+        }
+    full = results["full"]
+    p_mean = statistics.mean(len(p) for p in prompts)
+    print(
+        f"resident KV over whole generations: {len(prompts)} prompts (mean {p_mean:.0f} tokens) x {args.new_tokens} new tokens, C={layout.block_size} K={layout.num_pause}"
+    )
+    print(
+        f"{'arm':<34} {'mean KV MiB':>11} {'full ÷ arm':>10} {'rows ratio':>10} {'analytic':>9} {'ceiling C/q':>11} {'tok/s':>7}"
+    )
+    for name, r in results.items():
+        r["full_over_arm_bytes"] = full["mean_kv_bytes"] / r["mean_kv_bytes"]
+        r["full_over_arm_rows"] = full["mean_rows"] / r["mean_rows"]
+        if r["quotas"]:
+            q = statistics.mean(r["quotas"])
+            a_full, a_ab = analytic_rows(round(p_mean), args.new_tokens, layout.block_size, q)
+            r["analytic_ratio"], r["ceiling"] = a_full / a_ab, layout.block_size / q
+        else:
+            r["analytic_ratio"] = r["ceiling"] = 1.0
+        print(
+            f"{name:<34} {r['mean_kv_bytes'] / 2**20:>11.3f} {r['full_over_arm_bytes']:>10.2f} "
+            f"{r['full_over_arm_rows']:>10.2f} {r['analytic_ratio']:>9.2f} {r['ceiling']:>11.2f} {r['tokens_per_s']:>7.0f}"
+        )
+    return {
+        "part": "kv",
+        "prompts": len(prompts),
+        "mean_prompt_tokens": p_mean,
+        "new_tokens": args.new_tokens,
+        "layout": f"C={layout.block_size} K={layout.num_pause} {layout.code_positions}",
+        "checkpoint": args.checkpoint,
+        "threads": torch.get_num_threads(),
+        "arms": results,
+    }
+
+
+def bench_parity(args) -> dict:
+    from zoomr.abridge.parity import parity_report
+
+    model, tok, layout, quotas = _load(args.checkpoint)
+    if args.float64:  # separates the method's error from fp32 rounding (incremental vs one forward)
+        model = model.double()
+    wrong = list(quotas)
+    wrong[0] = quotas[0] + 1 if quotas[0] < layout.num_pause else quotas[0] - 1
+    reports = [
+        parity_report(model, tok, p, layout, quotas, wrong, args.new_tokens)
+        for p in _prompts(tok, args.batch)
+    ]
+    keys = [
+        "tokens",
+        "max_abs_ce_diff",
+        "mean_abs_ce_diff",
+        "wrong_schedule_max_abs_ce_diff",
+        "wrong_over_parity",
+        "full_history_max_abs_ce_diff",
+        "disagreeing_tokens",
+        "served_follows_compressing",
+    ]
+    print(
+        f"parity (model {next(model.parameters()).dtype}, CE in float64), {args.checkpoint or 'random tiny model'}: "
+        f"layout {layout}, quotas {quotas}, wrong {wrong}"
+    )
+    print(" ".join(f"{k:>14.14}" for k in keys))
+    for r in reports:
+        print(" ".join(f"{r[k]:>14.3g}" if isinstance(r[k], float) else f"{r[k]:>14}" for k in keys))
+    return {
+        "part": "parity",
+        "model_dtype": str(next(model.parameters()).dtype),
+        "checkpoint": args.checkpoint,
+        "quotas": quotas,
+        "wrong": wrong,
+        "reports": reports,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("part", choices=["step", "kv", "parity"])
+    ap.add_argument("--checkpoint", default=None, help="a +method=abridge final/ directory (kv, parity)")
+    ap.add_argument("--new-tokens", type=int, default=2048)
+    ap.add_argument("--float64", action="store_true", help="parity in float64")
+    ap.add_argument("--block-size", type=int, default=64)
+    ap.add_argument("--num-pause", type=int, default=16)
+    ap.add_argument("--quota", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--response-tokens", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    result = {"step": bench_step, "kv": bench_kv, "parity": bench_parity}[args.part](args)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

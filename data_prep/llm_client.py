@@ -1,0 +1,195 @@
+"""Async client for an OpenAI-compatible ``/v1/chat/completions`` endpoint (vLLM, ``transformers serve``, …).
+
+Retries with exponential backoff (full jitter, ``Retry-After`` honoured) on 429, 5xx, timeouts,
+connection errors, malformed JSON and answers the caller's validator rejects; other 4xx answers
+(bad model name, bad key) fail at once. The API key is read from the environment variable named in
+the settings, sent only in the ``Authorization`` header, and never logged or stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+
+
+@dataclass
+class EndpointSettings:
+    """Where and how to call the summariser (ZoomR A.1: Llama-3-70B behind an OpenAI-compatible server)."""
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    model: str = "meta-llama/Meta-Llama-3-70B-Instruct"
+    api_key_env: str | None = "OPENAI_API_KEY"  # name of the environment variable holding the key
+    concurrency: int = 64
+    timeout_s: float = 120.0
+    max_retries: int = 8
+    backoff_base_s: float = 1.0
+    backoff_max_s: float = 60.0
+    max_tokens: int = 128
+    temperature: float = 0.0
+    seed: int | None = None
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1 or self.max_retries < 0 or self.timeout_s <= 0:
+            raise ValueError("endpoint: concurrency >= 1, max_retries >= 0, timeout_s > 0 required")
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"endpoint.base_url must be an http(s) URL, got {self.base_url!r}")
+
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+    def __repr__(self) -> str:  # the key is never part of the settings, but keep reprs short and safe
+        return f"EndpointSettings(base_url={self.base_url!r}, model={self.model!r}, concurrency={self.concurrency})"
+
+
+@dataclass
+class Completion:
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    attempts: int
+
+
+class RequestFailed(RuntimeError):
+    """All retries were spent (the last reason is in the message)."""
+
+
+class FatalRequestError(RuntimeError):
+    """An answer that retrying cannot fix (HTTP 4xx other than 408/409/425/429)."""
+
+
+Validator = Callable[[str, str | None], str | None]  # (text, finish_reason) -> rejection reason or None
+
+
+class ChatClient:
+    """``async with ChatClient(settings) as c: await c.complete(messages, validate)``.
+
+    ``stats`` counts attempts by outcome (``ok``, ``http_429``, ``http_500``, ``timeout``, ``connect``,
+    ``bad_json``, ``rejected:<reason>``) across all calls.
+    """
+
+    def __init__(self, settings: EndpointSettings, transport: httpx.AsyncBaseTransport | None = None):
+        self.settings = settings
+        self.stats: Counter = Counter()
+        self._transport = transport
+        self._client: httpx.AsyncClient | None = None
+
+    async def __aenter__(self) -> ChatClient:
+        s = self.settings
+        headers = {"Content-Type": "application/json"}
+        key = s.api_key()
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        limits = httpx.Limits(max_connections=s.concurrency, max_keepalive_connections=s.concurrency)
+        self._client = httpx.AsyncClient(
+            base_url=s.base_url.rstrip("/"),
+            headers=headers,
+            timeout=httpx.Timeout(s.timeout_s),
+            limits=limits,
+            transport=self._transport,
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def _body(self, messages: list[dict[str, str]]) -> dict[str, Any]:
+        s = self.settings
+        body: dict[str, Any] = {
+            "model": s.model,
+            "messages": messages,
+            "max_tokens": s.max_tokens,
+            "temperature": s.temperature,
+            "stream": False,
+        }
+        if s.seed is not None:
+            body["seed"] = s.seed
+        body.update(s.extra_body)
+        return body
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        s = self.settings
+        if retry_after is not None:
+            return min(retry_after, s.backoff_max_s)
+        return random.uniform(0, min(s.backoff_max_s, s.backoff_base_s * 2**attempt))
+
+    async def complete(self, messages: list[dict[str, str]], validate: Validator | None = None) -> Completion:
+        """One chat completion, retried until valid or ``max_retries`` retries are spent."""
+        if self._client is None:
+            raise RuntimeError("use ChatClient inside `async with`")
+        last = "no attempt"
+        for attempt in range(self.settings.max_retries + 1):
+            retry_after = None
+            try:
+                resp = await self._client.post("/chat/completions", json=self._body(messages))
+            except httpx.TimeoutException:
+                last = "timeout"
+            except httpx.TransportError as e:
+                last = f"connect:{type(e).__name__}"
+            else:
+                if resp.status_code != 200:
+                    last = f"http_{resp.status_code}"
+                    if resp.status_code not in RETRY_STATUS and not 500 <= resp.status_code < 600:
+                        self.stats[last] += 1
+                        raise FatalRequestError(
+                            f"{self.settings.base_url}: HTTP {resp.status_code}: {resp.text[:300]!r}"
+                        )
+                    retry_after = _retry_after(resp)
+                else:
+                    parsed = _parse(resp)
+                    if isinstance(parsed, str):
+                        last = parsed
+                    else:
+                        text, finish, usage = parsed
+                        reason = validate(text, finish) if validate else None
+                        if reason is None:
+                            self.stats["ok"] += 1
+                            return Completion(
+                                text,
+                                finish,
+                                usage.get("prompt_tokens"),
+                                usage.get("completion_tokens"),
+                                attempt + 1,
+                            )
+                        last = f"rejected:{reason}"
+            self.stats[last.split(":")[0] if last.startswith("connect") else last] += 1
+            if attempt < self.settings.max_retries:
+                await asyncio.sleep(self._backoff(attempt, retry_after))
+        raise RequestFailed(f"gave up after {self.settings.max_retries + 1} attempts; last: {last}")
+
+
+def _retry_after(resp: httpx.Response) -> float | None:
+    value = resp.headers.get("retry-after")
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _parse(resp: httpx.Response) -> tuple[str, str | None, dict[str, Any]] | str:
+    """(text, finish_reason, usage) of a chat completion, or a short reason why it is malformed."""
+    try:
+        data = resp.json()
+        choice = data["choices"][0]
+        text = choice["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return "bad_json"
+    if not isinstance(text, str):
+        return "bad_json"
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    return text, choice.get("finish_reason"), usage

@@ -1,0 +1,108 @@
+"""Persistent summaries keyed by (paragraph hash, model, prompt version), one SQLite row per summary.
+
+Each finished summary is committed at once (WAL journal), so a crash or Ctrl-C loses at most the
+requests in flight, and a rerun asks the server only for what is missing. The paragraph hash covers
+the problem text too, because the summariser sees both (ZoomR A.1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS summaries (
+    paragraph_hash TEXT NOT NULL,
+    model TEXT NOT NULL,
+    prompt_version TEXT NOT NULL,
+    summary TEXT NOT NULL,
+    finish_reason TEXT,
+    prompt_tokens INTEGER,
+    completion_tokens INTEGER,
+    attempts INTEGER,
+    created REAL NOT NULL,
+    PRIMARY KEY (paragraph_hash, model, prompt_version)
+)
+"""
+
+
+def paragraph_hash(problem: str, paragraph: str) -> str:
+    return hashlib.sha256(f"{problem}\x00{paragraph}".encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class StoredSummary:
+    summary: str
+    finish_reason: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    attempts: int | None
+
+
+class SummaryStore:
+    """``SummaryStore(path, model, prompt_version)``: get / put / missing over paragraph hashes."""
+
+    def __init__(self, path: str | Path, model: str, prompt_version: str):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.model = model
+        self.prompt_version = prompt_version
+        self._db = sqlite3.connect(str(self.path))
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute(SCHEMA)
+        self._db.commit()
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> SummaryStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def get(self, key: str) -> StoredSummary | None:
+        row = self._db.execute(
+            "SELECT summary, finish_reason, prompt_tokens, completion_tokens, attempts FROM summaries "
+            "WHERE paragraph_hash=? AND model=? AND prompt_version=?",
+            (key, self.model, self.prompt_version),
+        ).fetchone()
+        return StoredSummary(*row) if row else None
+
+    def put(self, key: str, value: StoredSummary) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO summaries VALUES (?,?,?,?,?,?,?,?,?)",
+            (
+                key,
+                self.model,
+                self.prompt_version,
+                value.summary,
+                value.finish_reason,
+                value.prompt_tokens,
+                value.completion_tokens,
+                value.attempts,
+                time.time(),
+            ),
+        )
+        self._db.commit()
+
+    def missing(self, keys: list[str]) -> list[str]:
+        """The keys (order kept, duplicates dropped) with no stored summary for this model and prompt."""
+        have = {
+            r[0]
+            for r in self._db.execute(
+                "SELECT paragraph_hash FROM summaries WHERE model=? AND prompt_version=?",
+                (self.model, self.prompt_version),
+            )
+        }
+        return [k for k in dict.fromkeys(keys) if k not in have]
+
+    def __len__(self) -> int:
+        return self._db.execute(
+            "SELECT COUNT(*) FROM summaries WHERE model=? AND prompt_version=?",
+            (self.model, self.prompt_version),
+        ).fetchone()[0]

@@ -1,0 +1,259 @@
+"""Benchmark problems: vendored files (``eval/data/benchmarks``, see its PROVENANCE.md) or the hub.
+
+Every source is one file with its hub id and a row parser that yields :class:`Problem` records with
+stable ids (``aime_2024/I-01``, ``hmmt_feb_2025/07``, ``math500/test/algebra/1.json``, ...), so the same
+problem has the same id in every arm and paired comparisons can match them.
+
+The competition ``suite`` (AbridgeKV §4 / App. B.2, minus the sets not available offline) pools
+AIME 2022-2025, HMMT Feb 2025, BRUMO 2025, CMIMC 2025 and AMC 12 2022-2023. Overlaps between the
+vendored files are resolved by choosing sources, and :func:`load_problems` refuses duplicate ids:
+``aime_2024`` (HuggingFaceH4) is the 2024 third of ``aime_2022_2024`` (AI-MO), and ``amc23`` (math-ai)
+is the 2023 half of ``amc12_2022_2023`` (AI-MO); both were checked identical problem by problem.
+
+GPQA-Diamond is read from the authors' password-protected zip in memory only (no plain text on disk);
+its four options are shuffled per question with a seeded generator, identical in every arm.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import random
+import re
+import zipfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zoomr.paths import resolve_repo_path
+
+LETTERS = "ABCD"
+GPQA_PASSWORD = b"deserted-untie-orchid"  # published by the GPQA authors in their README
+GPQA_MEMBER = "dataset/gpqa_diamond.csv"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One question. ``answer`` is the gold LaTeX (math) or the correct letter (gpqa)."""
+
+    id: str
+    question: str
+    answer: str
+    competition: str
+    task: str = "math"
+    choices: tuple[str, ...] = ()
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+@dataclass(frozen=True)
+class Source:
+    """A vendored file, the hub dataset it copies, and how to turn its rows into problems."""
+
+    path: str
+    hub_id: str
+    hub_split: str
+    parse: Callable[[dict[str, Any]], Problem]
+    hub_config: str | None = None
+    task: str = "math"
+    sort: bool = True  # order problems by id (AIME I-01..II-15); False keeps the file's canonical order
+
+
+def _answer_str(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value).strip()
+
+
+_AOPS_AIME = re.compile(r"(\d{4})_AIME_(I{1,2})_Problems/Problem_(\d+)")
+_AOPS_AMC = re.compile(r"(\d{4})_AMC_(12[AB])_Problems/Problem_(\d+)")
+
+
+def _aime_from_url(row: dict[str, Any]) -> Problem:
+    m = _AOPS_AIME.search(row["url"])
+    if not m:
+        raise ValueError(f"AIME row without an AoPS problem url: {row.get('url')!r}")
+    year, part, num = m.group(1), m.group(2), int(m.group(3))
+    return Problem(
+        id=f"aime_{year}/{part}-{num:02d}",
+        question=row["problem"],
+        answer=_answer_str(row["answer"]),
+        competition=f"aime_{year}",
+        meta={"url": row["url"]},
+    )
+
+
+def _amc_from_url(row: dict[str, Any]) -> Problem:
+    m = _AOPS_AMC.search(row["url"])
+    if not m:
+        raise ValueError(f"AMC row without an AoPS problem url: {row.get('url')!r}")
+    year, paper, num = m.group(1), m.group(2), int(m.group(3))
+    return Problem(
+        id=f"amc12_{year}/{paper}-{num:02d}",
+        question=row.get("problem") or row["question"],
+        answer=_answer_str(row["answer"]),
+        competition=f"amc12_{year}",
+        meta={"url": row["url"]},
+    )
+
+
+def _matharena(competition: str) -> Callable[[dict[str, Any]], Problem]:
+    def parse(row: dict[str, Any]) -> Problem:
+        idx = int(row["problem_idx"])
+        if competition == "aime_2025":  # MathArena numbers AIME I as 1-15 and AIME II as 16-30
+            pid = f"{'I' if idx <= 15 else 'II'}-{(idx - 1) % 15 + 1:02d}"
+        else:
+            pid = f"{idx:02d}"
+        return Problem(
+            id=f"{competition}/{pid}",
+            question=row["problem"],
+            answer=_answer_str(row["answer"]),
+            competition=competition,
+        )
+
+    return parse
+
+
+def _math500(row: dict[str, Any]) -> Problem:
+    return Problem(
+        id=f"math500/{row['unique_id']}",
+        question=row["problem"],
+        answer=_answer_str(row["answer"]),
+        competition="math500",
+        meta={"solution": row.get("solution", ""), "subject": row.get("subject"), "level": row.get("level")},
+    )
+
+
+def gpqa_problem(row: dict[str, Any], seed: int) -> Problem:
+    """A GPQA row with its options shuffled by a generator seeded from (seed, Record ID)."""
+    options = [
+        row["Correct Answer"],
+        row["Incorrect Answer 1"],
+        row["Incorrect Answer 2"],
+        row["Incorrect Answer 3"],
+    ]
+    options = [o.strip() for o in options]
+    record = row["Record ID"]
+    digest = hashlib.sha256(f"{seed}/{record}".encode()).hexdigest()
+    order = random.Random(int(digest[:16], 16)).sample(range(4), 4)
+    return Problem(
+        id=f"gpqa_diamond/{record}",
+        question=row["Question"].strip(),
+        answer=LETTERS[order.index(0)],
+        competition="gpqa_diamond",
+        task="gpqa",
+        choices=tuple(options[i] for i in order),
+        meta={"domain": row.get("High-level domain"), "subdomain": row.get("Subdomain")},
+    )
+
+
+SOURCES: dict[str, Source] = {
+    "math500": Source("math500/test.jsonl", "HuggingFaceH4/MATH-500", "test", _math500, sort=False),
+    "aime_2024": Source("aime_2024/train.jsonl", "HuggingFaceH4/aime_2024", "train", _aime_from_url),
+    "aime_2022_2024": Source(
+        "aimo_validation_aime_2022_2024/train.jsonl", "AI-MO/aimo-validation-aime", "train", _aime_from_url
+    ),
+    "aime_2025": Source("aime_2025/train.jsonl", "MathArena/aime_2025", "train", _matharena("aime_2025")),
+    "hmmt_feb_2025": Source(
+        "matharena_hmmt_feb_2025/train.jsonl", "MathArena/hmmt_feb_2025", "train", _matharena("hmmt_feb_2025")
+    ),
+    "brumo_2025": Source(
+        "matharena_brumo_2025/train.jsonl", "MathArena/brumo_2025", "train", _matharena("brumo_2025")
+    ),
+    "cmimc_2025": Source(
+        "matharena_cmimc_2025/train.jsonl", "MathArena/cmimc_2025", "train", _matharena("cmimc_2025")
+    ),
+    "amc12_2022_2023": Source(
+        "aimo_validation_amc_2022_2023/train.jsonl", "AI-MO/aimo-validation-amc", "train", _amc_from_url
+    ),
+    "amc23": Source("amc_2023/test.jsonl", "math-ai/amc23", "test", _amc_from_url),
+    "gpqa_diamond": Source(
+        "gpqa_diamond/dataset.zip",
+        "Idavidrein/gpqa",
+        "train",
+        lambda row: row,
+        "gpqa_diamond",
+        "gpqa",
+        sort=False,
+    ),
+}
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def read_gpqa_zip(path: Path, member: str = GPQA_MEMBER) -> list[dict[str, Any]]:
+    """Rows of a GPQA CSV decrypted in memory from the authors' zip (nothing is written to disk)."""
+    with zipfile.ZipFile(path) as z:
+        data = z.read(member, pwd=GPQA_PASSWORD)
+    return list(csv.DictReader(io.StringIO(data.decode("utf-8"))))
+
+
+def _hub_rows(source: Source) -> Iterable[dict[str, Any]]:
+    import datasets
+
+    try:
+        return datasets.load_dataset(source.hub_id, source.hub_config, split=source.hub_split)
+    except Exception as e:  # noqa: BLE001 - the hub's errors are many; say what to do instead
+        raise RuntimeError(
+            f"could not load {source.hub_id} from the Hugging Face hub ({e.__class__.__name__}: {str(e)[:200]}); "
+            "use benchmark.source=local to read the vendored copy"
+        ) from e
+
+
+def load_source(
+    name: str, data_dir: str | Path, source: str = "local", option_seed: int = 1234
+) -> list[Problem]:
+    """Problems of one named source, from the vendored file (``local``) or the hub (``hub``)."""
+    if name not in SOURCES:
+        raise ValueError(f"unknown benchmark source {name!r}; known: {', '.join(sorted(SOURCES))}")
+    src = SOURCES[name]
+    if source == "local":
+        path = resolve_repo_path(data_dir) / src.path
+        if not path.exists():
+            raise FileNotFoundError(f"benchmark source {name!r}: {path} not found")
+        rows = read_gpqa_zip(path) if src.task == "gpqa" else _read_jsonl(path)
+    elif source == "hub":
+        rows = _hub_rows(src)
+    else:
+        raise ValueError(f"benchmark.source must be local|hub, got {source!r}")
+    if src.task == "gpqa":
+        problems = [gpqa_problem(row, option_seed) for row in rows]
+    else:
+        problems = [src.parse(row) for row in rows]
+    return sorted(problems, key=lambda p: p.id) if src.sort else problems
+
+
+def load_problems(
+    sources: list[str],
+    data_dir: str | Path = "eval/data/benchmarks",
+    source: str = "local",
+    option_seed: int = 1234,
+    limit: int | None = None,
+) -> list[Problem]:
+    """Problems of several sources in order; duplicate ids across sources are an error."""
+    problems: list[Problem] = []
+    seen: dict[str, str] = {}
+    for name in sources:
+        for p in load_source(name, data_dir, source, option_seed):
+            if p.id in seen:
+                raise ValueError(
+                    f"problem {p.id} appears in sources {seen[p.id]!r} and {name!r}: "
+                    "a benchmark must not list overlapping sources"
+                )
+            seen[p.id] = name
+            problems.append(p)
+    return problems[:limit] if limit is not None else problems
+
+
+def load_benchmark(cfg: Any) -> list[Problem]:
+    """Problems of a :class:`zoomr.schemas.eval.BenchmarkConfig` (or any object with its fields)."""
+    problems = load_problems(cfg.sources, cfg.data_dir, cfg.source, cfg.option_seed, cfg.problem_limit)
+    wrong = {p.task for p in problems} - {cfg.task}
+    if wrong:
+        raise ValueError(f"benchmark {cfg.name!r} has task {cfg.task!r} but its sources hold {sorted(wrong)}")
+    return problems

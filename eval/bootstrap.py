@@ -1,0 +1,63 @@
+"""Paired bootstrap over problems (AbridgeKV §4 and App. B.2; METHODS.md, evaluation conventions).
+
+Per problem, the mean correctness of arm A minus arm B; problems are resampled with replacement
+(2,000 resamples) through ONE index matrix shared by every comparison, and the 95% interval is the
+percentile interval of the resampled mean differences.
+
+Identical to ``scipy.stats.bootstrap((a, b), lambda x, y, axis: np.mean(x - y, axis=axis),
+paired=True, method="percentile", n_resamples=2000, rng=np.random.default_rng(seed))``: scipy draws
+the paired indices as ``rng.integers(0, n, (n_resamples, n))`` (``_bootstrap_resample`` on
+``arange(n)``), evaluates the statistic along the last axis and takes ``scipy.stats.quantile`` at
+``alpha/2`` and ``1 - alpha/2``; this module does the same operations in the same order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class PairedCI:
+    """Mean difference A - B (fractions, not points) and its percentile interval."""
+
+    delta: float
+    low: float
+    high: float
+    n_problems: int
+    n_resamples: int
+
+
+def index_matrix(n_problems: int, n_resamples: int = 2000, seed: int = 1234) -> np.ndarray:
+    """The shared (n_resamples, n_problems) matrix of resampled problem indices."""
+    if n_problems < 2:
+        raise ValueError(f"the paired bootstrap needs at least 2 problems, got {n_problems}")
+    return np.random.default_rng(seed).integers(0, n_problems, (n_resamples, n_problems))
+
+
+def paired_bootstrap(
+    a: np.ndarray,
+    b: np.ndarray,
+    indices: np.ndarray | None = None,
+    n_resamples: int = 2000,
+    seed: int = 1234,
+    confidence: float = 0.95,
+) -> PairedCI:
+    """Percentile interval of mean(a - b) over resampled problems; ``a[i]``, ``b[i]`` are problem i's
+    per-problem accuracies. Pass ``indices`` (from :func:`index_matrix`) to share them across arms."""
+    from scipy.stats import quantile
+
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"paired samples must be 1-D of equal length, got {a.shape} and {b.shape}")
+    if indices is None:
+        indices = index_matrix(len(a), n_resamples, seed)
+    if indices.shape[1] != len(a):
+        raise ValueError(f"index matrix is for {indices.shape[1]} problems, samples have {len(a)}")
+    diff = a - b
+    distribution = np.mean(diff[indices], axis=-1)
+    alpha = (1 - confidence) / 2
+    alpha_arr = np.asarray(alpha, dtype=distribution.dtype)
+    low, high = quantile(distribution, np.stack((alpha_arr, 1 - alpha_arr), axis=-1), axis=-1)
+    return PairedCI(float(np.mean(diff)), float(low), float(high), len(a), indices.shape[0])

@@ -1,0 +1,235 @@
+"""``python -m eval.compare RUN_DIR [RUN_DIR ...]``: arms side by side in the layout of AbridgeKV Table 1.
+
+One row per arm (the first arm is the reference), per benchmark its accuracy (avg@k, %) and the
+paired difference to the reference in points with its 95% paired-bootstrap interval, then KV/512,
+mean resident KV, truncation % and mean generated tokens on the first benchmark. Run directories of
+one arm on several benchmarks (same model and run_name) share a row. Arms must cover the same problems of a
+benchmark; anything else is an error that names the differing problems.
+
+Writes ``table.md``, ``table.csv`` and ``table.json`` to ``--out`` and prints the Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from eval.bootstrap import index_matrix, paired_bootstrap
+from eval.metrics import per_problem_accuracy, summarize
+from eval.results import ResultStore
+
+
+@dataclass
+class Run:
+    """One run directory: its arm label, benchmark and the rows in its configured scope."""
+
+    path: Path
+    arm: str
+    benchmark: str
+    rows: list[dict[str, Any]]
+    samples: int
+
+
+class CompareError(ValueError):
+    pass
+
+
+def load_run(path: str | Path, label: str | None = None) -> Run:
+    from eval.benchmarks import load_benchmark
+    from zoomr.schemas import to_dataclass
+    from zoomr.schemas.eval import BenchmarkConfig
+
+    path = Path(path)
+    config_file = path / "config.json"
+    if not config_file.exists():
+        raise CompareError(f"{path}: not an evaluation run directory (no config.json)")
+    config = json.loads(config_file.read_text())
+    bench = to_dataclass(BenchmarkConfig, config["benchmark"])
+    n = int(config["generation"]["n_samples"])
+    scope = [(p.id, s) for p in load_benchmark(bench) for s in range(n)]
+    store = ResultStore(path)
+    rows = store.load()
+    missing = [k for k in scope if k not in rows]
+    if missing:
+        raise CompareError(
+            f"{path}: incomplete run, {len(scope) - len(missing)} of {len(scope)} samples done "
+            f"(first missing {missing[0]}); rerun the same command to finish it"
+        )
+    arm = label or f"{config['model']['name']}/{config['run_name']}"
+    return Run(path, arm, bench.name, [rows[k] for k in scope], n)
+
+
+def check_same_problems(runs: list[Run]) -> list[str]:
+    """The common problem ids (in the reference's order); an error if any arm's set differs."""
+    ref = list(dict.fromkeys(r["problem_id"] for r in runs[0].rows))
+    ref_set = set(ref)
+    for run in runs[1:]:
+        ids = set(r["problem_id"] for r in run.rows)
+        if ids != ref_set:
+            only_ref, only_run = sorted(ref_set - ids), sorted(ids - ref_set)
+            raise CompareError(
+                f"benchmark {runs[0].benchmark}: arms {runs[0].arm!r} and {run.arm!r} cover different problems "
+                f"({len(ref_set)} vs {len(ids)}; only in the first: {only_ref[:5]}{'...' if len(only_ref) > 5 else ''}; "
+                f"only in the second: {only_run[:5]}{'...' if len(only_run) > 5 else ''}). "
+                "Paired comparisons need the same problems: rerun with the same benchmark and problem_limit."
+            )
+    return ref
+
+
+def compare(
+    runs: list[Run], n_resamples: int = 2000, seed: int = 1234, confidence: float = 0.95
+) -> dict[str, Any]:
+    """Per arm and benchmark: accuracy, Δ vs the first arm with its paired-bootstrap interval, KV, length."""
+    arms = list(dict.fromkeys(r.arm for r in runs))
+    benchmarks = list(dict.fromkeys(r.benchmark for r in runs))
+    by_key: dict[tuple[str, str], Run] = {}
+    for r in runs:
+        if (r.arm, r.benchmark) in by_key:
+            raise CompareError(
+                f"two runs of arm {r.arm!r} on {r.benchmark}: {by_key[r.arm, r.benchmark].path}, {r.path}"
+            )
+        by_key[r.arm, r.benchmark] = r
+    reference = arms[0]
+    out: dict[str, Any] = {
+        "reference": reference,
+        "benchmarks": benchmarks,
+        "n_resamples": n_resamples,
+        "seed": seed,
+        "confidence": confidence,
+        "arms": {},
+    }
+    for arm in arms:
+        out["arms"][arm] = {}
+    for bench in benchmarks:
+        present = [by_key[a, bench] for a in arms if (a, bench) in by_key]
+        ref_run = by_key.get((reference, bench))
+        ids = check_same_problems(present)
+        indices = index_matrix(len(ids), n_resamples, seed) if ref_run is not None and len(ids) > 1 else None
+        ref_acc = per_problem_accuracy(ref_run.rows) if ref_run is not None else None
+        for run in present:
+            metrics = summarize(run.rows)
+            entry: dict[str, Any] = {
+                "run_dir": str(run.path),
+                "samples_per_problem": run.samples,
+                "metrics": metrics,
+            }
+            if ref_acc is not None and run.arm != reference and indices is not None:
+                acc = per_problem_accuracy(run.rows)
+                ci = paired_bootstrap(
+                    np.array([acc[i] for i in ids]),
+                    np.array([ref_acc[i] for i in ids]),
+                    indices,
+                    confidence=confidence,
+                )
+                entry["delta"] = {
+                    "delta": ci.delta,
+                    "low": ci.low,
+                    "high": ci.high,
+                    "n_problems": ci.n_problems,
+                }
+            out["arms"][run.arm][bench] = entry
+    return out
+
+
+def _pts(x: float, signed: bool = False) -> str:
+    return f"{100 * x:+.1f}" if signed else f"{100 * x:.1f}"
+
+
+def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Header and cells of the Table-1 layout."""
+    benches = result["benchmarks"]
+    primary = benches[0]
+    header = ["Arm", "KV/512", "Mean KV (MiB)"]
+    for b in benches:
+        header += [f"{b} avg@k", f"Δ {b} [{int(100 * result['confidence'])}% CI]"]
+    header += [f"Trunc. % ({primary})", f"Tokens ({primary})"]
+    rows = []
+    for arm, per_bench in result["arms"].items():
+        first = per_bench.get(primary, {}).get("metrics", {})
+        kv, kv_bytes = first.get("kv_per_512"), first.get("bytes_mean")
+        cells = [
+            arm,
+            "—" if kv is None else f"{kv:.0f}",
+            "—" if kv_bytes is None else f"{kv_bytes / 2**20:.1f}",
+        ]
+        for b in benches:
+            entry = per_bench.get(b)
+            if entry is None:
+                cells += ["—", "—"]
+                continue
+            m = entry["metrics"]
+            cells.append(f"{_pts(m['accuracy'])} (avg@{entry['samples_per_problem']})")
+            d = entry.get("delta")
+            cells.append(
+                "ref"
+                if arm == result["reference"]
+                else (
+                    "—"
+                    if d is None
+                    else f"{_pts(d['delta'], True)} [{_pts(d['low'], True)}, {_pts(d['high'], True)}]"
+                )
+            )
+        cells += [
+            "—" if not first else _pts(first["truncation_rate"]),
+            "—" if not first else f"{first['mean_tokens']:.0f}",
+        ]
+        rows.append(cells)
+    return header, rows
+
+
+def markdown(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_outputs(result: dict[str, Any], out_dir: Path) -> str:
+    header, rows = table_rows(result)
+    md = markdown(header, rows)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    note = (
+        f"Reference: {result['reference']}. Δ: paired difference in accuracy points, per-problem mean correctness, "
+        f"{result['n_resamples']} bootstrap resamples of problems (one shared index matrix, seed {result['seed']}), "
+        "percentile interval. KV/512: persistent KV rows per 512 generated tokens per KV head; Mean KV: resident "
+        "K/V bytes of one sequence averaged over its decode steps; both on the first benchmark."
+    )
+    (out_dir / "table.md").write_text(md + "\n\n" + note + "\n")
+    with open(out_dir / "table.csv", "w", newline="") as f:
+        csv.writer(f).writerows([header, *rows])
+    (out_dir / "table.json").write_text(json.dumps(result, indent=2))
+    return md + "\n\n" + note
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m eval.compare", description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", help="run directories; the first arm is the reference")
+    ap.add_argument("--labels", nargs="+", help="arm label per run directory (default model/run_name)")
+    ap.add_argument("--out", default=None, help="output directory (default runs/compare/<arms>)")
+    ap.add_argument("--n-resamples", type=int, default=2000)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--confidence", type=float, default=0.95)
+    args = ap.parse_args(argv)
+    if args.labels and len(args.labels) != len(args.runs):
+        ap.error(f"--labels needs one label per run ({len(args.runs)}), got {len(args.labels)}")
+    try:
+        runs = [load_run(p, args.labels[i] if args.labels else None) for i, p in enumerate(args.runs)]
+        result = compare(runs, args.n_resamples, args.seed, args.confidence)
+    except CompareError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    arms = "_vs_".join(a.replace("/", "-") for a in result["arms"])
+    out = Path(args.out or f"runs/compare/{arms[:120]}")
+    print(write_outputs(result, out))
+    print(f"\nwritten: {out}/table.md, table.csv, table.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

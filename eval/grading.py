@@ -1,0 +1,360 @@
+"""Grading (METHODS.md, evaluation conventions; AbridgeKV §4).
+
+A math sample is correct if its last ``\\boxed{}`` equals the gold after :func:`normalize`, else if
+math-verify judges the text equivalent: ``verify(parse(gold), parse(text))``, gold first. A GPQA
+sample is correct if the letter from :func:`extract_letter` (``Answer: X`` on its own line first)
+is the gold letter.
+
+math-verify bounds its own work with ``signal.alarm``, which only fires between Python bytecodes and
+only in a main thread, so the math-verify stage runs in worker processes (forkserver or spawn)
+with a per-sample wall-clock limit enforced by the parent: a worker past its deadline is killed and
+replaced and the sample is graded incorrect (``method="timeout"``). The exact stage and GPQA
+extraction are linear-time scans and run in the parent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing as mp
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Grade:
+    """``method``: exact | math_verify | letter | none (no answer / not equivalent) | timeout | error."""
+
+    extracted: str | None
+    correct: bool
+    method: str
+    seconds: float = 0.0
+
+
+# ---------------------------------------------------------------------------------------------------
+# Extraction and normalisation (linear time: safe on arbitrarily long, adversarial text)
+
+
+def _match_braces(text: str, start: int) -> int | None:
+    """Index just past the ``}`` closing the ``{`` at ``start``; None if unbalanced. Skips ``\\{``/``\\}``."""
+    depth = 0
+    i, n = start, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return None
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{…}`` / ``\\fbox{…}`` (or ``\\boxed 5``); None if absent or unclosed."""
+    pos = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if pos < 0:
+        return None
+    i = pos + (6 if text.startswith("\\boxed", pos) else 5)
+    while i < len(text) and text[i] == " ":
+        i += 1
+    if i < len(text) and text[i] == "{":
+        end = _match_braces(text, i)
+        return None if end is None else text[i + 1 : end - 1]
+    if i > pos + (6 if text.startswith("\\boxed", pos) else 5):  # "\boxed 5": up to the next space or $
+        m = re.match(r"[^\s$]+", text[i:])
+        return m.group(0) if m else None
+    return None
+
+
+_TEXT_WRAP = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
+_SPACES = re.compile(r"\\[,;:! ]|\\quad|\\qquad|~|\s+")
+_DEGREES = re.compile(r"\^\s*\{?\\circ\}?|\\degree")
+_THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+")
+_INTEGER = re.compile(r"[+-]?\d+")
+
+
+def normalize(answer: str) -> str:
+    """Canonical string for the exact stage: spacing, ``\\left``/``\\right``, ``\\dfrac``, ``\\text{}``,
+    degrees, ``%``, dollar signs, a trailing period, thousands separators and leading zeros."""
+    s = answer.strip().strip("$").strip()
+    s = (
+        s.replace("\\left", "")
+        .replace("\\right", "")
+        .replace("\\dfrac", "\\frac")
+        .replace("\\tfrac", "\\frac")
+    )
+    s = _TEXT_WRAP.sub(r"\1", s)
+    s = _DEGREES.sub("", s)
+    s = s.replace("\\%", "").replace("%", "").replace("\\$", "")
+    s = _SPACES.sub("", s)
+    s = s.rstrip(".")
+    if _THOUSANDS.fullmatch(s):
+        s = s.replace(",", "")
+    if _INTEGER.fullmatch(s):
+        s = str(int(s))
+    return s
+
+
+def exact_match(text: str, gold: str) -> tuple[str | None, bool]:
+    boxed = last_boxed(text)
+    return boxed, boxed is not None and normalize(boxed) == normalize(gold)
+
+
+_LETTER_PATTERNS = [
+    # "Answer: C", "**Answer:** (C)", "Final answer: $\boxed{C}$" at the start of a line (lighteval's anchor)
+    re.compile(
+        r"(?im)^[ \t>*_#]*(?:final[ \t]+)?answer[ \t*_]*[:：][ \t*_$]*\(?"
+        r"(?:\\(?:text|textbf|mathbf|boxed)\{)?([A-D])\b"
+    ),
+    re.compile(r"(?i)\banswer[ \t]+is[ \t:]*\(?(?:\\(?:text|textbf|boxed)\{)?([A-D])\b"),
+]
+
+
+def extract_letter(text: str) -> str | None:
+    """The chosen option letter: last anchored ``Answer: X`` line, else last ``\\boxed{X}``, else
+    the last "answer is X"."""
+    matches = _LETTER_PATTERNS[0].findall(text)
+    if matches:
+        return matches[-1].upper()
+    boxed = last_boxed(text)
+    if boxed is not None:
+        inner = normalize(boxed).strip("()")
+        if len(inner) == 1 and inner.upper() in "ABCD":
+            return inner.upper()
+    matches = _LETTER_PATTERNS[1].findall(text)
+    return matches[-1].upper() if matches else None
+
+
+def grade_letter(text: str, gold: str) -> Grade:
+    letter = extract_letter(text)
+    return Grade(
+        letter, letter is not None and letter == gold.strip().upper(), "letter" if letter else "none"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# math-verify stage (runs inside a worker process)
+
+
+def math_verify_equal(text: str, gold: str, inner_timeout: int = 3) -> tuple[str | None, bool]:
+    """``verify(parse(gold), parse(text))`` with math-verify's own signal timeouts (main thread only)."""
+    from math_verify import parse, verify
+
+    gold_parsed = parse(f"\\boxed{{{gold}}}", parsing_timeout=inner_timeout)
+    if not gold_parsed:
+        gold_parsed = parse(f"${gold}$", parsing_timeout=inner_timeout)
+    pred_parsed = parse(text, parsing_timeout=inner_timeout)
+    extracted = str(pred_parsed[-1]) if pred_parsed else None
+    if not gold_parsed or not pred_parsed:
+        return extracted, False
+    return extracted, bool(verify(gold_parsed, pred_parsed, timeout_seconds=inner_timeout))
+
+
+def _worker_loop(
+    conn: Any, inner_timeout: int, check: Callable[[str, str, int], tuple[str | None, bool]]
+) -> None:
+    """Serve (index, text, gold) requests until the pipe closes."""
+    logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # it logs whole texts on timeouts
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        index, text, gold = msg
+        t0 = time.perf_counter()
+        try:
+            extracted, ok = check(text, gold, inner_timeout)
+            result = Grade(extracted, ok, "math_verify" if ok else "none")
+        except Exception as e:  # noqa: BLE001 - a parse failure is an incorrect answer, not a crash
+            result = Grade(None, False, "error")
+            log.debug("math-verify failed: %s", e)
+        result.seconds = time.perf_counter() - t0
+        conn.send((index, result))
+
+
+@dataclass
+class _Worker:
+    proc: Any
+    conn: Any
+    job: int | None = None
+    started: float = 0.0
+
+
+class Grader:
+    """Grades batches of samples; a pool of math-verify workers with a per-sample wall-clock limit.
+
+    Use as a context manager (workers start lazily on the first sample that needs math-verify).
+    """
+
+    def __init__(
+        self,
+        workers: int = 2,
+        timeout_s: float = 10.0,
+        start_method: str = "forkserver",
+        math_verify: bool = True,
+        strip_reasoning: bool = False,
+        exact_first: bool = True,
+        check: Callable[[str, str, int], tuple[str | None, bool]] = math_verify_equal,
+    ):
+        if workers < 1:
+            raise ValueError(f"grading.workers must be >= 1, got {workers}")
+        if timeout_s <= 0:
+            raise ValueError(f"grading.timeout_s must be > 0, got {timeout_s}")
+        if start_method not in ("forkserver", "spawn"):
+            raise ValueError(f"grading.start_method must be forkserver|spawn, got {start_method!r}")
+        self.n_workers = workers
+        self.timeout_s = timeout_s
+        self.inner_timeout = max(1, int(timeout_s / 3))
+        self.math_verify = math_verify
+        self.strip_reasoning = strip_reasoning
+        self.exact_first = (
+            exact_first  # False: every math sample goes through math-verify (tests, benchmarks)
+        )
+        self.check = (
+            check  # the worker-side equivalence test (a module-level function: it is pickled by name)
+        )
+        self._ctx = mp.get_context(start_method)
+        if start_method == "forkserver":
+            self._ctx.set_forkserver_preload(["math_verify", "sympy", "eval.grading"])
+        self._workers: list[_Worker] = []
+        self.timeouts = 0
+        self.restarts = 0
+
+    # -- pool management
+    def _spawn(self) -> _Worker:
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(
+            target=_worker_loop, args=(child, self.inner_timeout, self.check), daemon=True
+        )
+        proc.start()
+        child.close()
+        return _Worker(proc, parent)
+
+    def _kill(self, w: _Worker) -> None:
+        w.proc.kill()
+        w.proc.join(5)
+        w.conn.close()
+
+    def close(self) -> None:
+        for w in self._workers:
+            with contextlib.suppress(OSError):
+                w.conn.send(None)
+        for w in self._workers:
+            w.proc.join(2)
+            if w.proc.is_alive():
+                w.proc.kill()
+                w.proc.join(2)
+            w.conn.close()
+        self._workers = []
+
+    def __enter__(self) -> Grader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- grading
+    def prepare(self, text: str) -> str:
+        if self.strip_reasoning:
+            from eval.prompts import strip_reasoning
+
+            return strip_reasoning(text)
+        return text
+
+    def grade(
+        self, samples: Sequence[tuple[str, str, str]], on_result: Callable[[int, Grade], None] | None = None
+    ) -> list[Grade]:
+        """Grade ``(text, gold, task)`` triples (task: math | gpqa); results in input order.
+
+        ``on_result(i, grade)`` is called as each sample finishes (in completion order).
+        """
+        results: list[Grade | None] = [None] * len(samples)
+        pending: deque[int] = deque()
+
+        def done(i: int, g: Grade) -> None:
+            results[i] = g
+            if on_result:
+                on_result(i, g)
+
+        prepared = [(self.prepare(text), gold, task) for text, gold, task in samples]
+        for i, (text, gold, task) in enumerate(prepared):
+            t0 = time.perf_counter()
+            if task == "gpqa":
+                g = grade_letter(text, gold)
+            elif task == "math":
+                boxed, ok = exact_match(text, gold) if self.exact_first else (None, False)
+                if ok or not self.math_verify:
+                    g = Grade(boxed, ok, "exact" if ok else "none")
+                else:
+                    pending.append(i)
+                    continue
+            else:
+                raise ValueError(f"unknown task {task!r}")
+            g.seconds = time.perf_counter() - t0
+            done(i, g)
+        if pending:
+            self._run_workers(prepared, pending, done)
+        return results  # type: ignore[return-value]
+
+    def _run_workers(
+        self, samples: Sequence[tuple[str, str, str]], pending: deque[int], done: Callable
+    ) -> None:
+        while len(self._workers) < min(self.n_workers, len(pending)):
+            self._workers.append(self._spawn())
+        busy: dict[Any, _Worker] = {}
+        while pending or busy:
+            for w in self._workers:
+                if w.job is None and pending:
+                    i = pending.popleft()
+                    text, gold, _ = samples[i]
+                    try:
+                        w.conn.send((i, text, gold))
+                    except OSError:  # the idle worker died (e.g. killed from outside): replace, retry
+                        self._replace(w)
+                        w.conn.send((i, text, gold))
+                    w.job, w.started = i, time.monotonic()
+                    busy[w.conn] = w
+            now = time.monotonic()
+            next_deadline = min(w.started + self.timeout_s for w in busy.values())
+            for conn in wait(list(busy), timeout=max(0.0, next_deadline - now)):
+                w = busy.pop(conn)
+                try:
+                    index, grade = conn.recv()
+                except (EOFError, OSError):  # the worker died (e.g. recursion overflow in C code)
+                    index, grade = w.job, Grade(None, False, "error", time.monotonic() - w.started)
+                    self._replace(w)
+                # the boxed answer is the more readable record of what the model answered
+                boxed = last_boxed(samples[index][0])
+                grade.extracted = boxed if boxed is not None else grade.extracted
+                w.job = None
+                done(index, grade)
+            now = time.monotonic()
+            for conn, w in list(busy.items()):
+                if now - w.started >= self.timeout_s:
+                    busy.pop(conn)
+                    index = w.job
+                    self.timeouts += 1
+                    self._replace(w)
+                    w.job = None
+                    done(index, Grade(last_boxed(samples[index][0]), False, "timeout", now - w.started))
+
+    def _replace(self, w: _Worker) -> None:
+        """Kill a stuck or dead worker and start a fresh one in its slot."""
+        self._kill(w)
+        fresh = self._spawn()
+        w.proc, w.conn = fresh.proc, fresh.conn
+        self.restarts += 1

@@ -1,0 +1,131 @@
+"""Run metrics from result rows (METHODS.md, evaluation conventions; AbridgeKV §4).
+
+- avg@k: mean over problems of (correct samples / samples).
+- pass@k: unbiased estimator 1 - C(n-c, k) / C(n, k) per problem (Chen et al., 2021), averaged.
+- truncation rate: fraction of samples that hit the generation cap; mean generated tokens.
+- resident KV: every numeric field of a row's ``kv`` record (written by :mod:`eval.generation`) is
+  averaged over samples; fields named ``*_peak`` are also maxed. ``kv_per_512`` is the AbridgeKV budget
+  unit: persistent KV rows kept per 512 generated tokens per KV head.
+
+Everything is computed per competition and pooled over all problems of the run.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one problem with n samples of which c are correct (numerically stable)."""
+    if not 0 <= c <= n or k < 1 or k > n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def per_problem(rows: Iterable[dict[str, Any]]) -> dict[str, tuple[int, int]]:
+    """problem id -> (samples, correct samples)."""
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for r in rows:
+        c = counts[r["problem_id"]]
+        c[0] += 1
+        c[1] += bool(r["correct"])
+    return {pid: (n, c) for pid, (n, c) in counts.items()}
+
+
+def per_problem_accuracy(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
+    return {pid: c / n for pid, (n, c) in per_problem(rows).items()}
+
+
+def _k_values(n_min: int) -> list[int]:
+    ks, k = [], 1
+    while k <= n_min:
+        ks.append(k)
+        k *= 2
+    if n_min not in ks:
+        ks.append(n_min)
+    return ks
+
+
+def kv_summary(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean of every numeric ``kv`` field over samples; ``*_peak`` fields also as their maximum."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        for key, v in (r.get("kv") or {}).items():
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                values[key].append(float(v))
+    out: dict[str, float] = {}
+    for key, vs in sorted(values.items()):
+        out[f"{key}_mean" if key.endswith("_peak") else key] = float(np.mean(vs))
+        if key.endswith("_peak"):
+            out[f"{key}_max"] = float(np.max(vs))
+    return out
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Metrics of one set of rows (a competition or the pooled run)."""
+    if not rows:
+        return {"problems": 0, "samples": 0}
+    counts = per_problem(rows)
+    ns = [n for n, _ in counts.values()]
+    k = min(ns)
+    out: dict[str, Any] = {
+        "problems": len(counts),
+        "samples": len(rows),
+        "samples_per_problem": k if min(ns) == max(ns) else f"{min(ns)}-{max(ns)}",
+        "accuracy": float(np.mean([c / n for n, c in counts.values()])),
+    }
+    out[f"avg@{k}"] = out["accuracy"]
+    for kk in _k_values(k):
+        out[f"pass@{kk}"] = float(np.mean([pass_at_k(n, c, kk) for n, c in counts.values()]))
+    out["truncation_rate"] = float(np.mean([bool(r["truncated"]) for r in rows]))
+    out["mean_tokens"] = float(np.mean([r["n_tokens"] for r in rows]))
+    out["grade_methods"] = dict(sorted(_count(r.get("grade_method", "?") for r in rows).items()))
+    out.update(kv_summary(rows))
+    return out
+
+
+def _count(items: Iterable[str]) -> dict[str, int]:
+    out: dict[str, int] = defaultdict(int)
+    for x in items:
+        out[x] += 1
+    return dict(out)
+
+
+def compute_metrics(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``{"pooled": {...}, "by_competition": {name: {...}}}``."""
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        groups[r["competition"]].append(r)
+    return {
+        "pooled": summarize(rows),
+        "by_competition": {name: summarize(g) for name, g in sorted(groups.items())},
+    }
+
+
+def format_table(metrics: dict[str, Any]) -> str:
+    """Readable per-competition table (accuracy in %), pooled last."""
+    pooled = metrics["pooled"]
+    k = pooled.get("samples_per_problem", 1)
+    head = f"{'competition':<16} {'problems':>8} {'avg@' + str(k):>8} {'pass@' + str(k):>8} {'trunc %':>8} {'tokens':>8}"
+    lines = [head, "-" * len(head)]
+
+    def line(name: str, m: dict[str, Any]) -> str:
+        if not m.get("problems"):
+            return f"{name:<16} {0:>8}"
+        pk = m.get(f"pass@{k}", float("nan"))
+        return (
+            f"{name:<16} {m['problems']:>8} {100 * m['accuracy']:>8.1f} {100 * pk:>8.1f} "
+            f"{100 * m['truncation_rate']:>8.1f} {m['mean_tokens']:>8.0f}"
+        )
+
+    if len(metrics["by_competition"]) > 1:
+        lines += [line(name, m) for name, m in metrics["by_competition"].items()]
+        lines.append("-" * len(head))
+    lines.append(line("pooled", pooled))
+    return "\n".join(lines)

@@ -1,0 +1,161 @@
+"""Decode engine: sampling, stopping, forced tokens, per-step stats."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import tiny_spec
+from zoomr.cache import ForcedInput, build_policy
+from zoomr.cache.full import FullCache
+from zoomr.engine import DecodeSettings, generate, mean_rows, sample_token
+from zoomr.models import load_model_and_tokenizer
+from zoomr.schemas.cache import FullConfig
+
+
+@pytest.fixture(scope="module")
+def tiny2(cache_dir):
+    return load_model_and_tokenizer(
+        tiny_spec("qwen2", num_hidden_layers=2), cache_dir, attn_implementation="zoomr"
+    )
+
+
+def test_sample_token_rules():
+    logits = torch.tensor([0.0, 3.0, 2.0, 1.0])
+    assert sample_token(logits, DecodeSettings(temperature=0), None) == 1
+    g = torch.Generator().manual_seed(0)
+    draws = {sample_token(logits, DecodeSettings(temperature=1.0, top_k=2), g) for _ in range(200)}
+    assert draws == {1, 2}  # top-k = 2 keeps tokens 1 and 2 only
+    # top-p: p(1) = 0.64 < 0.7 -> the nucleus needs token 2 as well, never 3 or 0
+    draws = {sample_token(logits, DecodeSettings(temperature=1.0, top_p=0.7), g) for _ in range(300)}
+    assert draws == {1, 2}
+    draws = {sample_token(logits, DecodeSettings(temperature=1.0, top_p=0.5), g) for _ in range(50)}
+    assert draws == {1}
+
+
+def test_bad_settings_fail_clearly():
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        DecodeSettings(max_new_tokens=0)
+    with pytest.raises(ValueError, match="sampling"):
+        DecodeSettings(top_p=0)
+
+
+def test_sampling_is_per_sequence_reproducible(tiny2):
+    """With per-sequence seeds a sampled sequence is the same alone or in a batch (eviction included)."""
+    model, tok = tiny2
+    prompts = ["first prompt here", "second", "a third, longer prompt than the others"]
+    s = DecodeSettings(
+        24, temperature=0.8, top_p=0.95, top_k=20, seed=[11, 12, 13], progress=False, stop_token_ids=[]
+    )
+    cfg = {"policy": "h2o", "budget_rows": 12}
+    batch = generate(model, tok, prompts, cfg, s)
+    for i, p in enumerate(prompts):
+        single = generate(model, tok, [p], cfg, DecodeSettings(**{**vars(s), "seed": [11 + i]}))
+        assert single[0].token_ids == batch[i].token_ids
+    assert len({tuple(o.token_ids) for o in batch}) == 3
+
+
+def test_stops_on_eos_and_stop_strings(tiny2):
+    model, tok = tiny2
+    prompt = "x"
+    base = {
+        "max_new_tokens": 12,
+        "progress": False,
+        "temperature": 1.0,
+        "seed": 3,
+    }  # the random model repeats greedily
+    greedy = generate(model, tok, [prompt], None, DecodeSettings(**base, stop_token_ids=[]))[0]
+    ids = greedy.token_ids
+    i = next(k for k in range(2, 12) if ids[k] not in ids[:k])  # first new token after the start
+    out = generate(model, tok, [prompt], None, DecodeSettings(**base, stop_token_ids=[ids[i]]))[0]
+    assert out.stop_reason == "eos" and out.token_ids == ids[: i + 1] and not out.hit_cap
+    assert out.text == tok.decode(ids[:i], skip_special_tokens=False)
+    stop = tok.decode(ids[i : i + 1])
+    settings = DecodeSettings(**base, stop_token_ids=[], stop_strings=[stop])
+    out = generate(model, tok, [prompt], None, settings)[0]
+    assert out.stop_reason == "stop_string" and out.text.endswith(stop) and out.n_tokens <= i + 1
+    assert greedy.hit_cap and greedy.stop_reason == "length" and greedy.n_tokens == 12
+
+
+class ForceOnce(FullCache):
+    """Test policy: after sequence row 0's first sampled token, run ``tokens`` before its next one."""
+
+    def __init__(self, *args, tokens, positions=None, from_last=True, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tokens, self.positions, self.from_last, self.done = tokens, positions, from_last, False
+
+    def forced_inputs(self, sampled):
+        if self.done or sampled[0] is None:
+            return {}
+        self.done = True
+        return {0: ForcedInput(self.tokens, self.positions, sample_from_last=self.from_last)}
+
+
+def test_forced_tokens_run_in_the_batch_and_are_not_sampled(tiny2):
+    model, tok = tiny2
+    prompt = tok("the forced one", add_special_tokens=False).input_ids
+    other = "an ordinary sequence"
+    s = DecodeSettings(10, progress=False, stop_token_ids=[])
+    forced = [101, 202]
+    cache = ForceOnce(FullConfig(), model.config, tokens=forced)
+    out = generate(model, tok, [prompt, other], cache, s)
+    x1 = out[0].token_ids[0]
+    # sampled from the last forced token: the continuation of prompt + x1 + forced, which never enter the output
+    ref = generate(model, tok, [prompt + [x1, *forced]], None, s)[0]
+    assert out[0].token_ids[1:] == ref.token_ids[:9] and out[0].n_forced == 2 and out[0].n_tokens == 10
+    assert out[1].token_ids == generate(model, tok, [other], None, s)[0].token_ids  # neighbour unaffected
+    # sampled from the pending token's output instead: the first continuation is unchanged by the forcing
+    cache = ForceOnce(FullConfig(), model.config, tokens=forced, from_last=False)
+    plain = generate(model, tok, [prompt], None, s)[0]
+    assert generate(model, tok, [prompt], cache, s)[0].token_ids[:2] == plain.token_ids[:2]
+
+
+def test_forced_tokens_take_custom_positions(tiny2):
+    model, tok = tiny2
+    prompt = tok("positions", add_special_tokens=False).input_ids
+    cache = ForceOnce(FullConfig(), model.config, tokens=[7, 8], positions=[1, 1], from_last=False)
+    generate(model, tok, [prompt], cache, DecodeSettings(3, progress=False, stop_token_ids=[]))
+    pos = cache.layers[0].store.rows().pos[0, 0].tolist()
+    P = len(prompt)
+    assert pos == [*range(P), P, 1, 1, P + 1]  # prompt, x1, two forced rows at position 1, x2
+    assert int(cache.lengths[0]) == P + 2  # forced rows inside the span do not advance the logical length
+
+
+def test_stats_per_step(tiny2):
+    model, tok = tiny2
+    cfg = {"policy": "streaming", "budget_rows": 12}
+    out = generate(model, tok, ["a b c", "d"], cfg, DecodeSettings(20, progress=False, stop_token_ids=[]))
+    st = out[0].stats
+    L, H = 2, 2
+    assert st.rows.shape == (20, L, H) and st.step.tolist() == list(range(20))
+    assert (st.rows[-1] == 12).all() and st.select_s.sum() > 0 and (st.step_s > 0).all()
+    assert (st.batch_size == 2).all() and mean_rows(out) <= 12
+    cache = build_policy(cfg, model.config)
+    every = generate(
+        model, tok, ["a b c"], cache, DecodeSettings(20, progress=False, stop_token_ids=[], stats_every=5)
+    )
+    assert every[0].stats.step.tolist() == [0, 5, 10, 15]
+
+
+class SeesInputs(FullCache):
+    wants_attention_input = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen = []
+
+    def on_attention_input(self, layer_idx, hidden_states):
+        self.seen.append((self.steps_done, layer_idx, tuple(hidden_states.shape)))
+
+
+def test_attention_input_hook(tiny2):
+    model, tok = tiny2
+    cache = SeesInputs(FullConfig(), model.config)
+    generate(model, tok, ["a b", "c"], cache, DecodeSettings(3, progress=False, stop_token_ids=[]))
+    D = model.config.hidden_size
+    assert cache.seen[:2] == [(0, 0, (2, 2, D)), (0, 1, (2, 2, D))]  # prefill: both layers, padded batch
+    assert [s[:2] for s in cache.seen[2:]] == [(1, 0), (1, 1), (2, 0), (2, 1)] and cache.seen[-1][2] == (
+        2,
+        1,
+        D,
+    )

@@ -1,0 +1,91 @@
+"""pass@k against its closed form, avg@k and KV aggregation, and the paired bootstrap against scipy."""
+
+from __future__ import annotations
+
+import itertools
+from math import comb
+
+import numpy as np
+import pytest
+import scipy.stats
+
+from eval.bootstrap import index_matrix, paired_bootstrap
+from eval.metrics import compute_metrics, pass_at_k, summarize
+
+
+def test_pass_at_k_closed_form():
+    for n in range(1, 11):
+        for c, k in itertools.product(range(n + 1), range(1, n + 1)):
+            assert pass_at_k(n, c, k) == pytest.approx(1 - comb(n - c, k) / comb(n, k), abs=1e-12), (n, c, k)
+    with pytest.raises(ValueError):
+        pass_at_k(4, 5, 1)
+
+
+def test_pass_at_k_is_the_probability_that_a_k_subset_has_a_correct_sample():
+    outcomes = [1, 0, 0, 1, 0, 0]
+    for k in range(1, 7):
+        subsets = list(itertools.combinations(outcomes, k))
+        assert pass_at_k(6, 2, k) == pytest.approx(np.mean([any(s) for s in subsets]))
+
+
+def _row(pid, sample, correct, competition="a", truncated=False, n_tokens=10, kv=None):
+    return {
+        "problem_id": pid, "sample": sample, "correct": correct, "competition": competition,
+        "truncated": truncated, "n_tokens": n_tokens, "kv": kv or {}, "grade_method": "exact",
+    }  # fmt: skip
+
+
+def test_summary_avg_pass_truncation_kv():
+    rows = [
+        _row("p1", 0, True, kv={"rows_mean": 10, "rows_peak": 20, "kv_per_512": 512}),
+        _row(
+            "p1",
+            1,
+            False,
+            truncated=True,
+            n_tokens=30,
+            kv={"rows_mean": 30, "rows_peak": 60, "kv_per_512": 128},
+        ),
+        _row("p2", 0, False, "b"),
+        _row("p2", 1, False, "b"),
+    ]
+    m = summarize(rows)
+    assert m["avg@2"] == m["accuracy"] == pytest.approx(0.25)
+    assert m["pass@1"] == pytest.approx(0.25) and m["pass@2"] == pytest.approx(0.5)
+    assert m["truncation_rate"] == pytest.approx(0.25) and m["mean_tokens"] == pytest.approx(15)
+    assert m["rows_mean"] == pytest.approx(20) and m["rows_peak_mean"] == pytest.approx(40)
+    assert m["rows_peak_max"] == pytest.approx(60) and m["kv_per_512"] == pytest.approx(320)
+    by = compute_metrics(rows)["by_competition"]
+    assert by["a"]["accuracy"] == 0.5 and by["b"]["accuracy"] == 0.0
+
+
+@pytest.mark.parametrize("n,seed", [(30, 0), (446, 1234), (7, 99)])
+def test_paired_bootstrap_equals_scipy(n, seed):
+    data = np.random.default_rng(n)
+    a = data.integers(0, 9, n) / 8  # per-problem avg@8 values, with ties
+    b = data.integers(0, 9, n) / 8
+    ours = paired_bootstrap(a, b, n_resamples=2000, seed=seed)
+    ref = scipy.stats.bootstrap(
+        (a, b),
+        lambda x, y, axis: np.mean(x - y, axis=axis),
+        paired=True,
+        method="percentile",
+        n_resamples=2000,
+        rng=np.random.default_rng(seed),
+    )
+    assert ours.low == ref.confidence_interval.low
+    assert ours.high == ref.confidence_interval.high
+    assert ours.delta == pytest.approx(np.mean(a - b))
+
+
+def test_shared_index_matrix_is_reused_across_arms():
+    rng = np.random.default_rng(0)
+    ref, arm1, arm2 = (rng.random(50) for _ in range(3))
+    idx = index_matrix(50, 2000, 1234)
+    assert idx.shape == (2000, 50)
+    assert paired_bootstrap(arm1, ref, idx) == paired_bootstrap(arm1, ref, seed=1234)
+    assert paired_bootstrap(arm2, ref, idx) == paired_bootstrap(arm2, ref, seed=1234)
+    same = paired_bootstrap(ref, ref, idx)
+    assert same.delta == same.low == same.high == 0.0
+    with pytest.raises(ValueError):
+        paired_bootstrap(arm1[:10], ref, idx)

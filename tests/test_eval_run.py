@@ -1,0 +1,112 @@
+"""The real entry point on a tiny model: end to end, and killed with SIGKILL mid-run then rerun, it ends
+with exactly one row per (problem, sample) and the metrics of an uninterrupted run (greedy)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from eval.__main__ import run
+from eval.results import RESULTS_FILE
+from zoomr.entry import CONF_DIR
+from zoomr.paths import REPO_ROOT
+from zoomr.schemas import register_with_hydra
+
+register_with_hydra()
+N_PROBLEMS, N_SAMPLES = 6, 2
+OVERRIDES = [
+    "benchmark=aime25",
+    f"benchmark.problem_limit={N_PROBLEMS}",
+    f"generation.n_samples={N_SAMPLES}",
+    "generation.temperature=0",
+    "generation.max_new_tokens=48",
+    "generation.batch_size=1",
+    "grading.workers=1",
+    "logger=none",
+]
+
+
+def _lines(run_dir: Path) -> list[str]:
+    path = run_dir / RESULTS_FILE
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def _metrics(run_dir: Path) -> dict:
+    m = json.loads((run_dir / "metrics.json").read_text())
+    m.pop("grading_timeouts_this_run")
+    return m
+
+
+def _cli(run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "eval", *OVERRIDES, f"run_dir={run_dir}"]
+
+
+def _run_in_process(run_dir: Path, cache_dir: str, *overrides: str) -> dict:
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("eval", overrides=[*overrides, f"run_dir={run_dir}", f"cache_dir={cache_dir}"])
+    return run(cfg)
+
+
+def test_entry_point_full_kv_and_a_compressing_policy(tmp_path, cache_dir):
+    small = ["benchmark=suite", "benchmark.problem_limit=2", "generation.n_samples=2", "generation.max_new_tokens=40",
+             "generation.batch_size=4", "grading.workers=1", "logger=none"]  # fmt: skip
+    full = _run_in_process(tmp_path / "full", cache_dir, *small)["pooled"]
+    assert full["samples"] == 4 and full["kv_per_512"] == pytest.approx(512.0)
+    rows = [json.loads(line) for line in _lines(tmp_path / "full")]
+    for r in rows:
+        assert r["kv"]["rows_final"] == r["prompt_tokens"] + r["n_tokens"] - 1  # full KV keeps every row
+        assert r["truncated"] == (r["n_tokens"] == 40)
+    assert json.loads((tmp_path / "full" / "summary.json").read_text())["method"] == "full"
+    again = _run_in_process(tmp_path / "full", cache_dir, *small)  # resumes: nothing left to generate
+    assert len(_lines(tmp_path / "full")) == 4 and again["pooled"]["accuracy"] == full["accuracy"]
+    # StreamingLLM holds at most budget_rows rows per head, so its KV/512 falls well below full KV's
+    stream = _run_in_process(
+        tmp_path / "stream", cache_dir, *small, "+method=streaming", "method.budget_rows=16"
+    )
+    assert stream["pooled"]["rows_peak_max"] <= 16 + 1 and stream["pooled"]["kv_per_512"] < 100
+    with pytest.raises(SystemExit, match="different settings"):
+        _run_in_process(tmp_path / "stream", cache_dir, *small, "+method=streaming", "method.budget_rows=32")
+    assert json.loads((tmp_path / "stream" / "config.json").read_text())["method"]["budget_rows"] == 16
+
+
+@pytest.mark.slow  # three model-loading processes: ~30 s on an idle 2-core machine, ~80 s when it is busy
+def test_sigkill_mid_run_then_resume(tmp_path, cache_dir):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled",
+           "ZOOMR_CACHE": cache_dir}  # fmt: skip
+    _run_in_process(tmp_path / "ref", cache_dir, *OVERRIDES)  # uninterrupted reference (what the CLI calls)
+    total = N_PROBLEMS * N_SAMPLES
+    assert len(_lines(tmp_path / "ref")) == total
+
+    cut = tmp_path / "cut"
+    proc = subprocess.Popen(
+        _cli(cut), cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 180
+    while len(_lines(cut)) < 3 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_at = len(_lines(cut))
+    assert 3 <= killed_at < total, (
+        f"the run was not killed mid-way ({killed_at} rows): {proc.stderr.read()[-2000:]}"
+    )
+
+    done = subprocess.run(_cli(cut), cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in _lines(cut)]
+    keys = [(r["problem_id"], r["sample"]) for r in rows]
+    assert len(keys) == total and len(set(keys)) == total
+    assert _metrics(cut) == _metrics(tmp_path / "ref")
+    assert "== eval aime25 | tiny-qwen2 | full ==" in done.stdout
+
+    # a third run has nothing left to do and changes nothing
+    again = subprocess.run(_cli(cut), cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and len(_lines(cut)) == total

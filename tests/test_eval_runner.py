@@ -1,0 +1,149 @@
+"""The evaluation loop with a stand-in generator: one row per key, resume after an interruption or a
+torn line, settings guard, and the comparison table (layout, paired Δ, mismatched problems)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from eval.benchmarks import Problem, load_source
+from eval.bootstrap import paired_bootstrap
+from eval.compare import CompareError, compare, load_run, main, table_rows
+from eval.generation import Generation
+from eval.grading import Grader
+from eval.metrics import compute_metrics, per_problem_accuracy
+from eval.results import RESULTS_FILE, ResultStore, check_fingerprint
+from eval.runner import evaluate
+
+PROBLEMS = [
+    Problem(id=f"t/{i:02d}", question=f"Q{i}", answer=str(i), competition=f"c{i % 2}") for i in range(6)
+]
+
+
+def fake_generate(prompts: list[str], seeds: list[int]) -> list[Generation]:
+    """Deterministic per (prompt, seed): right for about half of the samples."""
+    out = []
+    for prompt, seed in zip(prompts, seeds):
+        i = int(prompt[1:])
+        answer = i if seed % 2 else i + 1
+        ids = list(range(3 + seed % 5))
+        out.append(Generation(f"so \\boxed{{{answer}}}", ids, truncated=len(ids) == 7, prompt_tokens=4,
+                              kv={"rows_mean": 5.0 + seed % 3, "rows_peak": 9.0}))  # fmt: skip
+    return out
+
+
+def _evaluate(run_dir, generate=fake_generate, **kw):
+    with Grader(workers=1, math_verify=False) as grader:
+        return evaluate(PROBLEMS, generate, grader, ResultStore(run_dir), lambda p: p.question,
+                        benchmark="toy", n_samples=3, batch_size=4, seed=1234, progress=False, **kw)  # fmt: skip
+
+
+def _strip_times(rows):
+    return [{k: v for k, v in r.items() if k not in ("wall_seconds", "grade_seconds")} for r in rows]
+
+
+def test_rows_have_every_field(tmp_path):
+    rows = _evaluate(tmp_path)
+    assert len(rows) == 18 and len({(r["problem_id"], r["sample"]) for r in rows}) == 18
+    for key in ("benchmark", "problem_id", "sample", "text", "n_tokens", "truncated", "extracted", "correct",
+                "kv", "wall_seconds", "competition", "gold", "grade_method", "prompt_tokens"):  # fmt: skip
+        assert key in rows[0]
+    lines = (tmp_path / RESULTS_FILE).read_text().splitlines()
+    assert len(lines) == 18
+    m = compute_metrics(rows)
+    assert set(m["by_competition"]) == {"c0", "c1"}
+    assert 0 < m["pooled"]["accuracy"] < 1
+
+
+def test_interrupted_run_resumes_to_identical_rows(tmp_path):
+    full = _strip_times(_evaluate(tmp_path / "full"))
+    calls = 0
+
+    def dying(prompts, seeds):
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise KeyboardInterrupt  # the run dies in its third batch
+        return fake_generate(prompts, seeds)
+
+    with pytest.raises(KeyboardInterrupt):
+        _evaluate(tmp_path / "cut", dying)
+    path = tmp_path / "cut" / RESULTS_FILE
+    assert len(path.read_text().splitlines()) == 8
+    with open(path, "a") as f:  # a write torn by a kill
+        f.write('{"problem_id": "t/05", "sam')
+    store = ResultStore(tmp_path / "cut")
+    assert len(store.load()) == 8 and store.torn == 1
+    resumed = _strip_times(_evaluate(tmp_path / "cut"))
+    assert resumed == full
+    lines = path.read_text().splitlines()
+    assert len(lines) == 18 and all(json.loads(line) for line in lines)
+    assert compute_metrics(resumed) == compute_metrics(full)
+
+
+def test_settings_guard(tmp_path):
+    check_fingerprint(tmp_path, {"generation": {"temperature": 0.6}})
+    check_fingerprint(tmp_path, {"generation": {"temperature": 0.6}})
+    with pytest.raises(SystemExit, match="generation.temperature: was 0.6, now 0.0"):
+        check_fingerprint(tmp_path, {"generation": {"temperature": 0.0}})
+
+
+def _fake_run(run_dir, run_name, correct_rate, limit=6, samples=2, seed=0):
+    """A run directory as `python -m eval` leaves it, on the first `limit` AIME 2025 problems."""
+    run_dir.mkdir(parents=True)
+    config = {
+        "run_name": run_name,
+        "model": {"name": "tiny"},
+        "benchmark": {"name": "aime25", "sources": ["aime_2025"], "problem_limit": limit},
+        "generation": {"n_samples": samples},
+    }
+    (run_dir / "config.json").write_text(json.dumps(config))
+    rng = np.random.default_rng(seed)
+    store = ResultStore(run_dir, fsync=False)
+    for p in load_source("aime_2025", "eval/data/benchmarks")[:limit]:
+        for s in range(samples):
+            n = int(rng.integers(10, 100))
+            store.append({"problem_id": p.id, "sample": s, "competition": p.competition,
+                          "correct": bool(rng.random() < correct_rate), "truncated": n > 90, "n_tokens": n,
+                          "kv": {"kv_per_512": 512.0 * correct_rate}, "grade_method": "exact"})  # fmt: skip
+    return run_dir
+
+
+def test_compare_table(tmp_path, capsys):
+    ref = load_run(_fake_run(tmp_path / "a", "full", 0.6, seed=1))
+    arm = load_run(_fake_run(tmp_path / "b", "abridge", 0.4, seed=2))
+    result = compare([ref, arm], n_resamples=2000, seed=1234)
+    d = result["arms"]["tiny/abridge"]["aime25"]["delta"]
+    ids = [r["problem_id"] for r in ref.rows[::2]]
+    a, b = per_problem_accuracy(arm.rows), per_problem_accuracy(ref.rows)
+    ci = paired_bootstrap(np.array([a[i] for i in ids]), np.array([b[i] for i in ids]), seed=1234)
+    assert (d["delta"], d["low"], d["high"]) == (ci.delta, ci.low, ci.high)
+    header, rows = table_rows(result)
+    assert header[:4] == ["Arm", "KV/512", "Mean KV (MiB)", "aime25 avg@k"] and header[-2].startswith(
+        "Trunc."
+    )
+    assert rows[0][0] == "tiny/full" and rows[0][4] == "ref" and rows[0][1] == "307" and rows[0][2] == "—"
+    assert re.fullmatch(r"[+-]\d+\.\d \[[+-]\d+\.\d, [+-]\d+\.\d\]", rows[1][4])
+    assert main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "cmp")]) == 0
+    assert {p.name for p in (tmp_path / "cmp").iterdir()} == {"table.md", "table.csv", "table.json"}
+    assert "tiny/abridge" in capsys.readouterr().out
+
+
+def test_compare_refuses_different_problems(tmp_path, capsys):
+    _fake_run(tmp_path / "a", "full", 0.5)
+    _fake_run(tmp_path / "b", "other", 0.5, limit=4)
+    with pytest.raises(CompareError, match="cover different problems"):
+        compare([load_run(tmp_path / "a"), load_run(tmp_path / "b")])
+    assert main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "cmp")]) == 2
+    assert "only in the first: ['aime_2025/I-05', 'aime_2025/I-06']" in capsys.readouterr().err
+
+
+def test_compare_refuses_incomplete_runs(tmp_path):
+    run = _fake_run(tmp_path / "a", "full", 0.5)
+    lines = (run / RESULTS_FILE).read_text().splitlines()
+    (run / RESULTS_FILE).write_text("\n".join(lines[:-1]) + "\n")
+    with pytest.raises(CompareError, match="incomplete run, 11 of 12"):
+        load_run(run)

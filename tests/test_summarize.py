@@ -1,0 +1,231 @@
+"""Summary augmentation against real HTTP servers on loopback: a fault-injecting FastAPI server (fast)
+and ``transformers serve`` with the tiny model (tests/test_summarize_serve.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from data_prep.fake_llm_server import FakeServer, FaultPlan, fake_summary
+from data_prep.llm_client import ChatClient, EndpointSettings, FatalRequestError, RequestFailed
+from data_prep.summarize import (
+    SummarizeSettings,
+    clean_summary,
+    plan_rows,
+    summarize_traces,
+    summary_messages,
+    summary_validator,
+)
+from data_prep.traces import TraceRow, load_trace_rows
+from zoomr import tokens
+from zoomr.segments import split_paragraphs, split_thought
+
+TRACES = "data_prep/data/traces/sky-t1-math-correct-5k-32b-ckpt140_aime24.jsonl"
+B, E = tokens.BEGIN_SUMMARY, tokens.END_SUMMARY
+
+
+def small_rows() -> list[TraceRow]:
+    """Three short real traces (closed thoughts) plus messy rows: truncated, no thought, empty thought."""
+    rows, _ = load_trace_rows(source="local", path=TRACES, format="skythought_eval")
+    closed = sorted((r for r in rows if split_thought(r.response).closed), key=lambda r: len(r.response))[:3]
+    truncated = next(r for r in rows if not split_thought(r.response).closed)
+    messy = [
+        truncated,
+        TraceRow(id="nothought", question="q?", response="just an answer"),
+        TraceRow(id="empty", question="q?", response=f"{tokens.BEGIN_THOUGHT}\n\n  \n{tokens.END_THOUGHT} x"),
+    ]
+    return closed + messy
+
+
+def settings(url: str, concurrency: int = 4, **kw) -> SummarizeSettings:
+    endpoint = EndpointSettings(
+        base_url=url,
+        model="fake-70b",
+        api_key_env="ZOOMR_TEST_KEY",
+        concurrency=concurrency,
+        timeout_s=kw.pop("timeout_s", 2.0),
+        max_retries=kw.pop("max_retries", 40),
+        backoff_base_s=0.001,
+        backoff_max_s=0.01,
+        max_tokens=32,
+    )
+    return SummarizeSettings(
+        endpoint=endpoint, min_paragraph_chars=kw.pop("min_chars", 300), progress=False, **kw
+    )
+
+
+def run_pipeline(tmp: Path, url: str, rows=None, **kw) -> tuple[dict, str]:
+    stats = summarize_traces(rows or small_rows(), settings(url, **kw), tmp)
+    return stats, (tmp / "summarized.jsonl").read_text()
+
+
+def test_clean_run_inserts_a_summary_after_every_paragraph(tmp_path):
+    rows = small_rows()
+    with FakeServer() as server:
+        stats, text = run_pipeline(tmp_path, server.base_url, rows=rows)
+    records = [json.loads(line) for line in text.splitlines()]
+    assert stats["rows_in"] == 6 and stats["rows_written"] == 3
+    assert stats["rows_skipped"] == {"truncated_thought": 1, "no_thought": 1, "empty_thought": 1}
+    assert stats["summaries_failed"] == 0 and stats["summaries_new"] == stats["unique_paragraphs"]
+    for rec, row in zip(records, rows[:3]):
+        assert rec["conversations"][0] == {"from": "user", "value": row.question}
+        out = rec["conversations"][1]["value"]
+        paras = split_paragraphs(split_thought(row.response).thought, 300)
+        assert out.count(B) == out.count(E) == len(paras) == len(rec["summaries"])
+        for p in paras:  # each paragraph is followed by its own summary
+            assert f"{p.text}\n\n{B}{fake_summary(p.text)}{E}" in out
+        # removing the summary blocks gives back the original response exactly
+        stripped = out
+        for s in rec["summaries"]:
+            stripped = stripped.replace(f"\n\n{B}{s}{E}", "", 1)
+        assert stripped == row.response
+    assert stats["compression_ratio"] > 1 and stats["response_growth"] > 1
+    assert (tmp_path / "dataset" / "dataset_info.json").exists()
+    # the output loads back through the SFT loader (Bespoke schema), from JSONL and from the HF dataset dir
+    for path in (tmp_path / "summarized.jsonl", tmp_path / "dataset"):
+        loaded, report = load_trace_rows(source="local", path=str(path), format="bespoke")
+        assert [r.response for r in loaded] == [r["conversations"][1]["value"] for r in records]
+
+
+def test_faulty_server_gives_the_same_output_as_a_clean_one(tmp_path):
+    monkey_key = "sk-test-SECRET-123"
+    os.environ["ZOOMR_TEST_KEY"] = monkey_key
+    try:
+        with FakeServer(FaultPlan(expected_key=monkey_key)) as clean:
+            clean_stats, clean_text = run_pipeline(tmp_path / "clean", clean.base_url, min_chars=100)
+        plan = FaultPlan(
+            error_rate=0.2, slow_rate=0.1, garbage_rate=0.1, empty_rate=0.08, special_rate=0.08,
+            slow_s=0.6, seed=7, expected_key=monkey_key,
+        )  # fmt: skip
+        with FakeServer(plan) as faulty:
+            stats, text = run_pipeline(
+                tmp_path / "faulty", faulty.base_url, concurrency=8, timeout_s=0.3, min_chars=100
+            )
+            log = faulty.log
+    finally:
+        del os.environ["ZOOMR_TEST_KEY"]
+    assert text == clean_text
+    assert stats["summaries_failed"] == 0
+    for outcome in ("error", "slow", "garbage", "empty", "special"):
+        assert log.by_outcome.get(outcome, 0) > 0, outcome
+    attempts = stats["attempts"]
+    assert (
+        attempts["timeout"] > 0
+        and attempts["bad_json"] > 0
+        and attempts["http_429"] + attempts["http_500"] > 0
+    )
+    assert attempts["rejected:empty"] > 0 and attempts["rejected:special_token"] > 0
+    # the key was sent on every request, and appears in no output file
+    assert set(log.auth_headers) == {f"Bearer {monkey_key}"}
+    for f in (tmp_path / "faulty").rglob("*"):
+        if f.is_file():
+            assert monkey_key.encode() not in f.read_bytes(), f
+
+
+def test_rerun_asks_only_for_what_is_missing(tmp_path):
+    rows = small_rows()
+    with FakeServer() as server:
+        first, text1 = run_pipeline(tmp_path, server.base_url, rows=rows[:2])
+        n1 = server.log.requests
+        second, text2 = run_pipeline(tmp_path, server.base_url, rows=rows)
+        n2 = server.log.requests - n1
+        third, _ = run_pipeline(tmp_path, server.base_url, rows=rows)
+    assert first["summaries_requested"] == n1 > 0
+    assert second["summaries_cached"] == first["unique_paragraphs"]
+    assert n2 == second["summaries_requested"] == second["unique_paragraphs"] - first["unique_paragraphs"]
+    assert third["summaries_requested"] == 0 and server.log.requests == n1 + n2
+    assert text2.startswith(text1)
+
+
+def test_killed_run_loses_nothing(tmp_path):
+    """SIGKILL a pipeline process mid-run; the rerun requests exactly the summaries not yet stored."""
+    rows = small_rows()
+    plan = FaultPlan(latency_s=0.05)
+    with FakeServer(plan) as server:
+        script = textwrap.dedent(
+            f"""
+            import sys; sys.path.insert(0, {str(Path.cwd())!r})
+            from tests.test_summarize import settings, small_rows
+            from data_prep.summarize import summarize_traces
+            summarize_traces(small_rows(), settings({server.base_url!r}, concurrency=2), {str(tmp_path)!r})
+            """
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(Path.cwd())}
+        )
+        db = tmp_path / "store.sqlite"
+        deadline = time.time() + 60
+        stored = 0
+        while time.time() < deadline and proc.poll() is None:
+            if db.exists():
+                try:
+                    stored = sqlite3.connect(str(db)).execute("SELECT COUNT(*) FROM summaries").fetchone()[0]
+                except sqlite3.OperationalError:
+                    stored = 0
+                if stored >= 5:
+                    break
+            time.sleep(0.02)
+        assert proc.poll() is None, "pipeline finished before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        stored = sqlite3.connect(str(db)).execute("SELECT COUNT(*) FROM summaries").fetchone()[0]
+        before = server.log.requests
+        stats, text = run_pipeline(tmp_path, server.base_url, rows=rows)
+        asked = server.log.requests - before
+    assert stored >= 5
+    assert stats["summaries_cached"] == stored
+    assert asked == stats["summaries_requested"] == stats["unique_paragraphs"] - stored
+    with FakeServer() as clean:
+        _, clean_text = run_pipeline(tmp_path / "clean", clean.base_url, rows=rows)
+    assert text == clean_text
+
+
+def test_fatal_http_errors_stop_at_once(tmp_path):
+    os.environ.pop("ZOOMR_TEST_KEY", None)
+    with (
+        FakeServer(FaultPlan(expected_key="right-key")) as server,
+        pytest.raises(FatalRequestError, match="401"),
+    ):
+        run_pipeline(tmp_path, server.base_url)
+    assert server.log.requests <= 4  # at most one per worker, no retries
+
+
+async def _complete(url: str, **kw):
+    s = EndpointSettings(base_url=url, model="m", api_key_env=None, backoff_base_s=0.001, **kw)
+    async with ChatClient(s) as c:
+        return await c.complete(summary_messages("P", "para"), summary_validator(True)), c.stats
+
+
+def test_client_gives_up_after_max_retries():
+    import asyncio
+
+    with FakeServer(FaultPlan(error_rate=1.0)) as server, pytest.raises(RequestFailed, match="3 attempts"):
+        asyncio.run(_complete(server.base_url, max_retries=2))
+    assert server.log.requests == 3
+
+
+def test_validation_and_cleaning():
+    v = summary_validator(reject_truncated=True)
+    assert v("", "stop") == "empty" and v("Summary:  ", "stop") == "empty"
+    assert v("x <|eot_id|>", "stop") == "special_token" and v(f"a {B} b", "stop") == "special_token"
+    assert v("fine", "length") == "truncated" and summary_validator(False)("fine", "length") is None
+    assert clean_summary("  **Summary:** We find\n x = 3. ") == "We find x = 3."
+    with pytest.raises(ValueError):
+        EndpointSettings(base_url="localhost:8000")
+
+
+def test_plan_counts_messy_rows():
+    rows = small_rows()
+    planned, skipped = plan_rows(rows, SummarizeSettings(keep_truncated=True))
+    assert len(planned) == 4 and skipped == {"no_thought": 1, "empty_thought": 1}
+    already = TraceRow(id="x", question="q", response=f"{tokens.BEGIN_THOUGHT}a{B}s{E}{tokens.END_THOUGHT}")
+    assert plan_rows([already], SummarizeSettings())[1] == {"already_summarized": 1}

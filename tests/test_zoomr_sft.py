@@ -1,0 +1,83 @@
+"""``python -m train +method=zoomr_sft`` on summary-augmented traces: LoRA + exactly the delimiter rows train."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from data_prep.fake_llm_server import FakeServer
+from data_prep.summarize import summarize_traces
+from tests.test_summarize import settings, small_rows
+from zoomr import tokens
+
+
+@pytest.fixture(scope="module")
+def summarized(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("summaries")
+    with FakeServer() as server:
+        summarize_traces(small_rows(), settings(server.base_url, min_chars=300), out)
+    return out / "summarized.jsonl"
+
+
+def train(run_dir: Path, data: Path, *overrides: str) -> dict:
+    cmd = [
+        sys.executable, "-m", "train", "+method=zoomr_sft", "data=zoomr_summaries", f"data.path={data}",
+        "method.max_length=384", "method.per_device_batch_size=2", "method.gradient_accumulation_steps=1",
+        "method.logging_steps=1", "method.learning_rate=2e-2", "method.warmup_ratio=0.0",
+        *overrides, f"hydra.run.dir={run_dir}",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "SFT finished" in proc.stdout
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def merged_weights(base_dir: str, adapter_dir: str):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(base_dir)
+    before = (base.get_input_embeddings().weight.clone(), base.get_output_embeddings().weight.clone())
+    merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
+    return before, (merged.get_input_embeddings().weight, merged.get_output_embeddings().weight)
+
+
+def changed_rows(a: torch.Tensor, b: torch.Tensor) -> set[int]:
+    return set(torch.nonzero((a != b).any(dim=1)).flatten().tolist())
+
+
+@pytest.mark.parametrize(
+    "tied", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["tied", "untied+resume"]
+)
+def test_exactly_the_delimiter_rows_train(tmp_path, summarized, tied, cache_dir):
+    from tests.conftest import tiny_spec
+    from zoomr.models import build_tiny
+
+    extra = [] if tied else ["+model.tiny.tie_word_embeddings=false"]
+    summary = train(tmp_path / "run", summarized, "method.max_steps=2", "method.save_steps=2", *extra)
+    ids = [summary["trainable_tokens"][t] for t in tokens.SUMMARY_TAGS]
+    assert summary["trainable_rows"] == ({"embed_tokens": 2} if tied else {"embed_tokens": 2, "lm_head": 2})
+    assert summary["steps"] == 2 and summary["mode"].startswith("LoRA")
+    spec = tiny_spec("qwen2", **({} if tied else {"tie_word_embeddings": False}))
+    (emb0, head0), (emb1, head1) = merged_weights(str(build_tiny(spec, cache_dir)), summary["checkpoint"])
+    assert changed_rows(emb0, emb1) == set(ids)
+    assert changed_rows(head0, head1) == set(ids)
+    if not tied:  # resume continues from the checkpoint with the trainable rows restored
+        again = train(tmp_path / "run", summarized, "method.max_steps=3", "method.save_steps=2", *extra)
+        assert again["resumed_from"].endswith("checkpoint-2") and again["steps"] == 3
+
+
+def test_refuses_data_without_summaries(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", "+method=zoomr_sft", "data=traces", f"hydra.run.dir={tmp_path}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "has no <|begin_of_summary|>" in proc.stderr + proc.stdout

@@ -1,0 +1,116 @@
+"""Per-layer quota allocation (``python -m train +method=abridge_allocate``; AbridgeKV §3 steps 1-3, §5.1).
+
+Loads a model trained with a uniform quota q, halves one layer's quota at a time at evaluation time
+(no retraining), records the held-out CE increase per layer, and writes a three-level schedule: the
+costliest sixth of the layers 2q, the cheapest third q/2, the rest q (mean preserved), plus a bar plot
+of the per-layer costs. Train on it with ``python -m train +method=abridge method.schedule=<file>``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from train.abridge import load_streams
+from zoomr.abridge.artifacts import load_abridge_config
+from zoomr.abridge.forward import heldout_ce
+from zoomr.abridge.quotas import halve_layer, save_schedule, three_level_schedule
+from zoomr.entry import model_spec, start_run, to_plain
+from zoomr.models import ModelSpec, load_model, load_tokenizer
+from zoomr.paths import resolve_repo_path
+from zoomr.schemas import to_dataclass
+from zoomr.schemas.abridge import AbridgeAllocateMethod
+
+log = logging.getLogger(__name__)
+
+
+def layer_costs(model, streams, quotas: list[int], pad_id: int, batch_size: int, backend: str):
+    """(base held-out CE, per-layer CE increase when that layer's quota alone is halved)."""
+    base = heldout_ce(model, streams, quotas, pad_id, batch_size, backend)
+    costs = [
+        heldout_ce(model, streams, halve_layer(quotas, layer), pad_id, batch_size, backend) - base
+        for layer in tqdm(range(len(quotas)), desc="halving each layer's quota")
+    ]
+    return base, costs
+
+
+def plot_costs(path: Path, costs: list[float], schedule: list[int], base: int) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {2 * base: "tab:red", base: "tab:gray", base // 2: "tab:blue"}
+    fig, ax = plt.subplots(figsize=(max(5, 0.35 * len(costs) + 2), 3.2))
+    ax.bar(range(len(costs)), costs, color=[colors.get(q, "black") for q in schedule])
+    ax.set_xlabel("layer")
+    ax.set_ylabel(f"held-out CE increase\n(quota {base} → {base // 2})")
+    ax.set_title(f"AbridgeKV layer costs\nred: {2 * base} rows, gray: {base}, blue: {base // 2}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def run(cfg) -> dict[str, Any]:
+    m: AbridgeAllocateMethod = to_dataclass(AbridgeAllocateMethod, cfg.method)
+    run_dir, logger = start_run(cfg, job_type="allocate")
+    ckpt = resolve_repo_path(m.checkpoint)
+    layout, quotas, info = load_abridge_config(ckpt)
+    if len(set(quotas)) != 1:
+        raise SystemExit(
+            f"{ckpt} was trained with a non-uniform schedule {quotas}: allocate from a uniform model"
+        )
+    spec = model_spec(cfg)
+    trained = ModelSpec(name=f"{spec.name}-abridge", arch=spec.arch, hf_id=str(ckpt), dtype=spec.dtype)
+    device = torch.device("cuda" if torch.cuda.is_available() and cfg.device != "cpu" else "cpu")
+    model, tokenizer = (
+        load_model(trained, cfg.cache_dir, device=device),
+        load_tokenizer(trained, cfg.cache_dir),
+    )
+    n_heldout = m.heldout_examples if m.heldout_examples is not None else int(info["heldout_examples"])
+    streams = load_streams(
+        to_plain(cfg.data),
+        tokenizer,
+        layout,
+        info["max_prompt_tokens"],
+        info["max_response_tokens"],
+        n_heldout,
+    ).streams[:n_heldout]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    base_ce, costs = layer_costs(model, streams, quotas, pad_id, m.batch_size, m.mask_backend)
+    schedule = three_level_schedule(costs, quotas[0], layout.num_pause)
+    out = save_schedule(
+        run_dir / "schedule.json",
+        schedule,
+        costs=costs,
+        base_quota=quotas[0],
+        base_heldout_ce=base_ce,
+        checkpoint=str(ckpt),
+        heldout_examples=n_heldout,
+    )
+    plot = plot_costs(run_dir / "layer_costs.png", costs, schedule, quotas[0])
+    logger.table(
+        "layer_costs",
+        ["layer", "ce_increase", "quota"],
+        [[i, c, q] for i, (c, q) in enumerate(zip(costs, schedule))],
+    )
+    logger.image("layer_costs", plot)
+    from train.report import write_summary
+
+    summary = {
+        "checkpoint": str(ckpt),
+        "heldout": f"{n_heldout} examples, base CE {base_ce:.4f} at uniform quota {quotas[0]}",
+        **{f"layer_{i}": f"{c:+.5f} nats -> quota {q}" for i, (c, q) in enumerate(zip(costs, schedule))},
+        "schedule": f"{schedule} (mean {sum(schedule) / len(schedule):g})",
+        "schedule_file": str(out),
+        "plot": str(plot),
+        "next": f"python -m train +method=abridge method.schedule={out}",
+    }
+    write_summary(run_dir, summary, f"AbridgeKV allocation: {cfg.run_name}")
+    logger.finish()
+    return summary

@@ -1,0 +1,37 @@
+"""``abridge.json`` next to a trained checkpoint: the layout and quotas it was trained with.
+
+Allocation, serving and evaluation read it, so a checkpoint is never run with a layout it was not
+trained for.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from zoomr.abridge.layout import AbridgeLayout
+from zoomr.paths import resolve_repo_path
+
+FILENAME = "abridge.json"
+
+
+def save_abridge_config(directory: str | Path, layout: AbridgeLayout, quotas: list[int], **info: Any) -> Path:
+    p = Path(directory) / FILENAME
+    p.write_text(json.dumps({"layout": asdict(layout), "quotas": list(quotas), **info}, indent=2))
+    return p
+
+
+def load_abridge_config(directory: str | Path) -> tuple[AbridgeLayout, list[int], dict[str, Any]]:
+    """(layout, quotas, other info) of a checkpoint trained by ``+method=abridge``."""
+    d = resolve_repo_path(directory)
+    p = d / FILENAME
+    if not p.exists():
+        raise FileNotFoundError(
+            f"{p} not found: {directory} is not an AbridgeKV checkpoint (train one with `python -m train +method=abridge`)"
+        )
+    data = json.loads(p.read_text())
+    layout = AbridgeLayout(**data.pop("layout"))
+    quotas = [int(q) for q in data.pop("quotas")]
+    return layout, quotas, data

@@ -1,0 +1,94 @@
+"""Examples for the block-masked trainer: prompt/response token ids → interleaved streams → padded batches.
+
+Accepts any ``data.loader``'s dataset with either chat ``messages`` (the last message is the assistant
+response; everything before it, rendered with the chat template and the generation prompt, is the
+prompt) or ``prompt`` / ``completion`` text columns.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from zoomr.abridge.layout import IGNORE, PAD, AbridgeLayout, Stream, interleave, pause_token_ids
+from zoomr.abridge.mask import TokenMeta
+from zoomr.tokens import IM_END
+
+
+def prompt_response_ids(example: dict[str, Any], tokenizer) -> tuple[list[int], list[int]]:
+    """Token ids of the prompt (chat template + generation prompt) and of the response (+ end of turn)."""
+    if "messages" in example:
+        msgs = example["messages"]
+        if not msgs or msgs[-1]["role"] != "assistant":
+            raise ValueError("chat example must end with an assistant message")
+        prompt = tokenizer.apply_chat_template(msgs[:-1], add_generation_prompt=True, tokenize=False)
+        response = msgs[-1]["content"] + IM_END
+    elif "prompt" in example and "completion" in example:
+        prompt, response = example["prompt"], example["completion"]
+    else:
+        raise ValueError(f"example needs 'messages' or 'prompt'+'completion', has {sorted(example)}")
+    enc = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    return list(enc), list(tokenizer(response, add_special_tokens=False)["input_ids"])
+
+
+@dataclass
+class StreamSet:
+    """Streams built from a dataset plus what was dropped and why."""
+
+    streams: list[Stream]
+    skipped: Counter = field(default_factory=Counter)
+    truncated: int = 0
+
+    def describe(self) -> str:
+        skip = ", ".join(f"{k}: {v}" for k, v in sorted(self.skipped.items())) or "none"
+        return f"{len(self.streams)} streams ({self.truncated} responses truncated; skipped {skip})"
+
+
+def build_streams(
+    examples: Iterable[dict[str, Any]],
+    tokenizer,
+    layout: AbridgeLayout,
+    max_prompt_tokens: int,
+    max_response_tokens: int,
+) -> StreamSet:
+    """Tokenise, truncate responses to ``max_response_tokens``, skip over-long prompts, interleave."""
+    pauses = pause_token_ids(tokenizer, layout.num_pause)
+    out = StreamSet([])
+    for ex in examples:
+        prompt, response = prompt_response_ids(ex, tokenizer)
+        if len(prompt) > max_prompt_tokens:
+            out.skipped["prompt_too_long"] += 1
+            continue
+        if not response:
+            out.skipped["empty_response"] += 1
+            continue
+        if len(response) > max_response_tokens:
+            response = response[:max_response_tokens]
+            out.truncated += 1
+        out.streams.append(interleave(prompt, response, layout, pauses))
+    return out
+
+
+def collate(streams: Sequence[Stream], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad to the longest stream: ``input_ids, position_ids, labels, kind, block, slot``."""
+    length = max(len(s) for s in streams)
+
+    def pad(rows: list[list[int]], value: int) -> torch.Tensor:
+        return torch.tensor([r + [value] * (length - len(r)) for r in rows], dtype=torch.long)
+
+    return {
+        "input_ids": pad([s.input_ids for s in streams], pad_id),
+        "position_ids": pad([s.position_ids for s in streams], 0),
+        "labels": pad([s.labels for s in streams], IGNORE),
+        "kind": pad([s.kind for s in streams], PAD),
+        "block": pad([s.block for s in streams], -1),
+        "slot": pad([s.slot for s in streams], -1),
+    }
+
+
+def batch_meta(batch: dict[str, torch.Tensor]) -> TokenMeta:
+    return TokenMeta(batch["kind"], batch["block"], batch["slot"])

@@ -1,0 +1,140 @@
+"""AbridgeKV serving policy (AbridgeKV §3, appendix E "serving"): learned code rows replace each block.
+
+When a sequence's C-th token of a block has been sampled, the policy asks the engine (``forced_inputs``)
+to feed ``[that token, <|pause_0|> … <|pause_{K-1}|>]`` in the next forward — alongside other sequences'
+ordinary decode tokens — at the code-row positions of :mod:`zoomr.abridge.layout`, and to sample the next
+token from the last pause token's output. After that forward's attention at layer ℓ (the pause tokens saw
+the block's raw rows), the layer keeps the first q_ℓ pause rows as the block's code rows and frees the
+block's C raw rows and the other pause rows: physically, layer by layer, each layer's store holding only
+its own quota (no padding to the largest). The prompt and the open block stay raw.
+
+Which rows stay is read off each row's feed index with :func:`zoomr.abridge.layout.roles_from_order` —
+the same stream the trainer's block mask is built from — so trainer and server compute one function.
+
+Layout and quotas: explicit ``layout=`` / ``quotas=`` arguments win; else, when the model was loaded from
+an AbridgeKV checkpoint (``abridge.json`` next to its weights) and ``layout_from_checkpoint`` is set, the
+checkpoint's; else the config's (``block_size``, ``num_pause``, ``code_positions``, ``quota``/``schedule``).
+Runs with :func:`zoomr.engine.generate` (stock ``model.generate`` has no forced-token hook).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from zoomr.abridge.artifacts import FILENAME, load_abridge_config
+from zoomr.abridge.layout import (
+    PAUSE,
+    PROMPT,
+    RAW,
+    AbridgeLayout,
+    block_start,
+    pause_token_ids,
+    roles_from_order,
+)
+from zoomr.abridge.quotas import check_quotas, resolve_quotas
+from zoomr.cache.base import ForcedInput, PolicyCache, PolicyLayer
+from zoomr.cache.registry import register_policy
+from zoomr.schemas.abridge import AbridgeMethod
+
+log = logging.getLogger(__name__)
+
+
+def abridge_keep(
+    order: torch.Tensor,
+    prompt_len: torch.Tensor,
+    fed: torch.Tensor,
+    layout: AbridgeLayout,
+    quota: int,
+) -> torch.Tensor:
+    """``[B, H, N]`` rows to keep at a layer of quota ``quota``, given ``fed [B]`` stream tokens fed so far:
+    the prompt, raw rows of blocks whose pause tokens have not run yet, and code slots ``< quota``."""
+    kind, block, slot = roles_from_order(order, prompt_len, layout)
+    period = layout.block_size + layout.num_pause
+    compressed = torch.div(fed - prompt_len, period, rounding_mode="floor").to(order.device)  # blocks done
+    open_raw = (kind == RAW) & (block >= compressed[:, None, None])
+    return (kind == PROMPT) | open_raw | ((kind == PAUSE) & (slot < quota))
+
+
+def checkpoint_layout(model_config) -> tuple[AbridgeLayout, list[int]] | None:
+    path = getattr(model_config, "_name_or_path", None)
+    if path and (Path(path) / FILENAME).exists():
+        layout, quotas, _ = load_abridge_config(path)
+        return layout, quotas
+    return None
+
+
+@register_policy("abridge", config=AbridgeMethod)
+class AbridgeCache(PolicyCache):
+    def __init__(
+        self,
+        config: AbridgeMethod,
+        model_config,
+        tokenizer=None,
+        layout: AbridgeLayout | None = None,
+        quotas: list[int] | None = None,
+    ) -> None:
+        super().__init__(config, model_config, tokenizer)
+        saved = checkpoint_layout(self.model_config) if config.layout_from_checkpoint else None
+        if layout is None:
+            layout = (
+                saved[0]
+                if saved
+                else AbridgeLayout(config.block_size, config.num_pause, config.code_positions)
+            )
+        if quotas is None:
+            quotas = (
+                saved[1]
+                if saved
+                else resolve_quotas(self.num_layers, layout.num_pause, config.quota, config.schedule)
+            )
+        self.layout = layout
+        self.quotas = check_quotas(quotas, self.num_layers, layout.num_pause)
+        if tokenizer is None:
+            raise ValueError("the abridge policy needs the tokenizer (its pause token ids)")
+        self.pause_ids = pause_token_ids(tokenizer, layout.num_pause)
+        self.prompt_len: torch.Tensor | None = None  # [B] stream tokens of the prompt
+        self.generated: torch.Tensor | None = None  # [B] response tokens sampled so far
+        self.compacting = False  # this forward carries some sequence's pause tokens
+        if saved:
+            log.info("abridge: layout %s and quotas %s from the checkpoint", layout, self.quotas)
+
+    def forced_inputs(self, sampled: list[int | None]) -> dict[int, ForcedInput]:
+        if self.prompt_len is None:  # first call: the prefill has just ended
+            self.prompt_len = self.fed.clone()
+            self.generated = torch.zeros_like(self.fed)
+        forced = {}
+        C = self.layout.block_size
+        for b, tok in enumerate(sampled):
+            if tok is None:
+                continue
+            self.generated[b] += 1
+            n = int(self.generated[b])
+            if n % C == 0:  # block n/C - 1 is complete: write its code rows in the next forward
+                start = block_start(self.layout, int(self.prompt_len[b]), n // C - 1)
+                forced[b] = ForcedInput(
+                    list(self.pause_ids), positions=self.layout.pause_positions(start), sample_from_last=True
+                )
+        self.compacting = bool(forced)
+        return forced
+
+    def after_attention(self, layer: PolicyLayer) -> None:
+        if not self.compacting or self.step is None or self.step.is_prefill:
+            return
+        store = layer.store
+        with self.selecting():
+            flat, valid = store.flat_index()
+            order = store.order.view(-1)[flat].where(valid, torch.full_like(flat, -1))
+            keep = abridge_keep(order, self.prompt_len, self.fed, self.layout, self.quotas[layer.idx])
+            self.evict(layer.idx, keep & valid)
+
+    def on_step_end(self, step) -> None:
+        if not step.is_prefill:
+            self.compacting = False
+
+    def on_select_batch(self, index: torch.Tensor) -> None:
+        if self.prompt_len is not None:
+            self.prompt_len = self.prompt_len[index.to(self.prompt_len.device)]
+            self.generated = self.generated[index.to(self.generated.device)]

@@ -1,0 +1,61 @@
+"""H2O: heavy-hitter oracle (Zhang et al., NeurIPS 2023, §4; FMInference/H2O ``utils_real_drop/modify_llama.py``).
+
+Every cached row accumulates the post-softmax attention it receives from every query — prefill queries
+included — summed over the query heads of its GQA group. After each layer's attention, when a (sequence,
+KV head) holds more than ``budget_rows`` rows, keep the ``recent`` newest rows plus the ``budget - recent``
+rows with the highest accumulated score among the older ones; evicted rows never return. As in the
+reference, the current step's attention is added before selecting, so the new token is scored too.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from zoomr.cache.base import PolicyCache, PolicyLayer
+from zoomr.cache.registry import register_policy
+from zoomr.schemas.cache import H2OConfig
+
+
+def heavy_recent_keep(scores: torch.Tensor, n: torch.Tensor, heavy: int, recent: int) -> torch.Tensor:
+    """``[B, H, N]`` bool: the last ``recent`` rows and the top-``heavy`` older rows by ``scores`` per (b, h).
+
+    A (b, h) holding at most ``heavy + recent`` rows keeps all of them.
+    """
+    N = scores.shape[-1]
+    j = torch.arange(N, device=scores.device)[None, None, :]
+    held = j < n[:, :, None]
+    is_recent = held & (j >= n[:, :, None] - recent)
+    keep = is_recent.clone()
+    if heavy > 0:
+        candidates = scores.float().masked_fill(~held | is_recent, float("-inf"))
+        top = torch.topk(candidates, min(heavy, N), dim=-1).indices
+        chosen = torch.zeros_like(keep).scatter_(-1, top, True) & held & ~is_recent
+        keep |= chosen
+    return torch.where((n <= heavy + recent)[:, :, None], held, keep)
+
+
+def group_sum(weights: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """Attention ``[B, H_q, S, N]`` -> received per KV head ``[B, H_kv, N]`` (sum over queries and the group)."""
+    B, Hq, S, N = weights.shape
+    return weights.view(B, kv_heads, Hq // kv_heads, S, N).sum(dim=(2, 3))
+
+
+@register_policy("h2o", config=H2OConfig)
+class H2OCache(PolicyCache):
+    row_attrs = ("score",)
+
+    def wants_attention_weights(self, layer: PolicyLayer) -> bool:
+        return True
+
+    def on_attention(self, layer: PolicyLayer, weights: torch.Tensor) -> None:
+        with self.selecting():
+            layer.store.add_to_attr("score", group_sum(weights, self.kv_heads))
+
+    def after_attention(self, layer: PolicyLayer) -> None:
+        store = layer.store
+        if int(store.n.max()) <= self.config.budget_rows:
+            return
+        with self.selecting():
+            recent = self.config.recent
+            keep = heavy_recent_keep(store.attr("score"), store.n, self.config.budget_rows - recent, recent)
+            self.evict(layer.idx, keep)
