@@ -116,7 +116,9 @@ class KVzapCache(PolicyCache):
 def compression_of(output, kv_heads: int) -> dict[str, Any]:
     """Fraction of KV pairs removed for one engine output: overall, per layer, and right after prefill."""
     rows = output.stats.rows  # [T, L, H]
-    fed = output.prompt_tokens + output.n_forced + max(output.n_tokens - 1, 0)  # the last sample is not fed
+    # tokens fed by the last recorded step: the prompt, then one sampled token per decode step (the last
+    # sampled token is never fed); forced tokens (none for KVzap) counted as a whole
+    fed = output.prompt_tokens + int(output.stats.step[-1]) + output.n_forced
     per_layer = 1 - rows[-1].sum(-1) / (kv_heads * fed)
     prefill = 1 - rows[0].sum(-1) / (kv_heads * output.prompt_tokens)
     return {
