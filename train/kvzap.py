@@ -61,7 +61,8 @@ def plot_r2(rows: list[dict[str, Any]], kinds: list[str], path: Path, title: str
         means = [_mean(r["r2"] for r in rows if r["kind"] == k and r["layer"] == la) for la in layers]
         ax.bar([la + (j - (len(kinds) - 1) / 2) * width for la in layers], means, width, label=f"KVzap-{k}")
     ax.set_xlabel("layer")
-    ax.set_ylabel("held-out R² (squared Pearson), mean over KV heads")
+    ax.set_ylabel("held-out R² (mean over KV heads)")
+    ax.set_xticks(layers)
     ax.set_ylim(0, 1)
     ax.set_title(title, fontsize=9)
     ax.legend()
