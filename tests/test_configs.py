@@ -113,3 +113,20 @@ def test_missing_method_names_the_choices():
     assert proc.returncode != 0
     assert "python -m train +method=<name>" in proc.stderr
     assert "sft" in proc.stderr
+
+
+@pytest.mark.parametrize("entry,group", [("analysis", "task"), ("data_prep", "pipeline")])
+def test_other_entry_points_name_their_choices(entry, group):
+    proc = subprocess.run([sys.executable, "-m", entry], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert f"python -m {entry} +{group}=<name>" in proc.stderr
+    for option in options(group):
+        assert option in proc.stderr
+
+
+def test_every_analysis_task_names_a_module_with_main():
+    import importlib
+
+    for option in options("task"):
+        cfg = _compose("analysis", [f"+task={option}"])
+        assert callable(importlib.import_module(f"analysis.{cfg.task.module}").main)
