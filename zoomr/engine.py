@@ -153,26 +153,6 @@ def _policy_attention(model: torch.nn.Module):
             model.set_attn_implementation(previous)
 
 
-@contextmanager
-def _attention_input_hooks(model: torch.nn.Module, cache: PolicyCache):
-    """Forward pre-hooks on every attention module feeding ``cache.on_attention_input`` (when it wants them)."""
-    handles = []
-    if cache.wants_attention_input:
-        for module in model.modules():
-            if hasattr(module, "layer_idx") and hasattr(module, "o_proj"):
-
-                def hook(mod, args, kwargs):
-                    hidden = kwargs.get("hidden_states", args[0] if args else None)
-                    cache.on_attention_input(mod.layer_idx, hidden)
-
-                handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
 def _stop_ids(tokenizer: Any, model: Any, settings: DecodeSettings) -> set[int]:
     if settings.stop_token_ids is not None:
         return set(settings.stop_token_ids)
@@ -292,7 +272,7 @@ def generate(
                 step_s=dt,
             )
 
-    with _policy_attention(model), _attention_input_hooks(model, cache), _attached(cache, model):
+    with _policy_attention(model), _attached(cache, model):
         # ---- prefill (optionally chunked: a policy may evict between chunks)
         chunk = settings.prefill_chunk or S
         t_prefill = 0.0

@@ -231,9 +231,21 @@ class PolicyCache(Cache):
 
     def attach(self, model: torch.nn.Module) -> list[Any]:
         """Called by the engine with the model before the first forward; returns removable handles (removed
-        after the run). For policies that read the model itself, e.g. KVzap's forward pre-hooks capturing each
-        layer's attention input. With stock ``model.generate`` call it yourself."""
-        return []
+        after the run). By default installs forward pre-hooks on every attention module that feed
+        :meth:`on_attention_input` when ``wants_attention_input`` is set; override (calling super) for policies
+        that read the model itself. With stock ``model.generate`` call it yourself."""
+        if not self.wants_attention_input:
+            return []
+
+        def hook(module, args, kwargs):
+            hidden = kwargs.get("hidden_states", args[0] if args else None)
+            self.on_attention_input(module.layer_idx, hidden)
+
+        return [
+            module.register_forward_pre_hook(hook, with_kwargs=True)
+            for module in model.modules()
+            if hasattr(module, "layer_idx") and hasattr(module, "o_proj")
+        ]
 
     def next_positions(self, valid: torch.Tensor) -> torch.Tensor:
         """RoPE positions for new tokens ``valid [B, S]``: each sequence continues its own logical length."""

@@ -1,8 +1,8 @@
 """KVzap pruning (KVzap paper §3.3, Algorithm 1; DMS-style inference as kvpress's ``DMSPress``).
 
 Each token is scored ONCE per layer, when its row is appended, by the layer's surrogate applied to the
-attention module's input hidden state (captured by forward pre-hooks that :meth:`KVzapCache.attach`
-installs on every ``self_attn``). After the attention of each step (compression after attention, as in
+attention module's input hidden state (captured by the forward pre-hooks that :meth:`PolicyCache.attach`
+installs on every ``self_attn`` and fed to :meth:`KVzapCache.on_attention_input`). After the attention of each step (compression after attention, as in
 the paper's experiments), every row of a (sequence, KV head) that has ``window`` newer tokens and a score
 below ``threshold`` is evicted — physically: the layer's pages are rebuilt from the kept rows. Rows are
 decided once: a row that survives its decision never scores lower later, so it is kept for good. Heads keep
@@ -26,7 +26,6 @@ import torch
 
 from zoomr.cache.base import PolicyCache, PolicyLayer
 from zoomr.cache.registry import register_policy
-from zoomr.kvzap.scoring import decoder_of
 from zoomr.kvzap.surrogate import KVzapModel, check_matches, load_surrogate
 from zoomr.schemas.kvzap import KVzapMethod, KVzipOracleConfig
 
@@ -56,17 +55,16 @@ class KVzapCache(PolicyCache):
         return load_surrogate(Path(self.config.surrogate_dir) / self.config.model_type)
 
     # ------------------------------------------------------------------ model hooks
+    wants_attention_input = True  # the engine's pre-hooks feed on_attention_input
+
     def attach(self, model: torch.nn.Module) -> list[Any]:
-        """Forward pre-hooks on every ``self_attn``: keep this step's attention input per layer."""
+        """Put the surrogate on the model's device (the engine calls this before the first forward)."""
         self.surrogate.to(next(model.parameters()).device)
+        return super().attach(model)
 
-        def capture(module, args, kwargs):
-            self._hidden[module.layer_idx] = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-
-        return [
-            layer.self_attn.register_forward_pre_hook(capture, with_kwargs=True)
-            for layer in decoder_of(model).layers
-        ]
+    def on_attention_input(self, layer_idx: int, hidden_states: torch.Tensor) -> None:
+        """Keep this step's attention input of layer ``layer_idx`` until its rows are appended."""
+        self._hidden[layer_idx] = hidden_states
 
     # ------------------------------------------------------------------ policy hooks
     def on_append(self, layer: PolicyLayer) -> None:
@@ -74,7 +72,7 @@ class KVzapCache(PolicyCache):
         hidden = self._hidden.pop(layer.idx, None)
         if hidden is None:
             raise RuntimeError(
-                "KVzap needs the attention inputs: run through zoomr.engine.generate, or call "
+                "KVzap needs the attention inputs: run it through zoomr.engine.generate, or call "
                 "cache.attach(model) before using the model with this cache"
             )
         step, store = self.step, layer.store
