@@ -130,6 +130,17 @@ def sample_token(logits: torch.Tensor, s: DecodeSettings, generator: torch.Gener
 
 
 @contextmanager
+def _attached(cache: PolicyCache, model: torch.nn.Module):
+    """Install the policy's model-level hooks (:meth:`PolicyCache.attach`) for the run, then remove them."""
+    handles = cache.attach(model)
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextmanager
 def _policy_attention(model: torch.nn.Module):
     """Run the model with the ``zoomr`` attention implementation, restoring the previous one after."""
     previous = model.config._attn_implementation
@@ -281,7 +292,7 @@ def generate(
                 step_s=dt,
             )
 
-    with _policy_attention(model), _attention_input_hooks(model, cache):
+    with _policy_attention(model), _attention_input_hooks(model, cache), _attached(cache, model):
         # ---- prefill (optionally chunked: a policy may evict between chunks)
         chunk = settings.prefill_chunk or S
         t_prefill = 0.0

@@ -42,7 +42,8 @@ Hooks (all optional, all take the :class:`PolicyLayer` or :class:`Step`): ``on_a
 attention module's input hidden states, before ``update``; set ``wants_attention_input``), ``on_append``, ``on_queries``,
 ``wants_attention_weights`` + ``on_attention``, ``after_attention``, ``on_step_end``, ``forced_inputs`` (extra
 tokens to run for a sequence before its next sampled token, e.g. pause tokens), ``next_positions``
-(RoPE positions of new tokens; StreamingLLM's re-rotation overrides it). Per-row state that must follow the
+(RoPE positions of new tokens; StreamingLLM's re-rotation overrides it), ``attach(model)`` (model-level
+hooks a policy needs, installed by the engine for the run). Per-row state that must follow the
 rows through evictions (e.g. accumulated attention) is declared in ``row_attrs`` and lives in the store.
 
 Context available in hooks: ``self.step`` (:class:`Step`: this forward's ``input_ids``, ``positions``, feed
@@ -227,6 +228,12 @@ class PolicyCache(Cache):
         """After sampling (``sampled[b]`` is the token just drawn for sequence b, None if none): extra tokens to
         run before each sequence's next sampled token. Keys are batch rows of the current step."""
         return {}
+
+    def attach(self, model: torch.nn.Module) -> list[Any]:
+        """Called by the engine with the model before the first forward; returns removable handles (removed
+        after the run). For policies that read the model itself, e.g. KVzap's forward pre-hooks capturing each
+        layer's attention input. With stock ``model.generate`` call it yourself."""
+        return []
 
     def next_positions(self, valid: torch.Tensor) -> torch.Tensor:
         """RoPE positions for new tokens ``valid [B, S]``: each sequence continues its own logical length."""

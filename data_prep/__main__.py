@@ -1,0 +1,25 @@
+"""``python -m data_prep +pipeline=<name>``: the data-preparation entry point.
+
+The chosen pipeline's config names its module (``pipeline.module`` → ``data_prep.<module>``), whose
+``run(cfg)`` turns the config into plain objects and does the work.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from zoomr.entry import hydra_entry, require_group, setup_logging
+
+
+@hydra_entry("data_prep")
+def main(cfg) -> None:
+    setup_logging()
+    require_group(cfg, "pipeline", "data_prep")
+    module = cfg.pipeline.get("module")
+    if not module:
+        raise SystemExit(f"pipeline {cfg.pipeline.get('name')!r} names no module (pipeline.module)")
+    importlib.import_module(f"data_prep.{module}").run(cfg)
+
+
+if __name__ == "__main__":
+    main()

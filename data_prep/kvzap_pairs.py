@@ -1,0 +1,293 @@
+"""KVzap training pairs (KVzap paper §4.1): ``python -m data_prep +pipeline=kvzap_pairs``.
+
+For every document: build the KVzip repeat pretext, score its tokens (KVzip and KVzip+, one chunked
+eager forward), sample ``tokens_per_doc`` token positions, and keep per layer the attention-input
+hidden state h_i with log s⁺_i (and log s_i) per KV head. Output: shards + manifest
+(:mod:`zoomr.kvzap.pairs`). Deterministic for a seed; rerunning resumes (complete shards are kept).
+
+Documents (the paper filters Nemotron prompts to 750-1,250 tokens; the vendored stand-ins are
+either much longer or much shorter): a source document of at least ``min_tokens`` tokens is cut into
+consecutive pieces of a length drawn uniformly in [min_tokens, max_tokens] (a shorter tail is
+dropped); shorter documents are packed, separated by a blank line, and cut the same way. Source
+documents are shuffled with the seed; the first ones feed the held-out split, the rest the training
+split, so no source document contributes to both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from zoomr.kvzap.pairs import FORMAT, shard_name, write_shard
+from zoomr.kvzap.pretext import build_repeat_pretext
+from zoomr.kvzap.scoring import LOG_FLOOR, kvzip_scores
+from zoomr.paths import resolve_repo_path
+from zoomr.schemas.kvzap import KVzapPairsPipeline, TextSource
+
+log = logging.getLogger(__name__)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Document:
+    index: int  # global, in plan order
+    subset: str
+    split: str  # train | val
+    origin: str  # where the piece comes from, e.g. "12[0:980]" or "packed 3,4,9"
+    ids: list[int]
+
+    def meta(self) -> dict[str, Any]:
+        d = asdict(self)
+        ids = d.pop("ids")
+        d["n_tokens"] = len(ids)
+        d["ids_sha1"] = hashlib.sha1(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()[:16]
+        return d
+
+
+def load_texts(source: TextSource) -> list[str]:
+    """The documents of one subset as strings (empty ones dropped)."""
+    path = resolve_repo_path(source.path)
+    if not path.exists():
+        raise FileNotFoundError(f"source {source.name!r}: no file {path}")
+    texts = []
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            if source.format == "lines":
+                texts.append(line.rstrip("\n"))
+            elif source.format == "jsonl":
+                row = json.loads(line)
+                missing = [k for k in source.fields if k not in row]
+                if missing:
+                    raise KeyError(
+                        f"source {source.name!r} line {n}: missing fields {missing} (has {sorted(row)})"
+                    )
+                texts.append(source.joiner.join(str(row[k]) for k in source.fields))
+            else:
+                raise ValueError(f"source {source.name!r}: format must be jsonl|lines, got {source.format!r}")
+    return [t for t in texts if t.strip()]
+
+
+def cut_documents(
+    token_docs: list[tuple[int, list[int]]], sep: list[int], lo: int, hi: int, rng: np.random.Generator
+) -> list[tuple[int, str, list[int]]]:
+    """Pieces of [lo, hi] tokens as (first source doc, origin, ids), in the given document order."""
+    if not 0 < lo <= hi:
+        raise ValueError(f"need 0 < min_tokens <= max_tokens, got {lo}, {hi}")
+    pieces: list[tuple[int, str, list[int]]] = []
+    pack: list[int] = []
+    packed: list[int] = []
+    target = int(rng.integers(lo, hi + 1))
+    for j, ids in token_docs:
+        if len(ids) >= lo:
+            pos = 0
+            while len(ids) - pos >= lo:
+                n = min(int(rng.integers(lo, hi + 1)), len(ids) - pos)
+                pieces.append((j, f"{j}[{pos}:{pos + n}]", ids[pos : pos + n]))
+                pos += n
+            continue
+        pack += (sep if pack else []) + ids
+        packed.append(j)
+        if len(pack) >= lo:
+            n = min(target, len(pack))
+            pieces.append((packed[0], "packed " + ",".join(map(str, packed)), pack[:n]))
+            pack, packed, target = [], [], int(rng.integers(lo, hi + 1))
+    return pieces
+
+
+def plan_documents(sources: list[TextSource], tokenizer, p: KVzapPairsPipeline, seed: int) -> list[Document]:
+    """Deterministic list of documents (val first, then train, per subset)."""
+    sep = tokenizer("\n\n", add_special_tokens=False)["input_ids"]
+    docs: list[Document] = []
+    for s_idx, source in enumerate(sources):
+        rng = np.random.default_rng([seed, s_idx])
+        texts = load_texts(source)
+        order = rng.permutation(len(texts))
+        token_docs = [(int(j), tokenizer(texts[j], add_special_tokens=False)["input_ids"]) for j in order]
+        pieces = cut_documents(token_docs, sep, p.min_tokens, p.max_tokens, rng)
+        val_sources: set[int] = set()
+        n_val = n_train = 0
+        for j, origin, ids in pieces:  # pieces of one source document are consecutive
+            if n_val < p.val_docs_per_subset:
+                val_sources.add(j)
+                docs.append(Document(len(docs), source.name, "val", f"{source.name}:{origin}", ids))
+                n_val += 1
+            elif j not in val_sources and n_train < p.max_docs_per_subset:
+                docs.append(Document(len(docs), source.name, "train", f"{source.name}:{origin}", ids))
+                n_train += 1
+        if n_val + n_train == 0:
+            log.warning("source %s: no document reaches %d tokens", source.name, p.min_tokens)
+    return docs
+
+
+def shard_plan(docs: list[Document], per_shard: int) -> list[dict[str, Any]]:
+    shards = []
+    for split in ("train", "val"):
+        idx = [d.index for d in docs if d.split == split]
+        for k in range(0, len(idx), per_shard):
+            shards.append(
+                {"file": shard_name(split, k // per_shard), "split": split, "docs": idx[k : k + per_shard]}
+            )
+    return shards
+
+
+def sample_positions(n: int, k: int, seed: int, doc_index: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(int(np.random.default_rng([seed, doc_index]).integers(2**62)))
+    return torch.randperm(n, generator=gen)[:k].sort().values
+
+
+@torch.no_grad()
+def score_document(model, tokenizer, doc: Document, p: KVzapPairsPipeline, seed: int, store_dtype) -> dict:
+    """Sampled pairs of one document: per layer h (k, D), log s⁺ and log s (k, H_kv)."""
+    pretext = build_repeat_pretext(tokenizer, doc.ids, p.instruction)
+    scores = kvzip_scores(model, pretext, chunk_size=p.chunk_size, keep_hidden=True)
+    pos = sample_positions(len(doc.ids), p.tokens_per_doc, seed, doc.index)
+    return {
+        "h": scores.hidden[:, pos].to(store_dtype),  # (L, k, D)
+        "y": scores.log(plus=True)[:, :, pos].transpose(1, 2),  # (L, k, H_kv)
+        "y_kvzip": scores.log(plus=False)[:, :, pos].transpose(1, 2),
+        "pos": pos,
+        "floored": int((scores.kvzip_plus[:, :, pos] <= LOG_FLOOR).sum()),
+    }
+
+
+def write_shards(
+    model, tokenizer, docs, shards, p: KVzapPairsPipeline, out_dir: Path, seed: int
+) -> dict[str, Any]:
+    """Score and write every missing shard; returns pair counts and target statistics."""
+    from tqdm.auto import tqdm
+
+    store_dtype = DTYPES[p.store_dtype]
+    todo = [s for s in shards if not (out_dir / s["file"]).exists()]
+    stats = {"pairs": {"train": 0, "val": 0}, "floored": 0, "skipped_shards": len(shards) - len(todo)}
+    bar = tqdm(total=sum(len(s["docs"]) for s in todo), desc="kvzap pairs", unit="doc")
+    for shard in todo:
+        bar.set_postfix(shard=shard["file"])
+        parts = []
+        for i in shard["docs"]:
+            parts.append(score_document(model, tokenizer, docs[i], p, seed, store_dtype))
+            bar.update()
+        tensors = {}
+        for layer in range(model.config.num_hidden_layers):
+            tensors[f"h.{layer}"] = torch.cat([q["h"][layer] for q in parts])
+            tensors[f"y.{layer}"] = torch.cat([q["y"][layer] for q in parts]).float()
+            tensors[f"y_kvzip.{layer}"] = torch.cat([q["y_kvzip"][layer] for q in parts]).float()
+        tensors["doc"] = torch.cat([torch.full((len(q["pos"]),), i) for q, i in zip(parts, shard["docs"])])
+        tensors["pos"] = torch.cat([q["pos"] for q in parts])
+        stats["floored"] += sum(q["floored"] for q in parts)
+        # one metadata key: safetensors orders several keys differently from run to run
+        write_shard(
+            out_dir / shard["file"], tensors, {"zoomr": json.dumps({"format": FORMAT, "docs": shard["docs"]})}
+        )
+    bar.close()
+    return stats
+
+
+def count_pairs(out_dir: Path, shards: list[dict]) -> None:
+    from safetensors import safe_open
+
+    for s in shards:
+        with safe_open(str(out_dir / s["file"]), framework="pt") as f:
+            s["n_pairs"] = int(f.get_slice("pos").get_shape()[0])
+
+
+def make_pairs(
+    model, tokenizer, p: KVzapPairsPipeline, seed: int, model_info: dict[str, Any]
+) -> dict[str, Any]:
+    """Plan, score and write the pairs into ``p.out_dir``; returns the manifest."""
+    if p.tokens_per_doc > p.min_tokens:
+        raise ValueError(f"tokens_per_doc ({p.tokens_per_doc}) must be <= min_tokens ({p.min_tokens})")
+    if not p.sources:
+        raise ValueError("pipeline.sources is empty")
+    sources = [s if isinstance(s, TextSource) else TextSource(**s) for s in p.sources]
+    out_dir = Path(p.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    docs = plan_documents(sources, tokenizer, p, seed)
+    if not docs:
+        raise ValueError("no documents: every source is shorter than min_tokens")
+    shards = shard_plan(docs, p.docs_per_shard)
+    settings = {k: v for k, v in asdict(p).items() if k not in ("out_dir", "overwrite", "name", "module")}
+    settings["sources"] = [asdict(s) for s in sources]
+    plan = {
+        "format": FORMAT,
+        "seed": seed,
+        "model": model_info,
+        "settings": settings,
+        "documents": [d.meta() for d in docs],
+        "shards": shards,
+    }
+    _check_plan(out_dir, plan, p.overwrite)
+    t0 = time.time()
+    stats = write_shards(model, tokenizer, docs, shards, p, out_dir, seed)
+    count_pairs(out_dir, shards)
+    manifest = {**plan, "seconds": round(time.time() - t0, 1), "floored_targets": stats["floored"]}
+    manifest["n_pairs"] = {
+        sp: sum(s["n_pairs"] for s in shards if s["split"] == sp) for sp in ("train", "val")
+    }
+    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    manifest["skipped_shards"] = stats["skipped_shards"]
+    return manifest
+
+
+def _check_plan(out_dir: Path, plan: dict, overwrite: bool) -> None:
+    path = out_dir / "plan.json"
+    if path.exists():
+        old = json.loads(path.read_text())
+        if old != json.loads(json.dumps(plan)):
+            if not overwrite:
+                raise SystemExit(
+                    f"{out_dir} holds pairs of a different plan (seed, model, settings or data differ); "
+                    "choose another pipeline.out_dir or set pipeline.overwrite=true"
+                )
+            for f in out_dir.glob("shard-*.safetensors"):
+                f.unlink()
+            (out_dir / "manifest.json").unlink(missing_ok=True)
+    path.write_text(json.dumps(plan, indent=1))
+
+
+def run(cfg) -> dict[str, Any]:
+    """Entry glue: config → model, tokenizer → :func:`make_pairs` → summary."""
+    from collections import Counter
+
+    from train.report import write_summary
+    from zoomr.entry import model_spec, pick_device, start_run
+    from zoomr.models import describe, load_model, load_tokenizer
+    from zoomr.schemas import to_dataclass
+
+    p: KVzapPairsPipeline = to_dataclass(KVzapPairsPipeline, cfg.pipeline)
+    spec = model_spec(cfg)
+    run_dir, logger = start_run(cfg, job_type="data_prep")
+    tokenizer = load_tokenizer(spec, cfg.cache_dir)
+    model = load_model(spec, cfg.cache_dir, device=pick_device(cfg.device), attn_implementation="eager")
+    info = {"name": spec.name, **{k: v for k, v in describe(model).items() if k != "params"}}
+    manifest = make_pairs(model, tokenizer, p, int(cfg.seed), info)
+    per_subset = Counter((d["subset"], d["split"]) for d in manifest["documents"])
+    summary = {
+        "pipeline": p.name,
+        "model": spec.name,
+        "out_dir": str(p.out_dir),
+        "documents": ", ".join(
+            f"{s}: {per_subset[(s, 'train')]}+{per_subset[(s, 'val')]}"
+            for s in dict.fromkeys(d["subset"] for d in manifest["documents"])
+        )
+        + "  (train+val)",
+        "pairs_train": manifest["n_pairs"]["train"],
+        "pairs_val": manifest["n_pairs"]["val"],
+        "shards": f"{len(manifest['shards'])} ({manifest['skipped_shards']} already there)",
+        "floored_targets": manifest["floored_targets"],
+        "seconds": manifest["seconds"],
+        "run_dir": str(run_dir),
+    }
+    write_summary(run_dir, summary, f"KVzap pairs: {cfg.run_name}")
+    logger.summary({k: v for k, v in summary.items() if isinstance(v, int | float)})
+    logger.finish()
+    return summary

@@ -1,0 +1,135 @@
+"""KVzap surrogate fitting (``python -m train +method=kvzap``; KVzap paper §4.1, Table 1, Appendix A).
+
+Reads the pairs written by ``python -m data_prep +pipeline=kvzap_pairs``, fits the per-layer
+KVzap-Linear (ridge) and KVzap-MLP surrogates, and writes:
+
+- ``<method.surrogate_dir>/{linear,mlp}/``: checkpoints in kvpress's format (config.json + model.safetensors);
+- ``<run_dir>/r2.csv`` and ``r2.json``: held-out squared Pearson R², determination and MSE per
+  (kind, layer, head), with the constant predictor's determination;
+- ``<run_dir>/r2_per_layer.png``: mean R² per layer, linear and MLP side by side;
+- a printed table (per layer, linear vs MLP) and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from zoomr.kvzap.fit import fit_surrogates
+from zoomr.kvzap.pairs import read_manifest
+from zoomr.schemas import to_dataclass
+from zoomr.schemas.kvzap import KVzapMethod
+
+log = logging.getLogger(__name__)
+
+
+def layer_table(rows: list[dict[str, Any]], kinds: list[str]) -> tuple[list[str], list[list[Any]]]:
+    """Mean over heads per layer: R² and determination of every kind, side by side."""
+    layers = sorted({r["layer"] for r in rows})
+    cols = ["layer"] + [f"{m}_{k}" for k in kinds for m in ("r2", "det")] + ["const_det"]
+    table = []
+    for layer in layers:
+        mine = [r for r in rows if r["layer"] == layer]
+        row: list[Any] = [layer]
+        for k in kinds:
+            sel = [r for r in mine if r["kind"] == k]
+            row += [_mean(r["r2"] for r in sel), _mean(r["det"] for r in sel)]
+        row.append(_mean(r["const_det"] for r in mine if r["kind"] == kinds[0]))
+        table.append(row)
+    return cols, table
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else float("nan")
+
+
+def plot_r2(rows: list[dict[str, Any]], kinds: list[str], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    layers = sorted({r["layer"] for r in rows})
+    fig, ax = plt.subplots(figsize=(max(5, 0.25 * len(layers) + 3), 3.5))
+    width = 0.8 / len(kinds)
+    for j, k in enumerate(kinds):
+        means = [_mean(r["r2"] for r in rows if r["kind"] == k and r["layer"] == la) for la in layers]
+        ax.bar([la + (j - (len(kinds) - 1) / 2) * width for la in layers], means, width, label=f"KVzap-{k}")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("held-out R² (squared Pearson), mean over KV heads")
+    ax.set_ylim(0, 1)
+    ax.set_title(title, fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def format_table(cols: list[str], table: list[list[Any]]) -> str:
+    lines = ["  ".join(f"{c:>10}" for c in cols)]
+    for row in table:
+        lines.append("  ".join(f"{v:>10.4f}" if isinstance(v, float) else f"{v:>10}" for v in row))
+    return "\n".join(lines)
+
+
+def run(cfg) -> dict[str, Any]:
+    from train.report import write_summary
+    from zoomr.entry import pick_device, start_run
+
+    method: KVzapMethod = to_dataclass(KVzapMethod, cfg.method)
+    fit = method.fit
+    manifest = read_manifest(method.pairs_dir)
+    if manifest["model"]["name"] != cfg.model.name:
+        raise SystemExit(
+            f"pairs in {method.pairs_dir} come from model {manifest['model']['name']!r}, "
+            f"not {cfg.model.name!r}: pass the matching model= or method.pairs_dir="
+        )
+    run_dir, logger = start_run(cfg, job_type="train")
+    kinds = list(fit.models)
+    t0 = time.time()
+    models, rows = fit_surrogates(
+        method.pairs_dir, kinds=tuple(kinds), target=fit.target, ridge_alpha=fit.ridge_alpha,
+        hidden_dim=fit.hidden_dim, max_train_pairs=fit.max_train_pairs, seed=int(cfg.seed),
+        device=pick_device(cfg.device), epochs=fit.epochs, batch_size=fit.batch_size, lr=fit.lr,
+        weight_decay=fit.weight_decay, clip=fit.clip,
+    )  # fmt: skip
+    seconds = time.time() - t0
+    out = Path(method.surrogate_dir)
+    for kind, model in models.items():
+        model.save_pretrained(str(out / kind))
+    with (run_dir / "r2.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    (run_dir / "r2.json").write_text(json.dumps(rows, indent=1))
+    cols, table = layer_table(rows, kinds)
+    title = f"KVzap surrogates of {cfg.model.name}: held-out R² ({fit.target})"
+    plot_r2(rows, kinds, run_dir / "r2_per_layer.png", title)
+    print(f"\n{title}\n{format_table(cols, table)}\n", flush=True)
+    summary: dict[str, Any] = {"method": method.name, "model": cfg.model.name, "target": fit.target}
+    summary["pairs"] = (
+        f"{manifest['n_pairs']['train']} train / {manifest['n_pairs']['val']} held-out per head"
+    )
+    for kind in kinds:
+        sel = [r for r in rows if r["kind"] == kind]
+        summary[f"r2_{kind}"] = _mean(r["r2"] for r in sel)
+        summary[f"det_{kind}"] = _mean(r["det"] for r in sel)
+    summary["det_constant"] = _mean(r["const_det"] for r in rows if r["kind"] == kinds[0])
+    summary.update(
+        {
+            "seconds": round(seconds, 1),
+            "checkpoints": ", ".join(str(out / k) for k in kinds),
+            "run_dir": str(run_dir),
+        }
+    )
+    write_summary(run_dir, summary, f"KVzap fit finished: {cfg.run_name}")
+    logger.table("r2_per_layer", cols, table)
+    logger.image("r2_per_layer_plot", run_dir / "r2_per_layer.png")
+    logger.summary({k: v for k, v in summary.items() if isinstance(v, int | float)})
+    logger.finish()
+    return summary

@@ -1,0 +1,85 @@
+"""KVzap training pairs on disk: shards of (h_i, log s⁺_i) per layer plus a manifest (paper §4.1).
+
+Layout of a pairs directory::
+
+    plan.json                      what will be written (settings, model, documents per shard)
+    shard-{split}-{k:05d}.safetensors
+        h.{l}        (n, D_h)   attention-input hidden state of each sampled token at layer l
+        y.{l}        (n, H_kv)  log KVzip+ score per KV head
+        y_kvzip.{l}  (n, H_kv)  log KVzip score per KV head (for the KVzip-target ablation)
+        doc, pos     (n,)       document index and token position inside the document
+    manifest.json                  the plan plus the pair counts, written when every shard exists
+
+Keys are per layer so the fitter reads one layer at a time (``safe_open``) and never holds
+(n, L, D_h) in memory. A shard is written to a temporary name and renamed, so a rerun skips
+complete shards and redoes the rest (resume).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+FORMAT = "zoomr-kvzap-pairs/1"
+TARGETS = {"kvzip_plus": "y", "kvzip": "y_kvzip"}
+
+
+def shard_name(split: str, index: int) -> str:
+    return f"shard-{split}-{index:05d}.safetensors"
+
+
+def write_shard(
+    path: Path, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None
+) -> None:
+    """Atomically write one shard (temporary file + rename)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=dict(metadata or {}))
+    tmp.chmod(0o644)
+    tmp.replace(path)
+
+
+def read_manifest(pairs_dir: str | Path) -> dict[str, Any]:
+    path = Path(pairs_dir) / "manifest.json"
+    if not path.exists():
+        hint = (
+            " (plan.json exists: the pipeline did not finish; rerun it to resume)"
+            if (Path(pairs_dir) / "plan.json").exists()
+            else ""
+        )
+        raise FileNotFoundError(
+            f"no KVzap pairs manifest at {path}{hint}; create pairs with "
+            "`python -m data_prep +pipeline=kvzap_pairs`"
+        )
+    manifest = json.loads(path.read_text())
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"{path}: format {manifest.get('format')!r}, expected {FORMAT!r}")
+    return manifest
+
+
+def load_layer(
+    pairs_dir: str | Path, layer: int, split: str, target: str = "kvzip_plus", manifest: dict | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """All pairs of one layer and split as float32: X (n, D_h), y (n, H_kv)."""
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {sorted(TARGETS)}, got {target!r}")
+    manifest = manifest or read_manifest(pairs_dir)
+    xs, ys = [], []
+    for shard in manifest["shards"]:
+        if shard["split"] != split:
+            continue
+        with safe_open(str(Path(pairs_dir) / shard["file"]), framework="pt") as f:
+            xs.append(f.get_tensor(f"h.{layer}").float())
+            ys.append(f.get_tensor(f"{TARGETS[target]}.{layer}").float())
+    if not xs:
+        raise ValueError(
+            f"{pairs_dir}: no {split!r} pairs (splits present: {sorted({s['split'] for s in manifest['shards']})})"
+        )
+    return torch.cat(xs), torch.cat(ys)

@@ -1,0 +1,130 @@
+"""Schemas of KVzap (papers/kvzap_*.txt): the training-pair pipeline, the surrogate fit, the pruning policy."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from zoomr.schemas.cache import PolicyConfig
+
+
+@dataclass
+class TextSource:
+    """One pretraining-style subset. ``format``: ``jsonl`` (``fields`` joined by ``joiner``) or ``lines``."""
+
+    name: str = "web"
+    path: str = "data_prep/data/pretraining_text/c4_demo.jsonl"
+    format: str = "jsonl"
+    fields: list[str] = field(default_factory=lambda: ["text"])
+    joiner: str = "\n"
+
+
+@dataclass
+class KVzapPairsPipeline:
+    """``python -m data_prep +pipeline=kvzap_pairs``: (h, log s⁺) pairs per layer (paper §4.1).
+
+    Documents are cut to ``min_tokens``-``max_tokens`` tokens (long documents into consecutive pieces,
+    short ones packed), at most ``max_docs_per_subset`` training and ``val_docs_per_subset`` held-out
+    documents per subset (held-out ones from different source documents), ``tokens_per_doc`` tokens
+    sampled per document.
+    """
+
+    name: str = "kvzap_pairs"
+    module: str = "kvzap_pairs"  # data_prep.<module>.run(cfg)
+    sources: list[TextSource] = field(default_factory=list)
+    out_dir: str = "runs/kvzap/pairs"
+    min_tokens: int = 750
+    max_tokens: int = 1250
+    max_docs_per_subset: int = 500
+    val_docs_per_subset: int = 5
+    tokens_per_doc: int = 500
+    chunk_size: int = 1024  # tokens per forward when scoring (memory: H x chunk x T attention weights)
+    docs_per_shard: int = 64
+    store_dtype: str = "bfloat16"  # hidden states on disk (targets are float32)
+    instruction: str = "\n\nRepeat the previous context exactly."
+    overwrite: bool = False  # a different plan in out_dir is an error unless true
+
+
+@dataclass
+class KVzapFit:
+    """Surrogate fitting (paper §4.1): ridge linear and MLP D_h → D_h/8 → GELU → H_kv."""
+
+    models: list[str] = field(default_factory=lambda: ["linear", "mlp"])
+    target: str = "kvzip_plus"  # kvzip_plus | kvzip
+    ridge_alpha: float = 1.0
+    hidden_dim: int | None = None  # None: D_h // 8
+    epochs: int = 15
+    batch_size: int = 512
+    lr: float = 5.0e-3
+    weight_decay: float = 0.01
+    clip: float = 1.0
+    max_train_pairs: int | None = None  # subsample the training pairs (None: all)
+
+
+@dataclass
+class KVzapMethod(PolicyConfig):
+    """``+method=kvzap``: fitting (``python -m train``) and the threshold pruning policy (``python -m eval``).
+
+    Policy (paper §3.3, Algorithm 1; kvpress ``DMSPress``): every token is scored once per layer from its
+    attention input by the surrogate ``<surrogate_dir>/<model_type>``; a KV pair scoring below ``threshold``
+    is evicted, after the attention of the step, once ``window`` newer tokens exist. ``decoding=false``
+    prunes during prefill only. ``threshold: -.inf`` keeps everything (full KV).
+    """
+
+    name: str = "kvzap"
+    policy: str = "kvzap"  # zoomr.cache registry name
+    trainer: str | None = "kvzap"  # train.<trainer> fits the surrogates
+    pairs_dir: str = "runs/kvzap/pairs"
+    surrogate_dir: str = "runs/kvzap"  # holds linear/ and mlp/ (ours, or NVIDIA's nvidia/KVzap-* downloads)
+    model_type: str = "mlp"  # linear | mlp: which surrogate the policy uses
+    threshold: float = -4.0
+    window: int = 128
+    decoding: bool = True
+    fit: KVzapFit = field(default_factory=KVzapFit)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.model_type not in ("linear", "mlp"):
+            raise ValueError(f"KVzapMethod: model_type must be linear|mlp, got {self.model_type!r}")
+        if self.window < 0 or math.isnan(self.threshold):
+            raise ValueError(
+                f"KVzapMethod: need window >= 0 and a threshold, got {self.window}, {self.threshold}"
+            )
+
+
+@dataclass
+class KVzipOracleConfig(PolicyConfig):
+    """``+method=kvzap_oracle``: KVzip / KVzip+ scores of the prompt as an oracle pruning policy (prefill only).
+
+    The prompt is scored once with the repeat pretext right after an unchunked prefill. ``mode=ratio``
+    (KVzip, kvpress ``KVzipPress``): evict the ``ratio`` lowest-scoring pairs over all layers and heads
+    (``layerwise``: the same ratio in every layer), the first ``n_sink`` tokens protected. ``mode=threshold``:
+    KVzap's rule with the exact scores (log s < ``threshold`` and ``window`` newer prompt tokens), the
+    oracle a KVzap surrogate approximates.
+    """
+
+    name: str = "kvzap_oracle"
+    policy: str = "kvzip"
+    score: str = "kvzip_plus"  # kvzip_plus | kvzip
+    mode: str = "ratio"  # ratio | threshold
+    ratio: float = 0.5
+    layerwise: bool = False
+    n_sink: int = 4
+    threshold: float = -4.0
+    window: int = 128
+    chunk_size: int = 512
+    instruction: str = "\n\nRepeat the previous context exactly."
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.score not in ("kvzip_plus", "kvzip") or self.mode not in ("ratio", "threshold"):
+            raise ValueError(f"KVzipOracleConfig: score kvzip_plus|kvzip, mode ratio|threshold; got {self}")
+        if not 0 <= self.ratio < 1:
+            raise ValueError(f"KVzipOracleConfig: ratio must be in [0, 1), got {self.ratio}")
+
+
+SCHEMAS = [
+    ("pipeline", "kvzap_pairs", KVzapPairsPipeline),
+    ("method", "kvzap", KVzapMethod),
+    ("method", "kvzap_oracle", KVzipOracleConfig),
+]
