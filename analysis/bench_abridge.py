@@ -43,18 +43,20 @@ TINY = {
 }
 
 
-def _timed(fn, repeats: int, warmup: int = 2) -> list[float]:
+def _timed_lockstep(fns: dict, repeats: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Time every arm once per round, round after round, so machine noise hits all arms alike."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     for _ in range(warmup):
-        fn()
-    times = []
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
+        for name, fn in fns.items():
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times[name].append(time.perf_counter() - t0)
     return times
 
 
@@ -90,13 +92,15 @@ def bench_step(args) -> dict:
 
         return run
 
-    arms = {}
     with abridge_attention(model):
-        arms["abridge block mask"] = _timed(
-            lambda: step(layer_masks(batch_meta(batch), quotas, args.backend))(), args.repeats
+        arms = _timed_lockstep(
+            {
+                "abridge block mask": lambda: step(layer_masks(batch_meta(batch), quotas, args.backend))(),
+                "dense causal mask": step([causal] * len(quotas)),
+                "sdpa is_causal": step(None),
+            },
+            args.repeats,
         )
-        arms["dense causal mask"] = _timed(step([causal] * len(quotas)), args.repeats)
-        arms["sdpa is_causal"] = _timed(step(None), args.repeats)
     base = statistics.median(arms["sdpa is_causal"])
     rows_out = {
         name: {

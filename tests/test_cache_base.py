@@ -263,3 +263,11 @@ def test_running_without_the_policy_attention_fails_loudly(cache_dir):
         model(ids, cache=cache, use_cache=True)
         with pytest.raises(RuntimeError, match="attn_implementation='zoomr'"):
             model(ids[:, :1], cache=cache, use_cache=True)
+
+
+def test_stock_generate_refuses_padded_batches(tiny2):
+    model, tok = tiny2
+    tok.padding_side = "left"
+    enc = tok(["a much longer prompt than the other", "short"], return_tensors="pt", padding=True)
+    with pytest.raises(NotImplementedError, match="zoomr.engine.generate"):
+        model.generate(**enc, cache=build_policy({"policy": "full"}, model.config), max_new_tokens=3)

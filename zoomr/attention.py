@@ -73,6 +73,11 @@ def policy_attention(
     layer = cache.layers[layer_idx]
     rows, step = layer.view, cache.step
     layer.attended = True
+    if step.auto and attention_mask is not None and query.shape[0] > 1:
+        raise NotImplementedError(
+            "a padded batch reached a policy cache through model.generate / a plain forward: its rows would store the "
+            "pads and misalign after eviction. Use zoomr.engine.generate for batches (pads are never stored there)."
+        )
     B, Hq, S, d = query.shape
     Hkv, N = key.shape[1], key.shape[2]
     g = Hq // Hkv
