@@ -329,6 +329,7 @@ def run(cfg) -> dict[str, Any]:
     from zoomr.schemas import to_dataclass
     from zoomr.schemas.zoomr import SummarizePipeline
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
     pipe: SummarizePipeline = to_dataclass(SummarizePipeline, cfg.pipeline)
     if cfg.get("data") is None:
         raise SystemExit("summarize needs trace data: add data=traces (or +data=...; e.g. bespoke_stratos)")

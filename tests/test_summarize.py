@@ -229,3 +229,24 @@ def test_plan_counts_messy_rows():
     assert len(planned) == 4 and skipped == {"no_thought": 1, "empty_thought": 1}
     already = TraceRow(id="x", question="q", response=f"{tokens.BEGIN_THOUGHT}a{B}s{E}{tokens.END_THOUGHT}")
     assert plan_rows([already], SummarizeSettings())[1] == {"already_summarized": 1}
+
+
+def test_entry_point(tmp_path):
+    """``python -m data_prep +pipeline=summarize +data=traces`` end to end against the fake server."""
+    with FakeServer() as server:
+        proc = subprocess.run(
+            [
+                sys.executable, "-m", "data_prep", "+pipeline=summarize", "+data=traces",
+                f"pipeline.endpoint.base_url={server.base_url}", "pipeline.max_rows=2",
+                "pipeline.endpoint.concurrency=4", f"pipeline.out_dir={tmp_path / 'out'}",
+                f"hydra.run.dir={tmp_path / 'run'}", "logger.mode=disabled",
+            ],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "summaries: 1/2 rows written" in proc.stdout  # the vendored trace #2 is truncated
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["summaries_failed"] == 0 and summary["unit"] == "tokens"
+    assert summary["compression_ratio"] > 1
+    assert len((tmp_path / "out" / "summarized.jsonl").read_text().splitlines()) == 1
+    assert "HTTP Request" not in proc.stderr  # per-request logging is silenced

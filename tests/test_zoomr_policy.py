@@ -182,10 +182,11 @@ def test_sumr_keeps_every_summary_and_no_regular_segment(tiny2):
 def test_offload_gives_identical_logits(tiny2):
     model, tok = tiny2
     ids, n_p = trace_ids(tok)
-    on = zoomr(tok, model, offload=True)
+    on = zoomr(tok, model, offload=True)  # host stores, next layer's rows prefetched (plain copies on CPU)
     off = zoomr(tok, model, offload=False)
+    unfetched = zoomr(tok, model, offload=True, prefetch=False)
     a, b = forced_logits(model, on, ids, n_p), forced_logits(model, off, ids, n_p)
-    assert torch.equal(a, b)
+    assert torch.equal(a, b) and torch.equal(a, forced_logits(model, unfetched, ids, n_p))
     assert on.layers[0].store.role == "host" and off.layers[0].store.role == "device"
     held_on, held_off = on.resident_bytes(), off.resident_bytes()
     assert held_on["host"] > 0 and held_off["host"] == 0

@@ -72,12 +72,15 @@ def test_exactly_the_delimiter_rows_train(tmp_path, summarized, tied, cache_dir)
         assert again["resumed_from"].endswith("checkpoint-2") and again["steps"] == 3
 
 
-def test_refuses_data_without_summaries(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "train", "+method=zoomr_sft", "data=traces", f"hydra.run.dir={tmp_path}"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode != 0
-    assert "has no <|begin_of_summary|>" in proc.stderr + proc.stdout
+def test_refuses_data_without_summaries():
+    from hydra import compose, initialize_config_dir
+
+    from train import zoomr_sft
+    from zoomr.entry import CONF_DIR
+    from zoomr.schemas import register_with_hydra
+
+    register_with_hydra()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("train", overrides=["+method=zoomr_sft", "data=traces", "data.max_samples=3"])
+    with pytest.raises(SystemExit, match="has no <\\|begin_of_summary\\|>"):
+        zoomr_sft.run(cfg)

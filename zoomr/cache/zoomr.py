@@ -15,10 +15,11 @@ and each step's attention reads only the selected context
   v_i = its votes, I_c = the ``consensus`` most voted (ties: the later segment), I_s = I_all minus I_c,
   AG = Σ_{I_c} v_i / Σ_{I_all} v_i (logged). The new I_f applies from the next step on; between
   recomputes it is frozen and newly generated rows are appended to it.
-- Offload (§3.4): the stores live in (pinned) host memory; for each layer the selected rows are gathered
-  on the host and copied to the device, and on CUDA the next layer's copy is issued on a side stream while
-  this layer computes. The step's own new rows come straight from the attention module (already on the
-  device). On a CPU the same path runs with the copies as plain copies: outputs are identical either way.
+- Offload (§3.4), built on the cache library's :class:`~zoomr.cache.offload.HostRowsMixin`: the stores live
+  in (pinned) host memory; each layer's I_f rows are gathered on the host and copied to the device, the
+  next layer's copy issued (on a side CUDA stream) while this layer computes; the step's own new rows come
+  straight from the attention module. On a CPU the same path runs with plain copies, and ``offload=False``
+  keeps the stores on the device: outputs are identical in all three cases.
 
 Resident rows (``resident_rows``) are |I_f| per (layer, sequence, KV head): the rows the next step's
 attention reads besides its own token. ``recompute_log[sequence]`` holds one record per recompute.
@@ -33,6 +34,7 @@ import torch
 
 from zoomr import tokens
 from zoomr.cache.base import PolicyCache, PolicyLayer, Step
+from zoomr.cache.offload import HostRowsMixin, extend_rows
 from zoomr.cache.registry import register_policy
 from zoomr.cache.store import PagedKV, Rows
 from zoomr.schemas.zoomr import ZoomRConfig
@@ -92,7 +94,7 @@ def consensus(votes: torch.Tensor, c: int) -> Consensus:
 
 
 @register_policy("zoomr", config=ZoomRConfig)
-class ZoomRCache(PolicyCache):
+class ZoomRCache(HostRowsMixin):
     """ZoomR / SumR (``consensus=0, summaries=all``). Needs the tokenizer (delimiters, boundaries) and the
     token ids of every step: decode with :func:`zoomr.engine.generate`, or call ``begin_step(valid,
     input_ids=...)`` / ``end_step()`` around each forward."""
@@ -117,9 +119,7 @@ class ZoomRCache(PolicyCache):
         self._votes: torch.Tensor | None = None  # [B, cap], this step
         self._old_idx: torch.Tensor | None = None  # [B, N] rows read from the stores this step (-1 pad)
         self._n_old: torch.Tensor | None = None  # [B] rows held before this step's tokens (host-side copy)
-        self._incoming: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._prefetched: dict[int, tuple[Rows, Any]] = {}
-        self._stream: Any = None
+        self.prefetch_rows = bool(config.offload and config.prefetch)
 
     # ------------------------------------------------------------------ setup
     def _ensure_vocab(self) -> None:
@@ -137,7 +137,7 @@ class ZoomRCache(PolicyCache):
         self.boundary = boundary_table(self.tokenizer)
 
     def store_device(self, compute_device: torch.device) -> torch.device:
-        return torch.device("cpu") if self.config.offload else compute_device
+        return super().store_device(compute_device) if self.config.offload else compute_device
 
     # ------------------------------------------------------------------ step protocol
     def begin_step(self, valid, positions=None, input_ids=None, **kwargs) -> Step:
@@ -227,7 +227,6 @@ class ZoomRCache(PolicyCache):
     def on_step_end(self, step: Step) -> None:
         self._completed = []
         self._old_idx = None
-        self._prefetched.clear()
         if step.is_prefill or self._recompute is None:
             return
         with self.selecting():
@@ -271,13 +270,6 @@ class ZoomRCache(PolicyCache):
         )
 
     # ------------------------------------------------------------------ rows read by attention
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        self._incoming = (key_states, value_states)
-        try:
-            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
-        finally:
-            self._incoming = None
-
     def _rows_held(self) -> torch.Tensor:
         store = self.layers[0].store
         return store.n[:, 0].cpu() if store is not None else torch.zeros(0, dtype=torch.long)
@@ -300,53 +292,42 @@ class ZoomRCache(PolicyCache):
         return idx
 
     def load_rows(self, layer: PolicyLayer, device: torch.device) -> Rows:
-        store, step = layer.store, self.step
+        """I_f's rows of this layer on the device (prefetched when offloading), plus this step's own tokens."""
+        step = self.step
         idx = self._selected_old_rows(self._n_old)
-        old = self._take_prefetched(layer.idx)
-        if old is None:
-            old = gather_rows(store, idx.to(store.device)).to(device)
-        nxt = layer.idx + 1
-        if self._can_prefetch(device) and nxt < self.num_layers and self.layers[nxt].store is not None:
-            self._prefetch(nxt, idx, device)
-        k_new, v_new = self._incoming
-        B, H, S, _ = k_new.shape
-        val = step.valid.to(device)
-        new = Rows(
-            k_new.to(self.dtype),
-            v_new.to(self.dtype),
-            torch.where(val, step.positions.to(device), -1)[:, None, :].expand(B, H, S),
-            step.order.to(device)[:, None, :].expand(B, H, S),
-            val[:, None, :].expand(B, H, S),
-            val.sum(1)[:, None].expand(B, H),
-        )
-        fields = ("keys", "values", "pos", "order", "valid")
-        return Rows(*(torch.cat([getattr(old, f), getattr(new, f)], dim=2) for f in fields), old.n + new.n)
+        pre = layer.state.pop("prefetched", None)
+        version = layer.state.pop("prefetched_version", None)
+        layer.state.pop("prefetch_source", None)
+        if pre is not None and layer.store.version == version + int(step.valid.any()):
+            stream = self._stream()
+            if stream is not None:
+                current = torch.cuda.current_stream(device)
+                current.wait_stream(stream)
+                for t in (pre.keys, pre.values, pre.pos, pre.order, pre.valid, pre.n):
+                    t.record_stream(current)  # allocated on the side stream, freed on this one
+            old = pre
+        else:
+            old = gather_rows(layer.store, idx).to(device)
+        if self.prefetch_rows and layer.idx + 1 < self.num_layers:
+            self._prefetch(self.layers[layer.idx + 1], device)
+        k_new, v_new = self._new_tokens
+        return extend_rows(old, k_new, v_new, step.positions, step.order, step.valid)
 
-    # ------------------------------------------------------------------ offload: side-stream prefetch (CUDA)
-    def _can_prefetch(self, device: torch.device) -> bool:
-        return bool(self.config.offload and self.config.prefetch and device.type == "cuda")
-
-    def _prefetch(self, layer_idx: int, idx: torch.Tensor, device: torch.device) -> None:
-        """Gather layer ``layer_idx``'s selected rows on the host and start their copy on a side stream."""
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(device)
-        host = gather_rows(self.layers[layer_idx].store, idx).pin()
-        with torch.cuda.stream(self._stream):
-            rows = host.to(device, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(self._stream)
-        self._prefetched[layer_idx] = (rows, event, host)  # keep the pinned source alive until used
-
-    def _take_prefetched(self, layer_idx: int) -> Rows | None:
-        entry = self._prefetched.pop(layer_idx, None)
-        if entry is None:
-            return None
-        rows, event, _host = entry
-        current = torch.cuda.current_stream(rows.keys.device)
-        current.wait_event(event)
-        for t in (rows.keys, rows.values, rows.pos, rows.order, rows.valid, rows.n):
-            t.record_stream(current)  # allocated on the side stream, freed after use on this one
-        return rows
+    def _prefetch(self, layer: PolicyLayer, device: torch.device) -> None:
+        """Gather the next layer's I_f rows on the host and copy them to the device (a side stream on CUDA,
+        a plain copy on a CPU), before its new rows arrive (HostRowsMixin's protocol, selected rows only)."""
+        if layer.store is None or self._old_idx is None:
+            return
+        host = gather_rows(layer.store, self._old_idx)
+        layer.state["prefetched_version"] = layer.store.version
+        stream = self._stream()
+        if stream is None:
+            layer.state["prefetched"] = host.to(device)
+            return
+        host = host.pin()
+        with torch.cuda.stream(stream):
+            layer.state["prefetched"] = host.to(device, non_blocking=True)
+        layer.state["prefetch_source"] = host  # the pinned source must outlive the asynchronous copy
 
     # ------------------------------------------------------------------ bookkeeping
     def resident_rows(self) -> torch.Tensor:
