@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from zoomr.named_tokenizer import builder_version, named_tokenizer_dir, tokenizer_builder
 from zoomr.tokenizer import TOKENIZER_VERSION, train_bpe_tokenizer
 
 log = logging.getLogger(__name__)
@@ -90,10 +91,10 @@ def tiny_config(arch: str, vocab_size: int, **overrides: Any):
 
 
 def _tiny_dir(spec: ModelSpec, cache_dir: Path) -> Path:
-    key = json.dumps(
-        {"arch": spec.arch, "tiny": spec.tiny, "vocab": spec.vocab_size, "seed": spec.seed, "tok": TOKENIZER_VERSION},
-        sort_keys=True,
-    )
+    key_fields = {"arch": spec.arch, "tiny": spec.tiny, "vocab": spec.vocab_size, "seed": spec.seed, "tok": TOKENIZER_VERSION}
+    if builder := tokenizer_builder(spec.extra):  # a model naming its own tokenizer (extra.tokenizer)
+        key_fields["tok"] = builder_version(builder)
+    key = json.dumps(key_fields, sort_keys=True)
     return cache_dir / "tiny" / f"{spec.name}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
 
 
@@ -114,7 +115,9 @@ def build_tiny(spec: ModelSpec, cache_dir: Path | None = None) -> Path:
     out = _tiny_dir(spec, cache_dir)
     if (out / "config.json").exists():
         return out
-    tok = AutoTokenizer.from_pretrained(load_tokenizer_dir(cache_dir, spec.vocab_size))
+    builder = tokenizer_builder(spec.extra)
+    tok_dir = named_tokenizer_dir(builder, cache_dir) if builder else load_tokenizer_dir(cache_dir, spec.vocab_size)
+    tok = AutoTokenizer.from_pretrained(tok_dir)
     config = tiny_config(spec.arch, vocab_size=len(tok), **(spec.tiny or {}))
     config.pad_token_id = tok.pad_token_id
     config.eos_token_id = tok.eos_token_id

@@ -1,0 +1,129 @@
+"""Word-level tokenizer of the recall testbed: one word = one token, plus every project special token.
+
+A byte-level BPE would split ``k137`` into several pieces and make the task needlessly hard for a
+0.4 M-parameter model; a word-level vocabulary (keys, query keys, values, fact indices, paragraph
+markers, filler words, a few structural words) is learnable in minutes. The tokenizer still carries
+:data:`zoomr.tokens.ALL_SPECIAL_TOKENS` (summary delimiters, AbridgeKV pause tokens, LightThinker
+tokens, ChatML) and the project chat template, so every method runs on it unchanged.
+
+Built with the ``tokenizers`` library (``WordLevel`` model, whitespace pre-tokenisation, the
+paragraph break ``"\\n\\n"`` as an added token) and wrapped as ``PreTrainedTokenizerFast``; saved and
+loaded with ``save_pretrained`` / ``from_pretrained``. A model names it with
+``extra: {tokenizer: data_prep.testbed_tokenizer:build_tokenizer}`` (see ``zoomr.models``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from zoomr import tokens
+
+# Bump when the vocabulary changes: tiny models built on the tokenizer are keyed on it.
+TOKENIZER_VERSION = "testbed-v1"
+
+N_KEYS = 256  # distinct keys; a key is defined at most once per trace
+N_VALUES = 32
+N_INDEX = 256  # fact indices #1..#N: at most this many facts per trace
+N_PARAGRAPHS = 128  # paragraph markers P1..P128
+N_FILLER = 64  # countdown filler words w1..w64
+
+UNK = "[UNK]"
+BREAK = "\n\n"  # paragraph break (ZoomR segments; a semantic boundary)
+BOXED = "\\boxed{"
+CLOSE = "}"
+VALUES_HEADER = "values"
+PLAN_HEADER = "plan"
+ROLE_WORDS = ["system", "user", "assistant"]
+
+
+def key(i: int) -> str:
+    return f"k{i}"
+
+
+def query(i: int) -> str:
+    """Query form of key ``i``: a separate token, so the plan names every queried key exactly once."""
+    return f"Q{i}"
+
+
+def value(i: int) -> str:
+    return f"v{i}"
+
+
+def index(j: int) -> str:
+    return f"#{j}"
+
+
+def paragraph(i: int) -> str:
+    return f"P{i}"
+
+
+def filler(n: int) -> str:
+    return f"w{n}"
+
+
+def vocabulary() -> list[str]:
+    """Every word in id order (special tokens last, in :data:`zoomr.tokens.ALL_SPECIAL_TOKENS` order)."""
+    words = [UNK, BREAK, BOXED, CLOSE, VALUES_HEADER, PLAN_HEADER, *ROLE_WORDS]
+    words += [key(i) for i in range(N_KEYS)]
+    words += [query(i) for i in range(N_KEYS)]
+    words += [value(i) for i in range(N_VALUES)]
+    words += [index(j) for j in range(1, N_INDEX + 1)]
+    words += [paragraph(i) for i in range(1, N_PARAGRAPHS + 1)]
+    words += [filler(n) for n in range(1, N_FILLER + 1)]
+    words += list(tokens.ALL_SPECIAL_TOKENS)
+    if len(set(words)) != len(words):
+        raise AssertionError("testbed vocabulary has duplicate words")
+    return words
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """The testbed tokenizer (deterministic: same ids on every machine)."""
+    words = vocabulary()
+    wl = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=UNK))
+    wl.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    wl.add_special_tokens(list(tokens.ALL_SPECIAL_TOKENS))  # already in the vocabulary: ids unchanged
+    wl.add_tokens([AddedToken(BREAK, normalized=False, special=False)])
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=wl,
+        eos_token=tokens.EOS,
+        pad_token=tokens.PAD,
+        unk_token=UNK,
+        bos_token=None,
+        model_max_length=1 << 17,
+        clean_up_tokenization_spaces=False,
+    )
+    tok.chat_template = tokens.CHAT_TEMPLATE
+    return tok
+
+
+class FastEncoder:
+    """Word lists → ids without the tokenizer's text round trip (for the training stream).
+
+    :meth:`chat` reproduces ``apply_chat_template`` of a user/assistant pair exactly (tested).
+    """
+
+    def __init__(self, tokenizer=None):
+        vocab = (tokenizer or build_tokenizer()).get_vocab()
+        self.ids = vocab
+        self.im_start = vocab[tokens.IM_START]
+        self.im_end = vocab[tokens.IM_END]
+        self.user = vocab["user"]
+        self.assistant = vocab["assistant"]
+
+    def words(self, words: Sequence[str]) -> list[int]:
+        try:
+            return [self.ids[w] for w in words]
+        except KeyError as e:
+            raise ValueError(f"word {e.args[0]!r} is not in the testbed vocabulary") from None
+
+    def prompt(self, prompt_words: Sequence[str]) -> list[int]:
+        """Chat prompt up to and including the assistant header (``add_generation_prompt=True``)."""
+        return [self.im_start, self.user, *self.words(prompt_words), self.im_end, self.im_start, self.assistant]
+
+    def chat(self, prompt_words: Sequence[str], response_words: Sequence[str]) -> tuple[list[int], int]:
+        """(ids of the whole conversation, index of the first response token). The response ends with ``<|im_end|>``."""
+        head = self.prompt(prompt_words)
+        return head + self.words(response_words) + [self.im_end], len(head)
