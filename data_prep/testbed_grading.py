@@ -96,7 +96,6 @@ def grade(prompt_record: dict[str, Any], generated_text: str) -> dict[str, Any]:
                 "correct": pred == q["value"],
             }
         )
-    truth = {f["key"]: f["value"] for f in prompt_record["facts"]}
     defs = _definitions(words)
     reference = [w for w in prompt_record["response"].split() if w not in _SPECIAL or w in (tokens.BEGIN_SUMMARY, tokens.END_SUMMARY)]
     return {

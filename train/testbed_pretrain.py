@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from data_prep import testbed_tokenizer as tt
 from data_prep.testbed import problems
-from data_prep.testbed_curriculum import Batch, Curriculum, encode_problem, collate
+from data_prep.testbed_curriculum import Batch, Curriculum, collate, encode_problem
 from zoomr import tokens
 from zoomr.entry import model_spec, start_run
 from zoomr.models import describe, load_model, load_tokenizer
