@@ -24,14 +24,6 @@ import torch
 from zoomr import tokens
 
 
-def load_testbed_model(path: str):
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="zoomr")
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
-    return model.eval(), tokenizer
-
-
 def summary_blocks(text: str) -> list[str]:
     """The summary contents of a response, in order (delimiters stripped, whitespace-normalised)."""
     out, rest = [], text
@@ -60,26 +52,12 @@ def summary_emission(reference: str, generated: str) -> dict[str, float]:
     }
 
 
-def run_arm(model, tokenizer, prompts, cfg, settings, batch: int) -> tuple[list[Any], list[dict]]:
-    from zoomr.cache import build_policy
-    from zoomr.engine import generate
-
-    outs, logs = [], []
-    for i in range(0, len(prompts), batch):
-        cache = build_policy(cfg, model.config, tokenizer)
-        chunk = generate(model, tokenizer, prompts[i : i + batch], cache, settings)
-        outs += chunk
-        log = getattr(cache, "recompute_log", {})
-        logs += [log.get(j, []) for j in range(len(chunk))]
-    return outs, logs
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="a trained testbed checkpoint directory")
     p.add_argument("--n", type=int, default=64)
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--trace-tokens", type=int, default=1024)
+    p.add_argument("--trace-tokens", type=int, default=None, help="default: the length the model was trained at")
     p.add_argument("--window", type=int, default=64)
     p.add_argument("--top-k", type=int, default=2)
     p.add_argument("--consensus", type=int, default=2)
@@ -87,22 +65,18 @@ def main() -> None:
     p.add_argument("--out", default="runs/zoomr_testbed")
     args = p.parse_args()
 
-    from data_prep import testbed_tokenizer as tt
-    from data_prep.testbed_grading import grade, load_test_problems
+    from analysis.testbed_arms import load_testbed_model, run_arm, test_records, trained_data
     from eval.bootstrap import index_matrix, paired_bootstrap
     from zoomr.cache import match_budget
-    from zoomr.engine import DecodeSettings, mean_rows
+    from zoomr.engine import mean_rows
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    model, tok = load_testbed_model(args.model)
-    records = load_test_problems({"summaries": True, "trace_tokens": args.trace_tokens}, args.n)
-    enc = tt.FastEncoder(tok)
-    prompts = [enc.prompt(r["prompt"].split()) for r in records]
-    stop = [tok.convert_tokens_to_ids(tokens.IM_END), tok.eos_token_id]
-    settings = DecodeSettings(
-        max_new_tokens=args.trace_tokens + 64, temperature=0.0, stop_token_ids=stop, progress=False
-    )
+    model, tok = load_testbed_model(args.model, attn_implementation="zoomr")
+    data = trained_data(args.model, trace_tokens=args.trace_tokens)
+    if not data.summaries:
+        raise SystemExit(f"{args.model} was trained without summaries: ZoomR needs the summaries model")
+    records = test_records(data, args.n)
     zoomr_cfg = {"policy": "zoomr", "top_k": args.top_k, "consensus": args.consensus, "window": args.window}
     arms: dict[str, dict] = {
         "full": {"policy": "full"},
@@ -118,8 +92,11 @@ def main() -> None:
             base = {"policy": name, "budget_rows": 1024, **({"n_sink": 4} if name == "streaming" else {})}
             cfg = vars(match_budget(base, budget))
         t0 = time.perf_counter()
-        outs, logs = run_arm(model, tok, prompts, cfg, settings, args.batch)
-        grades = [grade(r, o.text) for r, o in zip(records, outs)]
+        outs, grades, caches = run_arm(model, tok, records, cfg, args.batch)
+        logs = [
+            getattr(c, "recompute_log", {}).get(j, []) for c, n in zip(caches, _chunk_sizes(len(records), args.batch))
+            for j in range(n)
+        ]
         emission = [summary_emission(r["response"], o.text) for r, o in zip(records, outs)]
         step_s = [float(np.mean(o.stats.step_s[1:])) for o in outs if len(o.stats.step_s) > 1]
         results[name] = {
@@ -165,6 +142,10 @@ def main() -> None:
     meta = {**vars(args), "threads": torch.get_num_threads(), "problems": len(records)}
     (out_dir / "results.json").write_text(json.dumps({"meta": meta, "results": results, "ag": ag}, indent=2))
     print(f"\nwritten {out_dir / 'results.json'} and {out_dir / 'ag_correct_vs_incorrect.png'}")
+
+
+def _chunk_sizes(n: int, batch: int) -> list[int]:
+    return [min(batch, n - i) for i in range(0, n, batch)]
 
 
 def ag_by_outcome(arm: dict) -> dict[str, Any]:

@@ -1,16 +1,15 @@
 """Exact grader and test-problem loader of the recall testbed (``benchmark=testbed`` in the evaluator).
 
-The correct trace is a function of the prompt (see :mod:`data_prep.testbed`), so grading compares the
-model's greedy output with the prompt-determined truth, never with the model's own definitions:
+Grading compares the model's output with the problem's truth, never with anything the model wrote:
 
-* ``correct``: the last ``\\boxed{…}`` holds exactly the gold ``Q<k> v`` pairs (the final answer).
+* ``correct``: the last ``\\boxed{…}`` holds exactly the gold ``? k v`` triples (the final answer).
 * per-fact recall: for every query of the problem (paragraph queries and the final ones), the value
-  the model wrote after the first ``Q<k>`` it generated, compared with the truth, with the reference
-  distance (tokens from the definition's value to the answer in the correct trace).
-* ``definitions_correct``: fraction of the model's ``#j k v`` definitions that match the truth (a
-  trace that drifts from the plan shows here, not as a recall error).
-* ``trace_exact``: the whole response equals the reference token for token (special tokens ignored,
-  so it holds whether or not the decoder skipped them).
+  the model wrote right after the first ``? k`` of the response, with the reference distance (tokens
+  from the definition's value to the answer).
+* ``summaries_exact`` (traces with summaries): fraction of summary blocks equal to the reference's.
+
+Parsing is positional only within a ``? k v`` triple, so a response decoded with or without the
+environment's script (:func:`script_ids`) is graded the same way.
 """
 
 from __future__ import annotations
@@ -43,9 +42,23 @@ def prompt_messages(record: dict[str, Any]) -> list[dict[str, str]]:
     return [{"role": "user", "content": record["prompt"]}]
 
 
+def script_ids(record: dict[str, Any], tokenizer) -> list[int | None]:
+    """The environment's script for ``zoomr.engine.generate``: every response token id, ``None`` where the
+    model writes, then ``<|im_end|>`` (the end of the turn)."""
+    vocab = tokenizer.get_vocab()
+    words = record["response"].split(" ")
+    try:
+        ids: list[int | None] = [vocab[w] for w in words]
+    except KeyError as e:
+        raise ValueError(f"testbed record {record.get('id')}: word {e.args[0]!r} is not in the tokenizer") from None
+    for pos in record["model_writes"]:
+        ids[pos] = None
+    return [*ids, vocab[tokens.IM_END]]
+
+
 def _words(text: str) -> list[str]:
     words = text.split()
-    if tt.PLAN_HEADER in words and "assistant" in words:  # a full transcript: keep the response only
+    if "assistant" in words:  # a full transcript: keep the response only
         words = words[len(words) - words[::-1].index("assistant") :]
     return [w for w in words if w not in _SPECIAL or w in (tokens.BEGIN_SUMMARY, tokens.END_SUMMARY)]
 
@@ -59,29 +72,38 @@ def _boxed(words: list[str]) -> list[str] | None:
 
 
 def _first_answers(words: Iterable[str]) -> dict[str, str]:
-    """key word → the word the model wrote right after its first ``Q<key>``."""
+    """key word → the word written right after the first ``? <key>``."""
     out: dict[str, str] = {}
     words = list(words)
-    for a, b in zip(words, words[1:]):
-        if a.startswith("Q") and a[1:].isdigit():
-            out.setdefault("k" + a[1:], b)
-    return out
-
-
-def _definitions(words: list[str]) -> dict[str, str]:
-    """key word → value word of the model's ``#j k v`` definitions (first definition of a key)."""
-    out: dict[str, str] = {}
     for a, k, v in zip(words, words[1:], words[2:]):
-        if a.startswith("#") and k.startswith("k"):
+        if a == tt.QUERY:
             out.setdefault(k, v)
     return out
+
+
+def _summary_blocks(words: list[str]) -> list[list[str]]:
+    blocks, cur = [], None
+    for w in words:
+        if w == tokens.BEGIN_SUMMARY:
+            cur = []
+        elif w == tokens.END_SUMMARY and cur is not None:
+            blocks.append(cur)
+            cur = None
+        elif cur is not None:
+            cur.append(w)
+    return blocks
+
+
+def grade_answer(generated_text: str, gold: str) -> tuple[str | None, bool]:
+    """(the last ``\\boxed{}`` content, whether it is exactly the gold ``? k v`` triples)."""
+    boxed = _boxed(_words(generated_text))
+    return (" ".join(boxed) if boxed is not None else None), boxed == gold.split()
 
 
 def grade(prompt_record: dict[str, Any], generated_text: str) -> dict[str, Any]:
     """Grade one generated response against its problem record (from :func:`load_test_problems`)."""
     words = _words(generated_text)
-    boxed = _boxed(words)
-    gold = prompt_record["answer"].split()
+    extracted, correct = grade_answer(generated_text, prompt_record["answer"])
     answers = _first_answers(words)
     recall = []
     for q in prompt_record["queries"]:
@@ -96,24 +118,23 @@ def grade(prompt_record: dict[str, Any], generated_text: str) -> dict[str, Any]:
                 "correct": pred == q["value"],
             }
         )
-    defs = _definitions(words)
-    reference = [w for w in prompt_record["response"].split() if w not in _SPECIAL or w in (tokens.BEGIN_SUMMARY, tokens.END_SUMMARY)]
-    return {
+    out = {
         "id": prompt_record["id"],
-        "correct": boxed == gold,
-        "extracted": " ".join(boxed) if boxed is not None else None,
+        "correct": correct,
+        "extracted": extracted,
         "recall": recall,
         "recall_accuracy": sum(r["correct"] for r in recall) / max(1, len(recall)),
-        "definitions_correct": sum(defs.get(f"k{f['key']}") == tt.value(f["value"]) for f in prompt_record["facts"])
-        / max(1, len(prompt_record["facts"])),
-        "trace_exact": words == reference,
-        "distances": [q["distance"] for q in prompt_record["queries"]],
         "generated_tokens": len(words),
     }
+    if prompt_record["summaries"]:
+        ref = _summary_blocks(_words(prompt_record["response"]))
+        gen = _summary_blocks(words)
+        out["summaries_exact"] = sum(a == b for a, b in zip(ref, gen)) / max(1, len(ref))
+    return out
 
 
 def summarize(grades: list[dict[str, Any]]) -> dict[str, Any]:
-    """Answer accuracy, recall overall and by distance bucket, definition and trace fidelity."""
+    """Answer accuracy, recall overall and by distance bucket (and summary fidelity when there are summaries)."""
     recalls = [r for g in grades for r in g["recall"]]
     out: dict[str, Any] = {
         "problems": len(grades),
@@ -125,6 +146,7 @@ def summarize(grades: list[dict[str, Any]]) -> dict[str, Any]:
         sel = [r["correct"] for r in recalls if r["bucket"] == name]
         out[f"recall_{name}"] = sum(sel) / len(sel) if sel else float("nan")
         out[f"recall_{name}_n"] = len(sel)
-    out["definitions_correct"] = sum(g["definitions_correct"] for g in grades) / max(1, len(grades))
-    out["trace_exact"] = sum(g["trace_exact"] for g in grades) / max(1, len(grades))
+    with_summaries = [g["summaries_exact"] for g in grades if "summaries_exact" in g]
+    if with_summaries:
+        out["summaries_exact"] = sum(with_summaries) / len(with_summaries)
     return out

@@ -1,8 +1,8 @@
 """Word-level tokenizer of the recall testbed: one word = one token, plus every project special token.
 
 A byte-level BPE would split ``k137`` into several pieces and make the task needlessly hard for a
-0.4 M-parameter model; a word-level vocabulary (keys, query keys, values, fact indices, paragraph
-markers, filler words, a few structural words) is learnable in minutes. The tokenizer still carries
+0.4 M-parameter model; a word-level vocabulary (keys, values, filler words, a few structural words)
+is learnable in minutes. The tokenizer still carries
 :data:`zoomr.tokens.ALL_SPECIAL_TOKENS` (summary delimiters, AbridgeKV pause tokens, LightThinker
 tokens, ChatML) and the project chat template, so every method runs on it unchanged.
 
@@ -22,20 +22,18 @@ from transformers import PreTrainedTokenizerFast
 from zoomr import tokens
 
 # Bump when the vocabulary changes: tiny models built on the tokenizer are keyed on it.
-TOKENIZER_VERSION = "testbed-v1"
+TOKENIZER_VERSION = "testbed-v2"
 
 N_KEYS = 256  # distinct keys; a key is defined at most once per trace
 N_VALUES = 32
-N_INDEX = 256  # fact indices #1..#N: at most this many facts per trace
-N_PARAGRAPHS = 128  # paragraph markers P1..P128
-N_FILLER = 64  # countdown filler words w1..w64
+N_FILLER = 64  # filler words w0..w63 (carry nothing)
 
 UNK = "[UNK]"
 BREAK = "\n\n"  # paragraph break (ZoomR segments; a semantic boundary)
 BOXED = "\\boxed{"
 CLOSE = "}"
-VALUES_HEADER = "values"
-PLAN_HEADER = "plan"
+QUERY = "?"  # "? k v": a query of key k, answered by its value
+PROMPT_WORD = "recall"
 ROLE_WORDS = ["system", "user", "assistant"]
 
 
@@ -43,21 +41,8 @@ def key(i: int) -> str:
     return f"k{i}"
 
 
-def query(i: int) -> str:
-    """Query form of key ``i``: a separate token, so the plan names every queried key exactly once."""
-    return f"Q{i}"
-
-
 def value(i: int) -> str:
     return f"v{i}"
-
-
-def index(j: int) -> str:
-    return f"#{j}"
-
-
-def paragraph(i: int) -> str:
-    return f"P{i}"
 
 
 def filler(n: int) -> str:
@@ -66,13 +51,10 @@ def filler(n: int) -> str:
 
 def vocabulary() -> list[str]:
     """Every word in id order (special tokens last, in :data:`zoomr.tokens.ALL_SPECIAL_TOKENS` order)."""
-    words = [UNK, BREAK, BOXED, CLOSE, VALUES_HEADER, PLAN_HEADER, *ROLE_WORDS]
+    words = [UNK, BREAK, BOXED, CLOSE, QUERY, PROMPT_WORD, *ROLE_WORDS]
     words += [key(i) for i in range(N_KEYS)]
-    words += [query(i) for i in range(N_KEYS)]
     words += [value(i) for i in range(N_VALUES)]
-    words += [index(j) for j in range(1, N_INDEX + 1)]
-    words += [paragraph(i) for i in range(1, N_PARAGRAPHS + 1)]
-    words += [filler(n) for n in range(1, N_FILLER + 1)]
+    words += [filler(n) for n in range(N_FILLER)]
     words += list(tokens.ALL_SPECIAL_TOKENS)
     if len(set(words)) != len(words):
         raise AssertionError("testbed vocabulary has duplicate words")

@@ -27,7 +27,7 @@ def fingerprint(cfg: Any) -> dict[str, Any]:
     return {
         "model": plain["model"],
         "method": plain.get("method"),
-        "benchmark": {k: bench[k] for k in ("name", "task", "sources", "option_seed")},
+        "benchmark": {k: bench.get(k) for k in ("name", "task", "sources", "option_seed", "options")},
         "generation": {
             k: gen[k]
             for k in (
@@ -58,6 +58,26 @@ def policy_config(cfg: Any, model: Any, tokenizer: Any) -> dict[str, Any] | None
 
     build_policy(method, model.config, tokenizer)  # fail on a bad config before any decoding
     return method
+
+
+def testbed_hooks(bench: BenchmarkConfig, tokenizer: Any, problems: list, max_new_tokens: int) -> dict[str, Any]:
+    """For ``task=testbed``: the environment's script per problem and per-fact recall in every row."""
+    if bench.task != "testbed":
+        return {}
+    from data_prep.testbed_grading import grade, script_ids
+
+    longest = max(p.meta["record"]["response_tokens"] + 1 for p in problems)
+    if max_new_tokens < longest:
+        raise SystemExit(
+            f"benchmark=testbed: generation.max_new_tokens={max_new_tokens} cuts the traces short; "
+            f"the longest needs {longest} (set generation.max_new_tokens={longest} or more)"
+        )
+
+    def details(problem, generation) -> dict[str, Any]:
+        g = grade(problem.meta["record"], generation.text)
+        return {"recall": g["recall"], "recall_accuracy": g["recall_accuracy"]}
+
+    return {"script": lambda p: script_ids(p.meta["record"], tokenizer), "details": details}
 
 
 def run(cfg: Any) -> dict[str, Any]:
@@ -100,6 +120,7 @@ def run(cfg: Any) -> dict[str, Any]:
             batch_size=gen.batch_size,
             seed=gen.seed,
             save_token_ids=gen.save_token_ids,
+            **testbed_hooks(bench, tokenizer, problems, gen.max_new_tokens),
         )
         timeouts = grader.timeouts
     metrics = compute_metrics(rows)

@@ -181,6 +181,26 @@ SOURCES: dict[str, Source] = {
 }
 
 
+def testbed_problems(options: dict[str, Any]) -> list[Problem]:
+    """The recall testbed's fixed test set (``data_prep/testbed.py``), generated from ``options``
+    (:class:`zoomr.schemas.testbed.TestbedData` fields; ``n_test`` problems from ``test_seed``)."""
+    from data_prep.testbed_grading import load_test_problems
+    from zoomr.schemas.testbed import TestbedData
+
+    try:
+        cfg = TestbedData(**options)
+    except TypeError as e:
+        raise ValueError(f"benchmark.options for the testbed: {e}") from None
+    return [
+        Problem(r["id"], r["prompt"], r["answer"], "testbed", "testbed", meta={"record": r})
+        for r in load_test_problems(cfg)
+    ]
+
+
+# Sources generated from the benchmark's ``options`` instead of read from a file.
+GENERATED: dict[str, Callable[[dict[str, Any]], list[Problem]]] = {"testbed": testbed_problems}
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -206,11 +226,19 @@ def _hub_rows(source: Source) -> Iterable[dict[str, Any]]:
 
 
 def load_source(
-    name: str, data_dir: str | Path, source: str = "local", option_seed: int = 1234
+    name: str,
+    data_dir: str | Path,
+    source: str = "local",
+    option_seed: int = 1234,
+    options: dict[str, Any] | None = None,
 ) -> list[Problem]:
-    """Problems of one named source, from the vendored file (``local``) or the hub (``hub``)."""
+    """Problems of one named source, from the vendored file (``local``) or the hub (``hub``), or
+    generated from ``options`` (:data:`GENERATED`)."""
+    if name in GENERATED:
+        return GENERATED[name](dict(options or {}))
     if name not in SOURCES:
-        raise ValueError(f"unknown benchmark source {name!r}; known: {', '.join(sorted(SOURCES))}")
+        known = ", ".join(sorted([*SOURCES, *GENERATED]))
+        raise ValueError(f"unknown benchmark source {name!r}; known: {known}")
     src = SOURCES[name]
     if source == "local":
         path = resolve_repo_path(data_dir) / src.path
@@ -234,12 +262,13 @@ def load_problems(
     source: str = "local",
     option_seed: int = 1234,
     limit: int | None = None,
+    options: dict[str, Any] | None = None,
 ) -> list[Problem]:
     """Problems of several sources in order; duplicate ids across sources are an error."""
     problems: list[Problem] = []
     seen: dict[str, str] = {}
     for name in sources:
-        for p in load_source(name, data_dir, source, option_seed):
+        for p in load_source(name, data_dir, source, option_seed, options):
             if p.id in seen:
                 raise ValueError(
                     f"problem {p.id} appears in sources {seen[p.id]!r} and {name!r}: "
@@ -252,7 +281,9 @@ def load_problems(
 
 def load_benchmark(cfg: Any) -> list[Problem]:
     """Problems of a :class:`zoomr.schemas.eval.BenchmarkConfig` (or any object with its fields)."""
-    problems = load_problems(cfg.sources, cfg.data_dir, cfg.source, cfg.option_seed, cfg.problem_limit)
+    problems = load_problems(
+        cfg.sources, cfg.data_dir, cfg.source, cfg.option_seed, cfg.problem_limit, getattr(cfg, "options", None)
+    )
     wrong = {p.task for p in problems} - {cfg.task}
     if wrong:
         raise ValueError(f"benchmark {cfg.name!r} has task {cfg.task!r} but its sources hold {sorted(wrong)}")

@@ -31,7 +31,8 @@ class Generation:
         return len(self.token_ids)
 
 
-GenerateFn = Callable[[list[str], list[int]], list[Generation]]
+# generate(prompts, seeds[, scripts]): scripts (optional) are the environment's tokens per prompt
+GenerateFn = Callable[..., list[Generation]]
 
 
 def sample_seed(seed: int, problem_id: str, sample: int) -> int:
@@ -76,7 +77,7 @@ def engine_generator(model: Any, tokenizer: Any, policy: dict[str, Any] | None, 
     ``policy`` (the ``+method=`` node; None = full KV). A fresh cache is built for every batch."""
     from zoomr.engine import DecodeSettings, generate
 
-    def run(prompts: list[str], seeds: list[int]) -> list[Generation]:
+    def run(prompts: list[str], seeds: list[int], scripts: list[list[int | None]] | None = None) -> list[Generation]:
         settings = DecodeSettings(
             max_new_tokens=gen.max_new_tokens,
             temperature=gen.temperature,
@@ -85,7 +86,7 @@ def engine_generator(model: Any, tokenizer: Any, policy: dict[str, Any] | None, 
             seed=list(seeds),
             progress=False,
         )
-        outs = generate(model, tokenizer, prompts, policy, settings)
+        outs = generate(model, tokenizer, prompts, policy, settings, script=scripts)
         return [
             Generation(
                 text=o.text,

@@ -278,7 +278,7 @@ class Grader:
     def grade(
         self, samples: Sequence[tuple[str, str, str]], on_result: Callable[[int, Grade], None] | None = None
     ) -> list[Grade]:
-        """Grade ``(text, gold, task)`` triples (task: math | gpqa); results in input order.
+        """Grade ``(text, gold, task)`` triples (task: math | gpqa | testbed); results in input order.
 
         ``on_result(i, grade)`` is called as each sample finishes (in completion order).
         """
@@ -295,6 +295,11 @@ class Grader:
             t0 = time.perf_counter()
             if task == "gpqa":
                 g = grade_letter(text, gold)
+            elif task == "testbed":
+                from data_prep.testbed_grading import grade_answer
+
+                extracted, ok = grade_answer(text, gold)
+                g = Grade(extracted, ok, "exact" if ok else "none")
             elif task == "math":
                 boxed, ok = exact_match(text, gold) if self.exact_first else (None, False)
                 if ok or not self.math_verify:

@@ -27,6 +27,8 @@ def user_message(problem: Problem) -> str:
     if problem.task == "gpqa":
         options = "\n".join(f"{letter}) {choice}" for letter, choice in zip(LETTERS, problem.choices))
         return f"{GPQA_INSTRUCTION}\n\n{problem.question}\n\n{options}"
+    if problem.task == "testbed":  # the synthetic task's own prompt (its model knows no instruction)
+        return problem.question
     raise ValueError(f"problem {problem.id}: unknown task {problem.task!r}")
 
 

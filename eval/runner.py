@@ -68,8 +68,15 @@ def evaluate(
     save_token_ids: bool = False,
     progress: bool = True,
     on_row: Callable[[dict[str, Any]], None] | None = None,
+    script: Callable[[Problem], list[int | None]] | None = None,
+    details: Callable[[Problem, Generation], dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every missing (problem, sample) and return the rows of all keys in scope, in order."""
+    """Run every missing (problem, sample) and return the rows of all keys in scope, in order.
+
+    ``script(problem)``: the environment's tokens for the generator (``zoomr.engine.generate(script=…)``;
+    the testbed's facts). ``details(problem, generation)``: extra fields for the row (the testbed's
+    per-fact recall).
+    """
     if n_samples < 1 or batch_size < 1:
         raise ValueError(f"n_samples and batch_size must be >= 1, got {n_samples}, {batch_size}")
     store.load()
@@ -86,7 +93,7 @@ def evaluate(
         texts = [prompts.setdefault(p.id, render(p)) for p, _ in batch]
         seeds = [sample_seed(seed, p.id, s) for p, s in batch]
         t0 = time.perf_counter()
-        gens = generate(texts, seeds)
+        gens = generate(texts, seeds, [script(p) for p, _ in batch]) if script else generate(texts, seeds)
         seconds = time.perf_counter() - t0
         if len(gens) != len(batch):
             raise RuntimeError(f"generator returned {len(gens)} samples for a batch of {len(batch)}")
@@ -95,6 +102,8 @@ def evaluate(
             nonlocal correct, graded
             problem, sample = batch[i]
             row = make_row(benchmark, problem, sample, gens[i], grade, seconds, save_token_ids)
+            if details:
+                row.update(details(problem, gens[i]))
             store.append(row)
             correct += row["correct"]
             graded += 1

@@ -121,6 +121,25 @@ def test_forced_tokens_take_custom_positions(tiny2):
     assert int(cache.lengths[0]) == P + 2  # forced rows inside the span do not advance the logical length
 
 
+def test_script_writes_the_environment_tokens_and_the_model_the_rest(tiny2):
+    """Scripted positions hold the environment's ids; every model position is the greedy argmax of a full
+    forward pass over the sequence so far (the engine's incremental decode agrees with one forward)."""
+    model, tok = tiny2
+    prompts = [tok("scripted", add_special_tokens=False).input_ids, tok("another prompt", add_special_tokens=False).input_ids]
+    scripts = [[50, None, 51, 52, None, None, 53], [None, 60, None]]
+    s = DecodeSettings(9, progress=False, stop_token_ids=[])
+    out = generate(model, tok, prompts, None, s, script=scripts)
+    for o, p, sc in zip(out, prompts, scripts):
+        assert o.n_tokens == 9 and o.n_scripted == sum(t is not None for t in sc)
+        assert [t for t, want in zip(o.token_ids, sc) if want is not None] == [t for t in sc if t is not None]
+        logits = model(input_ids=torch.tensor([p + o.token_ids])).logits[0]
+        for t, tok_id in enumerate(o.token_ids):
+            if t >= len(sc) or sc[t] is None:  # the model's choice (past the script it writes freely)
+                assert tok_id == int(logits[len(p) + t - 1].argmax())
+    with pytest.raises(ValueError, match="scripts for"):
+        generate(model, tok, prompts, None, s, script=scripts[:1])
+
+
 def test_stats_per_step(tiny2):
     model, tok = tiny2
     cfg = {"policy": "streaming", "budget_rows": 12}

@@ -110,3 +110,31 @@ def test_sigkill_mid_run_then_resume(tmp_path, cache_dir):
     # a third run has nothing left to do and changes nothing
     again = subprocess.run(_cli(cut), cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and len(_lines(cut)) == total
+
+
+def test_testbed_benchmark_scripted_and_graded_per_fact(tmp_path, cache_dir):
+    """``benchmark=testbed``: the environment's tokens are exactly the problem's, the model writes the
+    answers, and every row carries per-fact recall; a cap shorter than a trace is refused up front."""
+    from data_prep.testbed_grading import grade
+
+    small = ["benchmark=testbed", "model=tiny-testbed", "benchmark.options.n_test=3",
+             "benchmark.options.trace_tokens=128", "generation.temperature=0", "generation.n_samples=1",
+             "generation.max_new_tokens=160", "grading.workers=1", "logger=none"]  # fmt: skip
+    with pytest.raises(SystemExit, match="max_new_tokens=100 cuts"):
+        _run_in_process(tmp_path / "short", cache_dir, *small, "generation.max_new_tokens=100")
+    metrics = _run_in_process(tmp_path / "tb", cache_dir, *small)
+    assert metrics["pooled"]["samples"] == 3
+    rows = [json.loads(line) for line in _lines(tmp_path / "tb")]
+    from eval.benchmarks import testbed_problems
+
+    records = {p.id: p.meta["record"] for p in testbed_problems({"n_test": 3, "trace_tokens": 128})}
+    for r in rows:
+        rec = records[r["problem_id"]]
+        assert r["n_tokens"] == rec["response_tokens"] + 1  # the trace, then the scripted end of turn
+        model = set(rec["model_writes"])
+        ref = [(w, i in model) for i, w in enumerate(rec["response"].split(" ")) if w.strip()]
+        words = r["text"].split()
+        assert len(words) == len(ref) and any(m for _, m in ref)
+        assert all(w == want for w, (want, m) in zip(words, ref) if not m)  # the script was followed
+        assert r["recall"] == grade(rec, r["text"])["recall"] and len(r["recall"]) == len(rec["queries"])
+        assert r["correct"] == grade(rec, r["text"])["correct"]

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import random
-from collections import Counter
 
 import pytest
 
 from data_prep import testbed_tokenizer as tt
 from data_prep.testbed import generate, paragraph_cost, problems
 from data_prep.testbed_curriculum import Curriculum, copy_batch, max_length_at, scaled_data
-from data_prep.testbed_grading import grade, load_test_problems, prompt_messages, summarize
+from data_prep.testbed_grading import grade, load_test_problems, prompt_messages, script_ids, summarize
 from zoomr import tokens
 from zoomr.schemas.testbed import CurriculumSettings, TestbedData
 
@@ -62,79 +61,90 @@ def test_generation_is_a_function_of_the_seed():
 
 def test_structure_and_lengths(long_problems):
     for p in long_problems:
-        assert len(p.response_words) <= 1024
+        w = p.response_words
+        assert len(w) <= 1024
         assert p.n_paragraphs >= 8
         keys = [f.key for f in p.facts]
         assert len(set(keys)) == len(keys)  # a key is defined once
         asked = [q.fact.index for q in p.queries]
         assert len(set(asked)) == len(asked)  # a fact is queried at most once
+        for f in p.facts:
+            assert w[f.definition_pos - 1 : f.definition_pos + 1] == [tt.key(f.key), tt.value(f.value)]
         for q in p.queries:
             assert q.paragraph == 0 or q.fact.paragraph < q.paragraph  # only facts of earlier paragraphs
-            assert p.response_words[q.definition_pos] == tt.value(q.fact.value)
-            assert p.response_words[q.answer_pos] == tt.value(q.fact.value)
-            assert p.response_words[q.answer_pos - 1] == tt.query(q.fact.key)
+            assert w[q.answer_pos - 2 : q.answer_pos + 1] == [tt.QUERY, tt.key(q.fact.key), tt.value(q.fact.value)]
+            assert q.distance == q.answer_pos - q.fact.definition_pos > 0
         final = [q.fact.index for q in p.queries if q.paragraph == 0]
         unasked = sorted(set(f.index for f in p.facts) - set(asked[: len(asked) - len(final)]))
         assert final == unasked[: len(final)]  # the \boxed{} answer recalls the earliest unqueried facts
-        assert p.response_words.count(tt.BREAK) == p.n_paragraphs
+        assert w.count(tt.BREAK) == p.n_paragraphs
+        # the model writes exactly the answers (summaries are the environment's by default)
+        assert p.model_writes == [q.answer_pos for q in p.queries]
 
 
 def test_reference_distances_reach_far(long_problems):
     d = [q.distance for p in long_problems for q in p.queries]
     far = sum(x > 256 for x in d) / len(d)
     assert far > 0.3, far
+    assert sum(x < 64 for x in d) / len(d) > 0.1
     assert all(q.distance > 256 for p in long_problems for q in p.queries if q.paragraph == 0)
 
 
-def test_no_shortcut_prompt_never_binds_a_key_to_a_value(long_problems):
-    """The prompt's value list holds no keys and its plan no values; the binding exists only in the trace."""
+def test_no_shortcut_the_definition_is_the_only_copy_of_a_binding(long_problems):
+    """Nothing but the fact's definition joins its key to its value: not the prompt, not a summary, not an
+    earlier answer (a fact is queried once); so evicting the definition loses the fact."""
     for p in long_problems:
-        plan_at = p.prompt_words.index(tt.PLAN_HEADER)
-        value_list, plan = p.prompt_words[1:plan_at], p.prompt_words[plan_at + 1 :]
-        assert all(w.startswith("#") or w.startswith("v") for w in value_list)
-        assert not any(w.startswith("v") or w.startswith("#") for w in plan)
-        # the value list is shuffled: its order is not the definition order
-        order = [int(w[1:]) for w in value_list[0::2]]
-        assert order != sorted(order)
-        # in the response, a key is followed by its value only in its definition
+        w = p.response_words
+        assert not any(x.startswith("k") or x.startswith("v") for x in p.prompt_words)
         for f in p.facts:
-            k = tt.key(f.key)
-            follows = [p.response_words[i + 1] for i, w in enumerate(p.response_words[:-1]) if w == k]
-            assert follows.count(tt.value(f.value)) == 1
+            k, v = tt.key(f.key), tt.value(f.value)
+            before_answer = [i for i, x in enumerate(w[:-1]) if x == k and w[i + 1] == v]
+            assert before_answer[0] == f.definition_pos - 1  # the definition comes first
+            assert len(before_answer) <= 2  # and at most one answer repeats it, later
+        # a summary names keys, never a value
+        for i, x in enumerate(w):
+            if x == tokens.BEGIN_SUMMARY:
+                assert not any(y.startswith("v") for y in w[i + 1 : w.index(tokens.END_SUMMARY, i)])
 
 
-def test_summaries_are_lossy_and_name_the_paragraph(long_problems):
+def test_summaries_are_lossy_and_list_the_paragraphs_keys(long_problems):
     p = long_problems[0]
     w = p.response_words
     starts = [i for i, x in enumerate(w) if x == tokens.BEGIN_SUMMARY]
     assert len(starts) == p.n_paragraphs
     for n, i in enumerate(starts, 1):
         body = w[i + 1 : w.index(tokens.END_SUMMARY, i)]
-        assert body[0] == tt.paragraph(n)
-        assert body[1:] == [tt.key(f.key) for f in p.facts if f.paragraph == n]
-        assert not any(x.startswith("v") for x in body)
+        assert body == [tt.key(f.key) for f in p.facts if f.paragraph == n]
+        assert w[w.index(tokens.END_SUMMARY, i) + 1] == tt.BREAK
+
+
+def test_model_writes_summaries_marks_their_keys():
+    cfg = TestbedData(trace_tokens=300, summaries=True, model_writes_summaries=True)
+    p = generate(cfg, random.Random(2))
+    w = p.response_words
+    written = [w[i] for i in p.model_writes]
+    n_summary = sum(1 for f in p.facts) + p.n_paragraphs  # every key and every end-of-summary marker
+    assert len(written) == len(p.queries) + n_summary
+    assert written.count(tokens.END_SUMMARY) == p.n_paragraphs
+    assert tokens.BEGIN_SUMMARY not in written  # the environment opens the summary
 
 
 def test_paragraph_cost_matches_rendering():
     cfg = TestbedData(trace_tokens=400, summaries=True)
     p = generate(cfg, random.Random(5))
-    para_tokens = len(p.response_words) - 2 - 2 * cfg.final_queries
-    assert para_tokens == sum(
-        paragraph_cost(n, q, f, True)
-        for n, q, f in _paragraph_shapes(p)
-    )
-
-
-def _paragraph_shapes(p):
     w = p.response_words
-    out = []
+    para_tokens = w.index(tt.BOXED)
+    shapes = []
+    start = 0
     for n in range(1, p.n_paragraphs + 1):
+        end = w.index(tt.BREAK, start)
         facts = sum(f.paragraph == n for f in p.facts)
         queries = sum(q.paragraph == n for q in p.queries)
-        start = w.index(tt.paragraph(n))
-        filler = sum(x.startswith("w") for x in w[start : w.index(tt.BREAK, start)])
-        out.append((facts, queries, filler))
-    return out
+        filler = sum(x.startswith("w") for x in w[start:end])
+        shapes.append((facts, queries, filler))
+        start = end + 1
+    assert para_tokens == sum(paragraph_cost(f, q, fl, True) for f, q, fl in shapes)
+    assert len(w) - para_tokens == 2 + 3 * sum(q.paragraph == 0 for q in p.queries)
 
 
 def test_invalid_configs_fail_clearly():
@@ -142,56 +152,85 @@ def test_invalid_configs_fail_clearly():
         generate(TestbedData(facts_per_paragraph=[0, 2]), random.Random(0))
     with pytest.raises(ValueError, match="too short"):
         generate(TestbedData(trace_tokens=20), random.Random(0))
-    with pytest.raises(ValueError, match="vocabulary"):
-        generate(TestbedData(trace_tokens=16384, filler=[0, 0]), random.Random(0))
+    with pytest.raises(ValueError, match="n_keys"):
+        generate(TestbedData(trace_tokens=16384), random.Random(0))
+    with pytest.raises(ValueError, match="model_writes_summaries"):
+        generate(TestbedData(model_writes_summaries=True), random.Random(0))
+    with pytest.raises(ValueError, match="filler_after"):
+        generate(TestbedData(filler_after=[5, 2]), random.Random(0))
 
 
 def test_grader_on_reference_and_corruptions():
     rec = load_test_problems(TestbedData(trace_tokens=512, summaries=True), 2)[0]
     ok = grade(rec, rec["response"])
-    assert ok["correct"] and ok["trace_exact"] and ok["recall_accuracy"] == 1.0 and ok["definitions_correct"] == 1.0
-    words = rec["response"].split()
+    assert ok["correct"] and ok["recall_accuracy"] == 1.0 and ok["summaries_exact"] == 1.0
+    words = rec["response"].split(" ")
+
+    def corrupt(pos: int) -> str:
+        bad = words[:]
+        bad[pos] = "v31" if words[pos] != "v31" else "v30"
+        return " ".join(bad)
+
     # a wrong final value: the answer is wrong, that fact's recall too
     final = next(q for q in rec["queries"] if q["final"])
-    i = len(words) - 1 - words[::-1].index(tt.query(int(final["key"][1:])))
-    bad = words[:]
-    bad[i + 1] = "v31" if words[i + 1] != "v31" else "v30"
-    g = grade(rec, " ".join(bad))
-    assert not g["correct"] and g["recall_accuracy"] < 1 and not g["trace_exact"]
-    assert [r["correct"] for r in g["recall"]].count(False) == 1
+    g = grade(rec, corrupt(final["answer_pos"]))
+    assert not g["correct"] and [r["correct"] for r in g["recall"]].count(False) == 1
     # a wrong paragraph answer: recall drops, the final answer still stands
     mid = next(q for q in rec["queries"] if not q["final"])
-    j = words.index(tt.query(int(mid["key"][1:])))
-    bad = words[:]
-    bad[j + 1] = "v31" if words[j + 1] != "v31" else "v30"
-    g = grade(rec, " ".join(bad))
+    g = grade(rec, corrupt(mid["answer_pos"]))
     assert g["correct"] and g["recall_accuracy"] < 1
     # decoders that skip special tokens, or a transcript with the prompt, grade the same
     skipped = " ".join(w for w in words if w not in (tokens.BEGIN_SUMMARY, tokens.END_SUMMARY))
     assert grade(rec, skipped)["correct"]
     transcript = f"{tokens.IM_START} user {rec['prompt']} {tokens.IM_END} {tokens.IM_START} assistant {rec['response']} {tokens.IM_END}"
-    assert grade(rec, transcript)["trace_exact"]
+    assert grade(rec, transcript)["recall_accuracy"] == 1.0
     assert not grade(rec, "")["correct"]
     s = summarize([ok, g])
     assert s["answer_accuracy"] == 1.0 and s["problems"] == 2 and 0 < s["recall_all"] < 1
+
+
+def test_script_marks_exactly_the_model_positions(tokenizer):
+    rec = load_test_problems(TestbedData(trace_tokens=256), 1)[0]
+    script = script_ids(rec, tokenizer)
+    assert len(script) == rec["response_tokens"] + 1 and script[-1] == tokenizer.convert_tokens_to_ids(tokens.IM_END)
+    assert [i for i, t in enumerate(script) if t is None] == rec["model_writes"]
+    filled = [t if t is not None else tokenizer.convert_tokens_to_ids(w) for t, w in zip(script, rec["response"].split(" "))]
+    assert filled == tokenizer(rec["response"], add_special_tokens=False).input_ids
 
 
 def test_curriculum_lengths_and_batches(tokenizer):
     cur = CurriculumSettings()
     lengths = [max_length_at(s, 1000, 1024, cur) for s in range(0, 1000, 50)]
     assert lengths[0] == 64 and lengths[-1] == 1024 and lengths == sorted(lengths)
-    assert scaled_data(TestbedData(filler=[12, 40]), 64, cur).filler == [0, 0]
-    assert scaled_data(TestbedData(filler=[12, 40]), 600, cur).filler == [12, 40]
+    short, full = scaled_data(TestbedData(), 64, cur), scaled_data(TestbedData(), 600, cur)
+    assert short.filler_before == short.filler_after == [0, 0]
+    assert full.filler_before == TestbedData().filler_before and full.filler_after == TestbedData().filler_after
     enc = tt.FastEncoder(tokenizer)
-    stream = Curriculum(TestbedData(trace_tokens=256), cur, total_steps=20, tokens_per_step=1024, enc=enc)
-    b = stream.batch(10)
-    assert b.kind == "trace" and (b.input_ids == stream.batch(10).input_ids).all()
-    # labels are the next input token wherever they are set; answers are labelled and have distances
+    cur = CurriculumSettings(copy_steps=4, recall_steps=2, copy_warmup_fraction=0.5)
+    stream = Curriculum(TestbedData(trace_tokens=256), cur, total_steps=22, tokens_per_step=1024, enc=enc)
+    kinds = [stream.batch(s).kind for s in range(14)]
+    assert kinds[:6] == ["copy"] * 4 + ["recall"] * 2  # the warm-up phases
+    assert kinds[6:14] == ["trace", "copy"] * 4  # then every other batch copies for half the 16 trace steps
+    assert stream.batch(14).kind == stream.batch(15).kind == "trace"
+    r = stream.batch(4 + 1)
+    for row, lab in zip(r.input_ids.tolist(), r.labels.tolist()):
+        for t, y in enumerate(lab):
+            if y != -100:  # "? k v": the label at k is the value defined right after k's first occurrence
+                assert row[t - 1] == enc.ids[tt.QUERY] and row[t + 1] == y
+                assert row[row.index(row[t]) + 1] == y and row.index(row[t]) < t - 1
+    b = stream.batch(14)
+    assert b.kind == "trace" and (b.input_ids == stream.batch(14).input_ids).all()
+    # labels are the next input token wherever they are set, and set exactly at the answers
     lab = b.labels[:, :-1]
     sel = lab != -100
     assert (lab[sel] == b.input_ids[:, 1:][sel]).all()
+    assert ((b.labels != -100) == b.answer_mask).all()
     assert b.answer_mask.any() and (b.distances[b.answer_mask] > 0).all()
-    assert Counter(stream.batch(1).kind for _ in range(1))["copy"] == 1  # warm-up: odd early steps copy
-    c = copy_batch(cur, 512, random.Random(0), enc, stream.pad_id)
-    row, n = c.input_ids[0], c.input_ids.shape[1] // 2
-    assert (row[:n] == row[n:]).all() and (c.labels[0, : n - 1] == -100).all()
+    c = copy_batch(cur, 2048, random.Random(0), enc, stream.pad_id)
+    assert c.tokens >= 2048 and c.input_ids.shape[0] > 1
+    for row, lab in zip(c.input_ids.tolist(), c.labels.tolist()):
+        labelled = [t for t, y in enumerate(lab) if y != -100]
+        n = len(labelled) + 1  # the block length: every repeat token but the first is a target
+        end = labelled[-1] + 2
+        assert row[end - n : end] == row[end - 2 * n : end - n]  # the block, then its repeat
+        assert [lab[t] for t in labelled] == row[end - n + 1 : end]

@@ -6,7 +6,7 @@ evaluator loads it with ``from_pretrained``. TRL's SFTTrainer (``+method=sft dat
 has no curriculum or copy warm-up and recomputes chat templates per example; this loop is what meets
 the time bar. Recipe (shared/specs/TESTBED_NOTES.md): AdamW β (0.9, 0.98), weight decay on matrices
 only, warm-up then cosine to 10%, clip 1.0, ~8k tokens per step, embeddings initialised at std 0.02.
-Loss on every response token (the model generates the whole trace at evaluation).
+Loss on the positions the model writes at evaluation (the answers), never on the environment's tokens.
 
 Checkpoints (model, optimizer, step) go to ``<run_dir>/checkpoints/step-N``; ``resume=auto`` continues
 from the newest one (the batch stream is a function of the step, so a resumed run sees the same data).
@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,17 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def init_weights(model: torch.nn.Module, method: TestbedTrainMethod) -> None:
+    """Embeddings (tied with the head) ~ N(0, ``embedding_init_std``); with ``linear_init=torch`` every linear
+    layer gets PyTorch's default Kaiming-uniform init (std 1/sqrt(3 fan_in), 0.051 at d=128) instead of the
+    hub's N(0, 0.02), as in the feasibility recipe (shared/specs/TESTBED_NOTES.md)."""
+    torch.nn.init.normal_(model.get_input_embeddings().weight, std=method.embedding_init_std)
+    if method.linear_init == "torch":
+        for m in model.modules():
+            if isinstance(m, torch.nn.Linear) and m is not model.get_output_embeddings():
+                m.reset_parameters()
+
+
 def lr_at(step: int, m: TestbedTrainMethod) -> float:
     if step < m.warmup_steps:
         return m.learning_rate * (step + 1) / m.warmup_steps
@@ -56,17 +68,13 @@ def lr_at(step: int, m: TestbedTrainMethod) -> float:
     return m.learning_rate * (m.min_lr_ratio + (1 - m.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def batch_loss(model, batch: Batch, answer_weight: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weighted mean CE over labelled positions, logits)."""
+def batch_loss(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean CE over labelled positions, logits)."""
     logits = model(input_ids=batch.input_ids).logits
-    ce = F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(), ignore_index=-100, reduction="none")
-    w = (batch.labels.flatten() != -100).float()
-    if answer_weight != 1.0:
-        w = w + (answer_weight - 1.0) * batch.answer_mask.flatten().float()
-    return (ce * w).sum() / w.sum().clamp(min=1), logits
+    return F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(), ignore_index=-100), logits
 
 
-TOKEN_KINDS = {"k": "key", "Q": "query", "v": "value", "#": "index", "P": "para", "w": "filler"}
+TOKEN_KINDS = {"k": "key", "v": "value", "w": "filler"}
 
 
 def token_kinds(tokenizer) -> tuple[torch.Tensor, list[str]]:
@@ -118,7 +126,7 @@ def held_out_batches(data: TestbedData, n: int, enc, pad_id: int) -> list[Batch]
 
 def check_tokenizer(tokenizer) -> None:
     vocab = tokenizer.get_vocab()
-    missing = [w for w in (tt.key(0), tt.value(0), tt.index(1), tt.BOXED, tokens.BEGIN_SUMMARY) if w not in vocab]
+    missing = [w for w in (tt.key(0), tt.value(0), tt.QUERY, tt.BOXED, tokens.BEGIN_SUMMARY) if w not in vocab]
     if missing:
         raise SystemExit(
             f"model tokenizer lacks testbed words {missing}: use model=tiny-testbed (or a model config with "
@@ -142,13 +150,17 @@ def save_checkpoint(model, tokenizer, opt, step: int, elapsed: float, ckpt_dir: 
         old.rmdir()
 
 
-def finalize(model, tokenizer, out: Path) -> None:
-    """Save for ``from_pretrained``; generation stops at ``<|im_end|>`` (end of the assistant turn)."""
+def finalize(model, tokenizer, data: TestbedData, out: Path) -> None:
+    """Save for ``from_pretrained``, with the data config it learned (``testbed_data.json``: the evaluation
+    scripts test a model on its own distribution); generation stops at ``<|im_end|>``."""
+    from analysis.testbed_arms import DATA_FILE
+
     im_end = tokenizer.convert_tokens_to_ids(tokens.IM_END)
     model.generation_config.eos_token_id = [im_end, tokenizer.eos_token_id]
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    (out / DATA_FILE).write_text(json.dumps(asdict(data), indent=2))
 
 
 def run(cfg) -> dict[str, Any]:
@@ -162,7 +174,7 @@ def run(cfg) -> dict[str, Any]:
     check_tokenizer(tokenizer)
     torch.manual_seed(cfg.seed)
     model = load_model(spec, cfg.cache_dir).train()
-    torch.nn.init.normal_(model.get_input_embeddings().weight, std=method.embedding_init_std)
+    init_weights(model, method)
     opt = torch.optim.AdamW(param_groups(model, method.weight_decay), lr=method.learning_rate, betas=tuple(method.betas))
     enc = tt.FastEncoder(tokenizer)
     stream = Curriculum(data, method.curriculum, method.max_steps, method.tokens_per_step, enc)
@@ -188,7 +200,7 @@ def run(cfg) -> dict[str, Any]:
         batch = stream.batch(step)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, method)
-        loss, _ = batch_loss(model, batch, method.answer_loss_weight)
+        loss, _ = batch_loss(model, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), method.max_grad_norm)
@@ -211,7 +223,7 @@ def run(cfg) -> dict[str, Any]:
             break
     wall = prior + time.time() - t0
     final_dir = run_dir / "final"
-    finalize(model, tokenizer, final_dir)
+    finalize(model, tokenizer, data, final_dir)
     from train.report import write_summary
 
     last = history[-1] if history else teacher_forced_eval(model, held_out)

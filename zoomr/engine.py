@@ -5,6 +5,9 @@ Our own loop rather than ``model.generate``: each sequence of a left-padded batc
 from the rows the policy holds — so a batch decodes exactly like its prompts one by one, eviction included.
 Finished sequences leave the batch (their rows are freed). A policy may ask for forced tokens (pause /
 cache tokens) that run alongside other sequences' ordinary decode tokens; their outputs are not sampled.
+A *script* lets an environment write some response tokens (tool outputs, observations, the testbed's
+random facts): at a scripted position the environment's token replaces the model's sample and is then
+decoded like any other (one step, seen and evicted by the policy); at ``None`` positions the model writes.
 
     outs = generate(model, tokenizer, prompts, build_policy(cfg.method, model.config, tokenizer),
                     DecodeSettings(max_new_tokens=512, temperature=0.6, top_p=0.95, top_k=20, seed=1234))
@@ -88,6 +91,7 @@ class SequenceOutput:
     stop_reason: str  # eos | stop_string | length
     n_forced: int
     stats: StepStats
+    n_scripted: int = 0  # response tokens written by the script, not the model
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -95,6 +99,7 @@ class SequenceOutput:
             "hit_cap": self.hit_cap,
             "stop_reason": self.stop_reason,
             "n_forced": self.n_forced,
+            "n_scripted": self.n_scripted,
             "mean_rows": self.stats.mean_rows,
             "peak_kv_bytes": int(self.stats.kv_bytes.max()) if self.stats.kv_bytes.size else 0,
             "select_s": float(self.stats.select_s.sum()),
@@ -190,10 +195,13 @@ def generate(
     prompts: Sequence[str] | Sequence[Sequence[int]],
     policy: PolicyCache | Any = None,
     settings: DecodeSettings | None = None,
+    script: Sequence[Sequence[int | None]] | None = None,
 ) -> list[SequenceOutput]:
     """Decode every prompt with ``policy`` (a fresh :class:`PolicyCache`, or a policy config; None = full KV).
 
     Prompts are strings (tokenised as is: apply the chat template first) or lists of token ids.
+    ``script[i][t]``: the id the environment writes as response token ``t`` of prompt ``i`` (``None``:
+    the model writes it); past the end of a script the model writes freely.
     """
     settings = settings or DecodeSettings()
     if policy is None:
@@ -220,6 +228,8 @@ def generate(
     seeds = settings.seed if isinstance(settings.seed, list) else [settings.seed + i for i in range(B)]
     if len(seeds) != B:
         raise ValueError(f"{len(seeds)} seeds for {B} prompts")
+    if script is not None and len(script) != B:
+        raise ValueError(f"{len(script)} scripts for {B} prompts")
     gens = (
         [torch.Generator(device=device).manual_seed(int(sd)) for sd in seeds]
         if settings.temperature
@@ -233,6 +243,7 @@ def generate(
 
     out_ids: list[list[int]] = [[] for _ in range(B)]
     n_forced = [0] * B
+    n_scripted = [0] * B
     reason: list[str | None] = [None] * B
     rec = [_Recorder() for _ in range(B)]
     active = list(range(B))  # batch row -> sequence index
@@ -293,6 +304,10 @@ def generate(
         while True:
             # ---- account the sampled tokens, stop finished sequences
             for r, i in enumerate(active):
+                t = len(out_ids[i])
+                if script is not None and t < len(script[i]) and script[i][t] is not None:
+                    pending[r] = int(script[i][t])
+                    n_scripted[i] += 1
                 tok = pending[r]
                 out_ids[i].append(tok)
                 if tok in stop_ids:
@@ -366,6 +381,7 @@ def generate(
                 stop_reason=reason[i] or "length",
                 n_forced=n_forced[i],
                 stats=rec[i].build(),
+                n_scripted=n_scripted[i],
             )
         )
     return outputs

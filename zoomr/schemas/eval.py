@@ -9,6 +9,7 @@ the defaults are small enough for a tiny model on a CPU.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -17,8 +18,10 @@ class BenchmarkConfig:
 
     ``sources``: names from :data:`eval.benchmarks.SOURCES` (one vendored file each, with its hub id).
     ``source``: ``local`` reads the files vendored under ``data_dir``; ``hub`` loads the same sets
-    with ``datasets.load_dataset`` (needs hub access). ``task``: ``math`` (boxed answer) or
-    ``gpqa`` (multiple choice, ``Answer: X``). ``problem_limit``: first N problems (quick runs).
+    with ``datasets.load_dataset`` (needs hub access). ``task``: ``math`` (boxed answer),
+    ``gpqa`` (multiple choice, ``Answer: X``) or ``testbed`` (the synthetic recall testbed, generated
+    from ``options``: the :class:`zoomr.schemas.testbed.TestbedData` fields, graded exactly).
+    ``problem_limit``: first N problems (quick runs).
     """
 
     name: str = "math500"
@@ -28,6 +31,7 @@ class BenchmarkConfig:
     data_dir: str = "eval/data/benchmarks"
     problem_limit: int | None = None
     option_seed: int = 1234  # GPQA: options shuffled per question with this seed (same order in every arm)
+    options: dict[str, Any] = field(default_factory=dict)  # settings of a generated source (testbed)
     paper_samples: int | None = None  # documentation only: samples per problem in the papers
     paper_max_new_tokens: int | None = None  # documentation only: generation cap in the papers
 

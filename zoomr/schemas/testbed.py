@@ -21,12 +21,15 @@ class TestbedData:
     name: str = "testbed"
     loader: str = "data_prep.testbed"  # module with sft_dataset(data, tokenizer) -> datasets.Dataset
     trace_tokens: int = 1024  # upper bound on the response length (the reasoning trace + final answer)
-    facts_per_paragraph: list[int] = field(default_factory=lambda: [2, 4])
-    queries_per_paragraph: list[int] = field(default_factory=lambda: [0, 3])
-    filler: list[int] = field(default_factory=lambda: [12, 40])  # countdown filler at each paragraph's end
+    n_keys: int = 256  # keys drawn from the first n_keys of the tokenizer's (MQAR difficulty grows with it)
+    facts_per_paragraph: list[int] = field(default_factory=lambda: [3, 4])
+    queries_per_paragraph: list[int] = field(default_factory=lambda: [1, 3])  # about earlier paragraphs
+    filler_before: list[int] = field(default_factory=lambda: [8, 32])  # filler words before the facts
+    filler_after: list[int] = field(default_factory=lambda: [0, 8])  # between the facts and the queries
     final_queries: int = 8  # the \boxed{} answer recalls the earliest facts still unqueried
     query_age_bias: float = 0.0  # a query picks an eligible fact with weight (age rank + 1) ** bias; 0 = uniform
-    summaries: bool = False  # insert <|begin_of_summary|> P_i keys… <|end_of_summary|> after each paragraph
+    summaries: bool = False  # insert <|begin_of_summary|> keys… <|end_of_summary|> after each paragraph
+    model_writes_summaries: bool = False  # the model (not the environment) writes each summary's keys
     seed: int = 0  # training stream seed
     n_train: int = 2000  # examples materialised by sft_dataset (the generic TRL path)
     n_test: int = 256  # test problems (load_test_problems)
@@ -40,8 +43,12 @@ class CurriculumSettings:
     start_tokens: int = 64
     grow_fraction: float = 0.5  # fraction of the step budget over which the maximum length grows
     full_length_fraction: float = 0.5  # after growth, this fraction of batches use the full length
-    filler_full_at: int = 512  # filler range scales linearly from 0 at start_tokens to full at this length
-    copy_warmup_fraction: float = 0.15  # first fraction of steps: every other step is a copy task
+    filler_full_at: int = 512  # filler ranges scale linearly from 0 at start_tokens to full at this length
+    copy_steps: int = 600  # first steps: every batch is the copy task (forms induction heads), then traces
+    copy_warmup_fraction: float = 0.0  # then, for this fraction of the remaining steps, every other batch copies
+    recall_steps: int = 150  # then bare associative recall (facts, then queries), then the trace curriculum
+    recall_facts: list[int] = field(default_factory=lambda: [4, 32])  # facts per recall row
+    copy_tokens_per_step: int = 4096  # copy and recall batches are short: this many tokens each
     copy_block: list[int] = field(default_factory=lambda: [8, 64])
 
 
@@ -49,13 +56,13 @@ class CurriculumSettings:
 class TestbedTrainMethod:
     """From-scratch full training on freshly generated testbed traces (plain PyTorch loop).
 
-    Loss on every response token (the whole trace is a deterministic function of the prompt, and the
-    model generates all of it at evaluation); answer tokens can be up-weighted.
+    Loss on the positions the model writes at evaluation (answers; summaries if the data says so), never
+    on the environment's random tokens.
     """
 
     name: str = "sft_testbed"
     trainer: str = "testbed_pretrain"
-    max_steps: int = 1200
+    max_steps: int = 2550
     max_seconds: float = 0.0  # >0: stop (and save) once this much wall time has passed
     tokens_per_step: int = 8192
     learning_rate: float = 2e-3
@@ -65,7 +72,7 @@ class TestbedTrainMethod:
     weight_decay: float = 0.1  # matrices only; never embeddings or norms
     max_grad_norm: float = 1.0
     embedding_init_std: float = 0.02
-    answer_loss_weight: float = 1.0  # weight of query-answer tokens relative to other response tokens
+    linear_init: str = "torch"  # torch (Kaiming-uniform, the recipe's) | hub (keep the config's N(0, initializer_range))
     curriculum: CurriculumSettings = field(default_factory=CurriculumSettings)
     eval_every: int = 100  # teacher-forced answer accuracy on held-out full-length traces
     eval_examples: int = 16

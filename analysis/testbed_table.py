@@ -1,0 +1,185 @@
+"""The recall testbed's results table: greedy accuracy of full KV vs StreamingLLM and H2O at fractions of
+the full rows, with recall by reference distance (issue 7; a table, a JSON and a plot).
+
+    python -m analysis.testbed_table --model runs/train/tb-nosum/final --model runs/train/tb-sum/final \\
+        --n 256 --fractions 0.5 0.25 --out runs/testbed_table
+    python -m analysis +task=testbed_table 'task.args=[--model,<checkpoint>]'
+
+Each model is evaluated on the test problems of the data it was trained on (``testbed_data.json`` in the
+checkpoint: with or without summaries), ``--n`` fixed problems from the data's test seed. Every answer is
+the model's greedy choice through the project's decode engine; the environment writes the trace's random
+facts (``zoomr.engine.generate(script=…)``). A budget of fraction f is ``round(f x R)`` rows per layer and
+KV head, R the mean rows full KV holds at the end of a problem; the table also reports the measured mean
+resident rows over the decode and its ratio to full KV's. Intervals: paired bootstrap over problems
+against full KV (one shared index matrix, ``eval/bootstrap.py``). Finished arms are saved under
+``<out>/arms/`` and reused when rerun with the same settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+BUCKETS = ("<64", "64-256", ">256")
+
+
+def arms_for(fractions: list[float], rows: float, n_sink: int) -> dict[str, dict[str, Any]]:
+    arms: dict[str, dict[str, Any]] = {"full": {"policy": "full"}}
+    for f in fractions:
+        budget = max(n_sink + 1, round(f * rows))
+        arms[f"streaming@{f:g}"] = {"policy": "streaming", "budget_rows": budget, "n_sink": n_sink}
+        arms[f"h2o@{f:g}"] = {"policy": "h2o", "budget_rows": budget}
+    return arms
+
+
+def evaluate_arm(model, tok, records, policy, batch: int) -> dict[str, Any]:
+    from analysis.testbed_arms import run_arm
+    from data_prep.testbed_grading import summarize
+    from zoomr.engine import mean_rows
+
+    t0 = time.perf_counter()
+    outs, grades, _ = run_arm(model, tok, records, policy, batch)
+    step_s = [float(np.mean(o.stats.step_s[1:])) for o in outs if len(o.stats.step_s) > 1]
+    return {
+        "policy": policy,
+        **summarize(grades),
+        "rows_mean": mean_rows(outs),
+        "step_ms": 1000 * float(np.mean(step_s)),
+        "seconds": round(time.perf_counter() - t0, 1),
+        "model_tokens": int(np.mean([o.n_tokens - o.n_scripted for o in outs])),
+        "correct": [float(g["correct"]) for g in grades],
+        "recall": [g["recall_accuracy"] for g in grades],
+    }
+
+
+def cached(path: Path, key: dict[str, Any], compute) -> dict[str, Any]:
+    """Reuse ``path`` if it was written for ``key``; otherwise compute and write it (crash-safe per arm)."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if saved.get("key_digest") == digest:
+            return saved
+    result = {**compute(), "key": key, "key_digest": digest}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(path)
+    return result
+
+
+def add_intervals(results: dict[str, dict[str, Any]]) -> None:
+    from eval.bootstrap import index_matrix, paired_bootstrap
+
+    full = results["full"]
+    idx = index_matrix(len(full["correct"]))
+    for r in results.values():
+        for metric in ("correct", "recall"):
+            ci = paired_bootstrap(np.array(r[metric]), np.array(full[metric]), idx)
+            r[f"{metric}_vs_full"] = {"delta": ci.delta, "low": ci.low, "high": ci.high}
+        r["rows_ratio"] = r["rows_mean"] / full["rows_mean"]
+        r["step_time_ratio"] = r["step_ms"] / full["step_ms"]
+
+
+def table(model_name: str, results: dict[str, dict[str, Any]]) -> str:
+    head = (
+        "| model | arm | budget | rows/full | answer acc | Δ vs full [95% CI] | recall | "
+        + " | ".join(f"recall {b}" for b in BUCKETS)
+        + " | step × |"
+    )
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for arm, r in results.items():
+        c = r["correct_vs_full"]
+        budget = r["policy"].get("budget_rows", "all")
+        lines.append(
+            f"| {model_name} | {arm} | {budget} | {r['rows_ratio']:.2f} | {r['answer_accuracy']:.3f} | "
+            f"{c['delta']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}] | {r['recall_all']:.3f} | "
+            + " | ".join(f"{r[f'recall_{b}']:.3f}" for b in BUCKETS)
+            + f" | {r['step_time_ratio']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(all_results: dict[str, dict[str, dict[str, Any]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(all_results), figsize=(6 * len(all_results), 3.8), squeeze=False)
+    for ax, (model_name, results) in zip(axes[0], all_results.items()):
+        width = 0.8 / len(results)
+        for j, (arm, r) in enumerate(results.items()):
+            ys = [r[f"recall_{b}"] for b in BUCKETS] + [r["answer_accuracy"]]
+            ax.bar(np.arange(4) + j * width, ys, width, label=arm)
+        ax.set_xticks(np.arange(4) + 0.4 - width / 2, [f"recall {b}" for b in BUCKETS] + ["answer"])
+        ax.set_ylim(0, 1.05)
+        ax.set_title(model_name)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", action="append", required=True, help="a testbed checkpoint (repeatable)")
+    p.add_argument("--n", type=int, default=256, help="test problems (fixed seed)")
+    p.add_argument("--fractions", type=float, nargs="+", default=[0.5, 0.25])
+    p.add_argument("--trace-tokens", type=int, default=None, help="default: the length the model was trained at")
+    p.add_argument("--n-sink", type=int, default=4)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--out", default="runs/testbed_table")
+    args = p.parse_args(argv)
+
+    from dataclasses import asdict
+
+    from analysis.testbed_arms import full_rows, load_testbed_model, test_records, trained_data
+
+    out = Path(args.out)
+    (out / "arms").mkdir(parents=True, exist_ok=True)
+    all_results: dict[str, dict[str, dict[str, Any]]] = {}
+    tables = []
+    for path in args.model:
+        data = trained_data(path, trace_tokens=args.trace_tokens)
+        name = f"{Path(path).parent.name}{' (summaries)' if data.summaries else ''}"
+        model, tok = load_testbed_model(path)
+        records = test_records(data, args.n)
+        rows = full_rows(records)
+        results = {}
+        for arm, policy in arms_for(args.fractions, rows, args.n_sink).items():
+            key = {"model": str(Path(path).resolve()), "data": asdict(data), "n": args.n, "policy": policy}
+            tag = hashlib.sha256(key["model"].encode()).hexdigest()[:8]
+            results[arm] = cached(
+                out / "arms" / f"{tag}-{arm}.json", key, functools.partial(evaluate_arm, model, tok, records, policy, args.batch)
+            )
+            r = results[arm]
+            print(
+                f"{name} {arm}: answer {r['answer_accuracy']:.3f} recall {r['recall_all']:.3f} "
+                f"(>256: {r['recall_>256']:.3f}) rows {r['rows_mean']:.0f} [{r['seconds']}s]",
+                flush=True,
+            )
+        add_intervals(results)
+        all_results[name] = results
+        tables.append(table(name, results))
+        meta = {"data": asdict(data), "full_rows_end": rows, "problems": len(records)}
+        all_results[name]["_meta"] = meta  # type: ignore[assignment]
+    text = "\n\n".join(tables)
+    print("\n" + text)
+    (out / "table.md").write_text(text + "\n")
+    (out / "results.json").write_text(
+        json.dumps({"args": vars(args), "threads": torch.get_num_threads(), "results": all_results}, indent=2)
+    )
+    plot({m: {a: r for a, r in res.items() if not a.startswith("_")} for m, res in all_results.items()}, out / "recall_by_distance.png")
+    print(f"\nwritten {out / 'table.md'}, {out / 'results.json'}, {out / 'recall_by_distance.png'}")
+    return all_results
+
+
+if __name__ == "__main__":
+    main()
