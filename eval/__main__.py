@@ -124,6 +124,10 @@ def run(cfg: Any) -> dict[str, Any]:
         )
         timeouts = grader.timeouts
     metrics = compute_metrics(rows)
+    if bench.task == "testbed":  # per-fact recall by reference distance, pooled over rows
+        from data_prep.testbed_grading import summarize
+
+        metrics["testbed"] = {k: v for k, v in summarize(rows).items() if k.startswith("recall")}
     metrics["grading_timeouts_this_run"] = timeouts
     (Path(run_dir) / "metrics.json").write_text(json.dumps(metrics, indent=2))
     pooled = metrics["pooled"]
@@ -136,6 +140,8 @@ def run(cfg: Any) -> dict[str, Any]:
     }
     (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
     table = format_table(metrics)
+    if "testbed" in metrics:
+        table += "\n" + "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics["testbed"].items())
     print(
         f"\n== eval {bench.name} | {spec.name} | {cfg.run_name} ==\n{table}\nresults: {run_dir}", flush=True
     )
