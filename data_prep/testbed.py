@@ -34,7 +34,6 @@ have not been attended to yet.
 
 from __future__ import annotations
 
-import logging
 import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -43,7 +42,6 @@ from data_prep import testbed_tokenizer as tt
 from zoomr import tokens
 from zoomr.schemas.testbed import TestbedData
 
-log = logging.getLogger(__name__)
 PROMPT_WORDS = [tt.PROMPT_WORD]
 
 
