@@ -11,8 +11,8 @@ Recipe from the feasibility study (shared/specs/TESTBED_NOTES.md), adapted to tr
 
 Every warm-up row starts with the testbed's chat prompt, as traces do. Why the phases (measured on this
 CPU, 2-layer d=128 model): the recipe's interleaving (every other batch a copy over the first 15% of the
-steps) left recall at chance-level guessing (12% at 1,200 steps); induction heads formed only after
-~450-550 dedicated copy steps in every run; after them, bare recall was learned in ~100 steps, but
+steps) left recall at a guess-a-value-in-context plateau (12% at step 600 of 1,200); induction heads
+formed only after ~250-550 dedicated copy steps in every run; after them, bare recall was learned in ~100 steps, but
 chat-formatted traces were not always (one seed: 99% in 100 steps, another: 25% after 150), while
 copy → recall → traces learned the traces in every run so far.
 """
