@@ -20,6 +20,7 @@ from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from zoomr import tokens
+from zoomr.tokenizer import wrap_tokenizer
 
 # Bump when the vocabulary changes: tiny models built on the tokenizer are keyed on it.
 TOKENIZER_VERSION = "testbed-v2"
@@ -68,17 +69,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     wl.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     wl.add_special_tokens(list(tokens.ALL_SPECIAL_TOKENS))  # already in the vocabulary: ids unchanged
     wl.add_tokens([AddedToken(BREAK, normalized=False, special=False)])
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=wl,
-        eos_token=tokens.EOS,
-        pad_token=tokens.PAD,
-        unk_token=UNK,
-        bos_token=None,
-        model_max_length=1 << 17,
-        clean_up_tokenization_spaces=False,
-    )
-    tok.chat_template = tokens.CHAT_TEMPLATE
-    return tok
+    return wrap_tokenizer(wl, unk_token=UNK)
 
 
 class FastEncoder:

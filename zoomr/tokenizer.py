@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
@@ -75,12 +76,17 @@ def train_bpe_tokenizer(
     )
     bpe.train_from_iterator(iter_corpus_texts(corpus or DEFAULT_CORPUS), trainer=trainer)
     bpe.add_special_tokens(tokens.ALL_SPECIAL_TOKENS)
+    return wrap_tokenizer(bpe)
+
+
+def wrap_tokenizer(backend: Any, unk_token: str | None = None) -> PreTrainedTokenizerFast:
+    """A ``tokenizers`` backend as the project's tokenizer: EOS/PAD special tokens, no BOS, the ChatML template."""
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=bpe,
+        tokenizer_object=backend,
         eos_token=tokens.EOS,
         pad_token=tokens.PAD,
         bos_token=None,
-        unk_token=None,
+        unk_token=unk_token,
         model_max_length=1 << 17,
         clean_up_tokenization_spaces=False,
     )
