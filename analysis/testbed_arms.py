@@ -53,6 +53,8 @@ def full_rows(records: list[dict[str, Any]]) -> float:
 
 def run_arm(model, tokenizer, records: list[dict[str, Any]], policy: dict[str, Any], batch: int = 64):
     """Decode every record greedily with ``policy`` (a fresh cache per batch); returns (outputs, grades, caches)."""
+    from tqdm.auto import tqdm
+
     from data_prep import testbed_tokenizer as tt
     from data_prep.testbed_grading import grade, script_ids
     from zoomr.cache import build_policy
@@ -61,7 +63,7 @@ def run_arm(model, tokenizer, records: list[dict[str, Any]], policy: dict[str, A
     enc = tt.FastEncoder(tokenizer)
     stop = [tokenizer.convert_tokens_to_ids(tokens.IM_END)]
     outs, caches = [], []
-    for i in range(0, len(records), batch):
+    for i in tqdm(range(0, len(records), batch), desc=f"testbed[{policy_dict(policy).get('policy')}]", unit="batch"):
         chunk = records[i : i + batch]
         scripts = [script_ids(r, tokenizer) for r in chunk]
         settings = DecodeSettings(
