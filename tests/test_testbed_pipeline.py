@@ -1,0 +1,58 @@
+"""The testbed pipeline end to end on a few steps: the trainer saves a loadable checkpoint with its data
+config; the results table decodes every arm, respects the budgets and reuses finished arms."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis import testbed_arms, testbed_table
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("tb_train")
+    cmd = [
+        sys.executable, "-m", "train", "+method=sft_testbed", "data=testbed_summaries", "model=tiny-testbed",
+        "data.trace_tokens=160", "method.max_steps=4", "method.curriculum.copy_steps=0", "method.curriculum.recall_steps=1",
+        "method.tokens_per_step=512", "method.curriculum.copy_tokens_per_step=256", "method.eval_every=2",
+        "method.eval_examples=2", "method.save_every=2", "logger=none", f"hydra.run.dir={run_dir}",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["resumed_from"] == "-"
+    assert len(json.loads((run_dir / "eval_history.json").read_text())) == 2
+    return run_dir / "final"
+
+
+def test_checkpoint_carries_its_data_config(checkpoint):
+    saved = json.loads((checkpoint / testbed_arms.DATA_FILE).read_text())
+    assert saved["summaries"] is True and saved["trace_tokens"] == 160
+    data = testbed_arms.trained_data(checkpoint, trace_tokens=128, summaries=None)  # None: keep the trained value
+    assert data.trace_tokens == 128 and data.summaries is True
+
+
+def test_table_arms_budgets_and_resume(checkpoint, tmp_path):
+    argv = ["--model", str(checkpoint), "--n", "3", "--batch", "2", "--fractions", "0.5", "--out", str(tmp_path)]
+    results = testbed_table.main(argv)
+    (name,) = results
+    arms = results[name]
+    assert set(arms) == {"full", "streaming@0.5", "h2o@0.5", "_meta"}
+    rows = testbed_arms.full_rows(testbed_arms.test_records(testbed_arms.trained_data(checkpoint), 3))
+    budget = round(0.5 * rows)
+    assert arms["streaming@0.5"]["policy"]["budget_rows"] == budget == arms["h2o@0.5"]["policy"]["budget_rows"]
+    assert arms["full"]["rows_ratio"] == 1.0
+    for arm in ("streaming@0.5", "h2o@0.5"):
+        assert arms[arm]["rows_mean"] < arms["full"]["rows_mean"]
+        assert arms[arm]["problems"] == 3 and len(arms[arm]["correct"]) == 3
+    assert (tmp_path / "table.md").read_text().count("|") > 20 and (tmp_path / "recall_by_distance.png").exists()
+    # a rerun reuses every finished arm (the saved files are not rewritten)
+    stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "arms").glob("*.json")}
+    assert len(stamps) == 3
+    testbed_table.main(argv)
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "arms").glob("*.json")} == stamps
