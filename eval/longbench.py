@@ -35,9 +35,7 @@ CONFIG_DIR = "eval/data/longbench"
 HUB_ID = "THUDM/LongBench"
 RAW_SUBSETS = ("trec", "triviaqa", "samsum", "lsht", "lcc", "repobench-p")  # no chat template (pred.py)
 FIRST_LINE = ("trec", "triviaqa", "samsum", "lsht")  # scored on the first line of the output
-CN_PUNCTUATION = (
-    "！？｡。＂＃＄％＆＇（）＊＋，－／：；＜＝＞＠［＼］＾＿｀｛｜｝～｟｠｢｣､、〃》「」『』【】〔〕〖〗〘〙〚〛〜〝〞〟〰〾〿–—‘’‛“”„‟…‧﹏."
-)
+CN_PUNCTUATION = "！？｡。＂＃＄％＆＇（）＊＋，－／：；＜＝＞＠［＼］＾＿｀｛｜｝～｟｠｢｣､、〃》「」『』【】〔〕〖〗〘〙〚〛〜〝〞〟〰〾〿–—‘’‛“”„‟…‧﹏."
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -80,7 +78,9 @@ def jieba_cut(text: str) -> list[str]:
     return list(jieba.cut(text, cut_all=False))
 
 
-def qa_f1_zh(prediction: str, ground_truth: str, cut: Callable[[str], list[str]] = jieba_cut, **_: Any) -> float:
+def qa_f1_zh(
+    prediction: str, ground_truth: str, cut: Callable[[str], list[str]] = jieba_cut, **_: Any
+) -> float:
     pred = [t for t in (normalize_zh_answer(w) for w in cut(prediction)) if t]
     gold = [t for t in (normalize_zh_answer(w) for w in cut(ground_truth)) if t]
     return f1_tokens(pred, gold)
@@ -130,11 +130,15 @@ def rouge_l(prediction: str, ground_truth: str, **_: Any) -> float:
     return 2.0 * p_lcs * r_lcs / (p_lcs + r_lcs + 1e-8)
 
 
-def rouge_zh(prediction: str, ground_truth: str, cut: Callable[[str], list[str]] = jieba_cut, **_: Any) -> float:
+def rouge_zh(
+    prediction: str, ground_truth: str, cut: Callable[[str], list[str]] = jieba_cut, **_: Any
+) -> float:
     return rouge_l(" ".join(cut(prediction)), " ".join(cut(ground_truth)))
 
 
-def classification(prediction: str, ground_truth: str, all_classes: list[str] | None = None, **_: Any) -> float:
+def classification(
+    prediction: str, ground_truth: str, all_classes: list[str] | None = None, **_: Any
+) -> float:
     """1 / (classes named in the output) if the gold class is among them; a named class that is a proper
     substring of the gold is not counted. LongBench removes those while iterating over the same list
     (so a second such class right after a removed one stays); kept for identical scores."""
@@ -176,7 +180,9 @@ def fuzz_ratio(a: str, b: str) -> int:
 
 def code_sim(prediction: str, ground_truth: str, **_: Any) -> float:
     """Edit similarity of the first output line that is not a comment or a code fence."""
-    line = next((x for x in prediction.lstrip("\n").split("\n") if not any(c in x for c in ("`", "#", "//"))), "")
+    line = next(
+        (x for x in prediction.lstrip("\n").split("\n") if not any(c in x for c in ("`", "#", "//"))), ""
+    )
     return fuzz_ratio(line, ground_truth) / 100
 
 
@@ -295,7 +301,9 @@ def load(bench: Any, tokenizer: Any, gen: Any) -> list:
     for subset in bench.sources:
         rows = load_rows(subset, options.get("data_dir"), options.get("hub_id") or HUB_ID)
         for i, row in enumerate(rows[: limit_per_subset(bench.problem_limit, len(rows))]):
-            text = truncate_middle(prompts()[subset].format(**row), tokenizer, options.get("max_prompt_tokens"))
+            text = truncate_middle(
+                prompts()[subset].format(**row), tokenizer, options.get("max_prompt_tokens")
+            )
             prompt = text if subset in RAW_SUBSETS else chat_text(text, tokenizer, system, thinking)
             answers = list(row["answers"])
             problems.append(

@@ -296,7 +296,9 @@ def _insert(units: list[str], items: list[str], fractions: list[float]) -> list[
     """``units`` with ``items[i]`` inserted before unit ``round(fractions[i] * len(units))``."""
     out = list(units)
     for pos, item in sorted(
-        ((round(f * len(units)), i) for i, f in enumerate(fractions)), key=lambda t: (t[0], t[1]), reverse=True
+        ((round(f * len(units)), i) for i, f in enumerate(fractions)),
+        key=lambda t: (t[0], t[1]),
+        reverse=True,
     ):
         out.insert(pos, items[item])
     return out
@@ -495,7 +497,9 @@ def qa_rows(dataset: str) -> tuple[tuple[tuple[str, ...], str, tuple[str, ...]],
     return tuple(rows)
 
 
-def qa_builder(args: dict[str, Any], rng: random.Random, settings: RulerSettings, index: int) -> tuple[Build, int]:
+def qa_builder(
+    args: dict[str, Any], rng: random.Random, settings: RulerSettings, index: int
+) -> tuple[Build, int]:
     rows = qa_rows(args["dataset"])
     pool = list(dict.fromkeys(d for docs, _, _ in rows for d in docs))
     gold, question, answers = rows[index % len(rows)]
@@ -539,7 +543,10 @@ def generate_example(
             memo[n] = count_tokens(text, prefix)
         return memo[n]
 
-    n = largest_fitting(tokens_of, target, n_max, guess)
+    try:
+        n = largest_fitting(tokens_of, target, n_max, guess)
+    except ValueError as e:
+        raise ValueError(f"RULER {subset} at benchmark.length={settings.length}: {e}") from None
     text, prefix, answers = build(n)
     tokens = tokens_of(n)
     if tokens < (1 - settings.tolerance) * target:

@@ -112,7 +112,9 @@ def subset_metrics(plugin: TaskPlugin, rows: list[dict[str, Any]]) -> dict[str, 
             "samples": len(g),
             "score": 100 * float(np.mean([r["score"] for r in g])),
             "compression": _mean([k["compression"] for k in kv if "compression" in k]),
-            "prefill_compression": _mean([k["prefill_compression"] for k in kv if "prefill_compression" in k]),
+            "prefill_compression": _mean(
+                [k["prefill_compression"] for k in kv if "prefill_compression" in k]
+            ),
         }
     scores = {name: m["score"] for name, m in subsets.items()}
     comp = [m["compression"] for m in subsets.values() if m["compression"] is not None]
@@ -132,7 +134,9 @@ def format_subset_table(name: str, metrics: dict[str, Any]) -> str:
         return f"{x:>8.3f}" if x is not None else f"{'-':>8}"
 
     for sub, m in metrics["subsets"].items():
-        lines.append(f"{sub:<24} {m['samples']:>8} {m['score']:>8.2f} {fmt(m['compression'])} {fmt(m['prefill_compression'])}")
+        lines.append(
+            f"{sub:<24} {m['samples']:>8} {m['score']:>8.2f} {fmt(m['compression'])} {fmt(m['prefill_compression'])}"
+        )
     lines.append("-" * len(head))
     for key, v in metrics.items():
         if key.startswith("average") and v is not None:
