@@ -305,7 +305,7 @@ def load(bench: Any, tokenizer: Any, gen: Any) -> list:
                 prompts()[subset].format(**row), tokenizer, options.get("max_prompt_tokens")
             )
             prompt = text if subset in RAW_SUBSETS else chat_text(text, tokenizer, system, thinking)
-            answers = list(row["answers"])
+            answers = [str(a) for a in row["answers"]]
             problems.append(
                 Problem(
                     id=f"{subset}/{row.get('_id') or i}",
