@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
+from analysis import long_context_table
 from eval import longbench, ruler
 from eval.__main__ import run
 from eval.results import RESULTS_FILE
@@ -54,6 +55,12 @@ def test_ruler_end_to_end_with_snapkv(tmp_path, cache_dir, capsys):
     assert r["compression"] == pytest.approx(np.mean([m["compression"] for m in r["subsets"].values()]))
     out = capsys.readouterr().out
     assert "niah_multikey_3" in out and "average" in out  # the per-subset table
+    # the KVzap figures' table: this arm's score and compression as measured
+    report = long_context_table.main([str(tmp_path), "--out", str(tmp_path / "fig")])
+    (arm,) = report["arms"]
+    assert arm["compression"] == r["compression"] and arm["average"] == r["average"]
+    assert arm["per_prompt_compression"]["min"] == min(row["kv"]["compression"] for row in rows)
+    assert (tmp_path / "fig" / "score_vs_compression.png").stat().st_size > 0
 
 
 def test_longbench_end_to_end_from_a_local_directory(tmp_path, cache_dir):
