@@ -37,18 +37,24 @@ def eviction_report(rows: list[dict[str, Any]], method: dict[str, Any] | None) -
     peaks = [r["kv"]["rows_peak"] for r in rows if "rows_peak" in (r.get("kv") or {})]
     if policy in FULL_POLICIES or not flags or any(flags):
         return out
-    budget = method.get("budget_rows") if has_row_budget(method) else None
-    why = (
-        f"its peak resident rows ({max(peaks):.0f} per layer and KV head) never exceeded budget_rows={budget}"
-        if budget is not None and peaks
-        else "its own rule never removed a row"
-    )
+    if has_row_budget(method):
+        budget = method.get("budget_rows")
+        why = f"its peak resident rows ({max(peaks, default=0):.0f} per layer and KV head) never exceeded budget_rows={budget}"
+        fix = (
+            "Set a budget the run reaches: method.budget_fraction=0.5 (of full KV's rows, from the full-KV run of "
+            "this benchmark and model), method.budget_match=<run dir> (another arm's mean rows) or a smaller "
+            "method.budget_rows"
+        )
+    else:
+        why = "its own rule never removed a row"
+        fix = (
+            "Its rule decides: ZoomR / SumR compress only at summary segments the model writes (a zoomr_sft "
+            "checkpoint), AbridgeKV after each completed block (method.block_size), KVzap below "
+            "method.threshold, the evict_* ablation per method.block"
+        )
     out["note"] = (
         f"policy {method.get('name', policy)!r} never evicted: {why}, so every sample held exactly full KV's "
-        "rows and this arm equals full KV. Set a budget the run reaches: method.budget_fraction=0.5 (of full "
-        "KV's rows, from the full-KV run of this benchmark and model), method.budget_match=<run dir> (another "
-        "arm's mean rows) or a smaller method.budget_rows"
-        + ("" if budget is not None else " / the policy's own threshold")
+        f"rows and this arm equals full KV. {fix}"
     )
     return out
 
