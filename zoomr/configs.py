@@ -74,6 +74,21 @@ def load_config(group: str, name: str, context: dict[str, Any] | None = None, **
     return to_dataclass(schema, plain)
 
 
+def trainable_methods() -> list[str]:
+    """The method configs ``python -m train`` runs (a ``trainer``), decoding-only policies left out."""
+    from omegaconf import OmegaConf
+
+    out = []
+    for name in available("method"):
+        try:
+            trainer = getattr(method_config(name), "trainer", None)
+        except ValueError:  # reads another group (abridge_allocate's checkpoint path): its own YAML says
+            trainer = OmegaConf.load(CONF_DIR / "method" / f"{name}.yaml").get("trainer")
+        if trainer:
+            out.append(name)
+    return out
+
+
 def method_config(name: str, model: str = "tiny-qwen2", **overrides: Any) -> Any:
     """A ``+method=<name>`` config as its dataclass: ``build_policy(method_config("snapkv"), model.config, tok)``.
 
