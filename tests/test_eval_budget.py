@@ -96,6 +96,8 @@ def test_tiny_run_says_it_never_evicted_then_a_fraction_does(tmp_path, cache_dir
     assert streaming["eviction"]["evicted_samples"] == 0 and "NOTE: policy 'streaming' never evicted" in out
     assert streaming["pooled"]["rows_mean"] == full["pooled"]["rows_mean"]
     assert "KV/512" in out and "rows" in out
+    run(_cfg(tmp_path / "full", f"cache_dir={cache_dir}"))  # a resumed run says what it skipped
+    assert "2 of 2 samples already done, skipped; 0 to run" in capsys.readouterr().out
     half = run(_cfg(tmp_path / "streaming-50", f"cache_dir={cache_dir}", "+method=streaming",
                     "method.budget_fraction=0.5"))  # fmt: skip
     config = json.loads((tmp_path / "streaming-50" / "config.json").read_text())
