@@ -82,18 +82,21 @@ def testbed_hooks(bench: BenchmarkConfig, tokenizer: Any, problems: list, max_ne
 
 def run(cfg: Any) -> dict[str, Any]:
     from eval.benchmarks import load_benchmark
+    from eval.budget import resolve_budget
     from eval.generation import engine_generator
     from eval.grading import Grader
-    from eval.metrics import compute_metrics, format_table
+    from eval.metrics import compute_metrics
     from eval.prompts import render
     from eval.results import ResultStore, check_fingerprint
     from eval.runner import evaluate
+    from eval.summary import console_table, eviction_report
     from zoomr.models import load_model, load_tokenizer
 
     bench: BenchmarkConfig = to_dataclass(BenchmarkConfig, cfg.benchmark)
     gen: GenerationConfig = to_dataclass(GenerationConfig, cfg.generation)
     grading: GradingConfig = to_dataclass(GradingConfig, cfg.grading)
     problems = load_benchmark(bench)
+    budget = resolve_budget(cfg)  # a relative budget (fraction / match) becomes budget_rows before the fingerprint
     check_fingerprint(cfg.run_dir, fingerprint(cfg))  # before start_run rewrites config.json
     run_dir, logger = start_run(cfg, job_type="eval")
     spec = model_spec(cfg)
@@ -129,6 +132,8 @@ def run(cfg: Any) -> dict[str, Any]:
 
         metrics["testbed"] = {k: v for k, v in summarize(rows).items() if k.startswith("recall")}
     metrics["grading_timeouts_this_run"] = timeouts
+    metrics["eviction"] = eviction_report(rows, to_plain(cfg.method) if cfg.get("method") else None)
+    metrics["budget"] = budget
     (Path(run_dir) / "metrics.json").write_text(json.dumps(metrics, indent=2))
     pooled = metrics["pooled"]
     summary = {
@@ -136,10 +141,11 @@ def run(cfg: Any) -> dict[str, Any]:
         "model": spec.name,
         "method": cfg.run_name,
         **{k: v for k, v in pooled.items() if isinstance(v, int | float | str)},
+        **{k: v for k, v in metrics["eviction"].items() if k != "samples"},
         "run_dir": str(run_dir),
     }
     (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
-    table = format_table(metrics)
+    table = console_table(metrics)
     if "testbed" in metrics:
         table += "\n" + "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics["testbed"].items())
     print(

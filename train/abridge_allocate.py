@@ -56,6 +56,15 @@ def plot_costs(path: Path, costs: list[float], schedule: list[int], base: int) -
     return path
 
 
+def next_command(model: str, data: str, schedule: Path | str) -> str:
+    """The per-layer training run on ``schedule``: its own ``run_name``, since ``resume=auto`` refuses to
+    continue the uniform run's directory (``abridge-<model>-<data>``) with other settings."""
+    return (
+        f"python -m train +method=abridge model={model} data={data} method.schedule={schedule} "
+        f"run_name=abridge_perlayer-{model}-{data}"
+    )
+
+
 def run(cfg) -> dict[str, Any]:
     m: AbridgeAllocateMethod = to_dataclass(AbridgeAllocateMethod, cfg.method)
     run_dir, logger = start_run(cfg, job_type="allocate")
@@ -109,7 +118,7 @@ def run(cfg) -> dict[str, Any]:
         "schedule": f"{schedule} (mean {sum(schedule) / len(schedule):g})",
         "schedule_file": str(out),
         "plot": str(plot),
-        "next": f"python -m train +method=abridge method.schedule={out}",
+        "next": next_command(cfg.model.name, cfg.data.name, out),
     }
     write_summary(run_dir, summary, f"AbridgeKV allocation: {cfg.run_name}")
     logger.finish()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,12 +41,34 @@ def to_plain(cfg: Any) -> dict[str, Any]:
 
 
 def require_group(cfg: Any, group: str, entry: str) -> None:
-    """Fail with the available options when a group without default was not chosen (``+group=name``)."""
+    """Fail with the available options when a group without default was not chosen (``+group=name``).
+
+    ``python -m train`` lists only the methods that train (decoding policies are ``python -m eval``'s), and
+    the run directory Hydra made for the aborted run is removed again when nothing else is in it.
+    """
     if cfg.get(group) is None:
-        options = sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
+        from zoomr.configs import available, trainable_methods
+
+        discard_empty_run_dir()
+        options = trainable_methods() if (entry, group) == ("train", "method") else available(group)
+        extra = "; decoding policies (h2o, snapkv, …) run with `python -m eval +method=<name>`" if entry == "train" else ""
         raise SystemExit(
             f"no {group} chosen: run `python -m {entry} +{group}=<name>`; available {group}s: {', '.join(options)}"
+            + extra
         )
+
+
+def discard_empty_run_dir() -> None:
+    """Remove the directory Hydra created for this run if it holds nothing but Hydra's own files."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return
+    hydra = HydraConfig.get()
+    out = Path(hydra.runtime.output_dir)
+    own = {".hydra", f"{hydra.job.name}.log"}
+    if out.is_dir() and all(p.name in own for p in out.iterdir()):
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def model_spec(cfg: Any) -> ModelSpec:

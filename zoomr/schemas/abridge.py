@@ -34,6 +34,7 @@ class AbridgeMethod:
     policy: str = "abridge"  # the serving policy in zoomr.cache (python -m eval +method=abridge)
     page_size: int = 16  # serving: rows per storage page
     layout_from_checkpoint: bool = True  # serving: a checkpoint's abridge.json wins over the fields below
+    allow_untrained: bool = False  # serving: run on a model without abridge.json (smoke tests, not results)
     block_size: int = 64  # C
     num_pause: int = 16  # K_max: pause tokens (code rows) written per completed block
     quota: int | None = None
