@@ -67,8 +67,10 @@ def test_train_resume_and_allocate(tmp_path, cache_dir):
     more = [*TINY_RUN, "method.max_steps=6", "method.gradient_checkpointing=true", f"cache_dir={cache_dir}"]
     second = recipe.run(_compose("abridge", more, run_dir))
     assert second["resumed_from"].endswith("checkpoint-4") and second["steps"] == 6
-    with pytest.raises(SystemExit, match="quotas"):  # same run dir, another schedule: refuse to resume
-        recipe.run(_compose("abridge", [*more, "method.quota=1"], run_dir))
+    config = (run_dir / "config.json").read_bytes()
+    with pytest.raises(SystemExit, match=r"derived\.quotas: was \[2, 2, 2, 2\], now \[1, 1, 1, 1\]"):
+        recipe.run(_compose("abridge", [*more, "method.quota=1"], run_dir))  # another schedule: refused
+    assert (run_dir / "config.json").read_bytes() == config  # ... before the run's config is rewritten
 
     alloc_dir = tmp_path / "alloc"
     acfg = _compose(
