@@ -80,6 +80,25 @@ def test_kill_during_save_resumes_from_the_previous_complete_checkpoint(finished
     assert summary["train_loss"] == pytest.approx(reference["train_loss"], rel=1e-5)
 
 
+HF_SAVE_ORDER = ["adapter_model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"]
+
+
+def test_a_real_checkpoint_is_complete_and_cut_anywhere_in_the_save_order_is_not(finished, tmp_path):
+    from zoomr.rundir import hf_checkpoint_problems
+
+    src = finished[0] / "checkpoints" / "checkpoint-4"
+    written = [(src / name).stat().st_mtime_ns for name in HF_SAVE_ORDER]
+    assert written == sorted(written)  # the order Trainer._save_checkpoint writes them in
+    assert hf_checkpoint_problems(src) == []
+    for i, cut in enumerate(HF_SAVE_ORDER):
+        ckpt = Path(shutil.copytree(src, tmp_path / cut))
+        for later in HF_SAVE_ORDER[i + 1 :]:
+            (ckpt / later).unlink()
+        data = (ckpt / cut).read_bytes()
+        (ckpt / cut).write_bytes(data[: len(data) // 2])
+        assert hf_checkpoint_problems(ckpt), f"a kill while writing {cut} went unnoticed"
+
+
 def test_whole_run_train_loss_matches_the_trainers_own_on_an_uninterrupted_run(finished):
     run_dir, summary = finished
     state = json.loads((run_dir / "checkpoints" / "checkpoint-4" / "trainer_state.json").read_text())

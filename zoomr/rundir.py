@@ -217,7 +217,7 @@ def set_aside(run_dir: Path) -> Path | None:
     later, and nothing is lost)."""
     names = [SUMMARY_FILE, SETTINGS_FILE, "final", CHECKPOINTS]
     present = [run_dir / n for n in names if (run_dir / n).exists()]
-    if not present or not holds_state(run_dir):
+    if not present or not holds_state(run_dir) or not is_main_process():
         return None
     dest = free_name(run_dir, "replaced")
     dest.mkdir()
@@ -245,7 +245,7 @@ def read_json(path: Path) -> Any:
 def write_json(path: Path, obj: Any) -> None:
     """Write through a temporary file and rename, so a kill leaves the old file or the new one."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # one per process: ranks may write at once
     tmp.write_text(json.dumps(obj, indent=2, default=str))
     os.replace(tmp, path)
 
@@ -314,6 +314,7 @@ def newest_complete_checkpoint(
 
 
 def is_main_process() -> bool:
+    """Rank 0 of a ``torchrun``/``accelerate`` launch (or a single process): the one that moves directories."""
     return os.environ.get("RANK", "0") == "0"
 
 
