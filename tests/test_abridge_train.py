@@ -88,3 +88,5 @@ def test_train_resume_and_allocate(tmp_path, cache_dir):
     assert sorted(schedule["quotas"]) == [1, 1, 2, 4] and len(schedule["costs"]) == 4
     assert (alloc_dir / "layer_costs.png").stat().st_size > 0
     assert "method.schedule=" in summary["next"]
+    written = (alloc_dir / "schedule.json").stat().st_mtime_ns
+    assert allocate.run(acfg) == summary and (alloc_dir / "schedule.json").stat().st_mtime_ns == written

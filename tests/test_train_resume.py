@@ -145,3 +145,59 @@ def test_a_run_that_would_train_nothing_is_refused_before_any_state(tmp_path, ca
     with pytest.raises((SystemExit, ValueError), match="max_steps"):
         train(run_dir, cache_dir, *bad.split())
     assert not run_dir.exists()
+
+
+class _Payload:
+    """Unpickling this runs ``Path.touch`` on ``marker``: what a crafted checkpoint can do to a full unpickler."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def compose_testbed(tmp_path: Path, cache_dir: str, resume: Path):
+    register_with_hydra()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose("train", overrides=[
+            "+method=sft_testbed", "data=testbed", "model=tiny-testbed", "logger=none", "method.max_steps=3",
+            "method.eval_examples=1", f"cache_dir={cache_dir}", f"run_dir={tmp_path / 'run'}",
+            "hydra.runtime.output_dir=.", f"resume={resume}",
+        ])  # fmt: skip
+
+
+def test_testbed_resume_never_unpickles_code_from_a_checkpoint(tmp_path, cache_dir):
+    import pickle
+
+    import torch
+
+    import train.testbed_pretrain as recipe
+    from zoomr.entry import model_spec
+    from zoomr.models import load_model, load_tokenizer
+
+    ckpt, marker = tmp_path / "step-2", tmp_path / "code-ran"
+    cfg = compose_testbed(tmp_path, cache_dir, ckpt)
+    load_model(model_spec(cfg), cache_dir).save_pretrained(ckpt)
+    load_tokenizer(model_spec(cfg), cache_dir).save_pretrained(ckpt)
+    torch.save({"optimizer": _Payload(marker), "step": 2, "elapsed": 0.0}, ckpt / "trainer_state.pt")
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        recipe.run(cfg)
+    assert not marker.exists()
+
+
+def test_testbed_resumes_from_its_own_checkpoint_with_the_safe_loader(tmp_path, cache_dir):
+    import torch
+
+    import train.testbed_pretrain as recipe
+    from zoomr.entry import model_spec
+    from zoomr.models import load_model, load_tokenizer
+
+    cfg = compose_testbed(tmp_path, cache_dir, tmp_path / "ckpts" / "step-2")
+    model, tokenizer = load_model(model_spec(cfg), cache_dir), load_tokenizer(model_spec(cfg), cache_dir)
+    opt = torch.optim.AdamW(recipe.param_groups(model, 0.1), lr=1e-3, betas=(0.9, 0.98))
+    model(input_ids=torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    opt.step()  # the optimizer state holds tensors, ints, floats, tuples and None
+    recipe.save_checkpoint(model, tokenizer, opt, 2, 1.5, tmp_path / "ckpts")
+    summary = recipe.run(cfg)
+    assert summary["resumed_from"].endswith("step-2") and summary["steps"] == 3
