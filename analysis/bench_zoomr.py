@@ -129,9 +129,17 @@ def main() -> None:
             f"{r['step_ms']:>9.2f}{r['step_time_ratio']:>11.2f}{r['late_step_time_ratio']:>11.2f}"
         )
     summary = caches["zoomr_offload"].summary()
+    ag = summary["mean_agreeability"]
+    ag_text = (
+        f"{ag:.3f}"
+        if ag == ag  # NaN: no recompute had a summary to vote on
+        else "n/a (no recompute had a summary to vote on yet: generate more tokens or use shorter --para)"
+    )
+    gap = summary["tokens_between_recomputes"]
+    every = f", every {gap:.1f} tokens" if gap == gap else ""  # NaN: a single recompute
     print(
-        f"\nrecomputes {summary['recomputes']}, every {summary['tokens_between_recomputes']:.1f} tokens, "
-        f"mean AG {summary['mean_agreeability']:.3f}. At the last recompute (t = {last['position'] + 1}): "
+        f"\nrecomputes {summary['recomputes']}{every}, "
+        f"mean AG {ag_text}. At the last recompute (t = {last['position'] + 1}): "
         f"|I_all| = {formula['n_all']}, |I_f| = {measured['resident_rows']} rows (saving {measured['ms']:.2f}x); "
         f"the paper's formula with these inputs: {formula['resident_rows']:.0f} rows ({formula['ms']:.2f}x). "
         "Between recomputes the rows generated since are appended, hence 'rows final' above."
