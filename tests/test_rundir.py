@@ -175,6 +175,14 @@ def test_a_run_directory_from_before_settings_json_is_guarded_by_its_config(tmp_
     assert rundir.prepare_run(run_dir, config()).resume_from.endswith("checkpoint-2")
 
 
+def test_a_finished_run_from_before_settings_json_is_recognised(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps(config()))
+    (run_dir / "summary.json").write_text(json.dumps({"steps": 4}))  # e.g. a KVzap fit: no checkpoints
+    assert rundir.prepare_run(run_dir, config()).finished == {"steps": 4}
+
+
 def test_a_failed_start_that_trained_nothing_does_not_bind_the_directory(tmp_path):
     run_dir = tmp_path / "run"
     rundir.prepare_run(run_dir, config())  # e.g. the data then failed to load

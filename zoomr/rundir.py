@@ -109,7 +109,7 @@ def prepare_run(
         if old is not None:
             refuse_changes(run_dir, old, settings)
         summary = read_json(run_dir / SUMMARY_FILE)
-        finished = record.get("finished") if record else None
+        finished = record.get("finished") if record else legacy_extent(run_dir, summary)
         if finished == extent and summary is not None:
             note = "rerun with another run_name=… or a larger method.max_steps to train more"
             print(format_block(summary, f"{title} already finished: {run_dir} ({note})"), flush=True)
@@ -186,6 +186,12 @@ def settings_from_config(run_dir: Path, derived: dict[str, Any] | None, free: It
     """The settings of a run directory written before ``settings.json`` existed (from its ``config.json``)."""
     config = read_json(run_dir / "config.json")
     return None if config is None else training_settings(config, derived, free)
+
+
+def legacy_extent(run_dir: Path, summary: dict | None) -> dict[str, Any] | None:
+    """The length a run written before ``settings.json`` finished at: its ``config.json``'s, if it has a summary."""
+    config = read_json(run_dir / "config.json") if summary is not None else None
+    return None if config is None else {k: (config.get("method") or {}).get(k) for k in EXTENT_KEYS}
 
 
 def check_extent(run_dir: Path, extent: dict[str, Any], finished: dict[str, Any] | None) -> None:
