@@ -111,7 +111,8 @@ def prepare_run(
         summary = read_json(run_dir / SUMMARY_FILE)
         finished = record.get("finished") if record else legacy_extent(run_dir, summary)
         if finished == extent and summary is not None:
-            note = "rerun with another run_name=… or a larger method.max_steps to train more"
+            longer = "; a larger method.max_steps continues it" if extent.get("max_steps") else ""
+            note = f"another run_name=… starts a new run{longer}"
             print(format_block(summary, f"{title} already finished: {run_dir} ({note})"), flush=True)
             plan.finished = summary
             return plan
