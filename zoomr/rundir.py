@@ -333,13 +333,20 @@ def hf_checkpoint_problems(ckpt: Path, require_optimizer: bool = True) -> list[s
         out.append("trainer_state.json (written last) is missing or torn")
     elif step_of(ckpt) >= 0 and state.get("global_step") != step_of(ckpt):
         out.append(f"trainer_state.json is at step {state.get('global_step')}, not {step_of(ckpt)}")
+    deepspeed = ckpt / f"global_step{step_of(ckpt)}"
+    if deepspeed.is_dir():  # the engine's own shards (model and optimizer states per rank) replace optimizer.pt
+        shards = sorted(deepspeed.glob("*.pt"))
+        bad = [f.name for f in shards if not torch_archive_whole(f)]
+        if not shards or bad:
+            out.append(f"{deepspeed.name}/ states missing or truncated: {', '.join(bad) or 'none written'}")
+        if not any(f.name.endswith("model_states.pt") for f in shards):
+            out += weights_problems(ckpt)
+        return out
     out += weights_problems(ckpt)
     if require_optimizer:
-        deepspeed = (ckpt / f"global_step{step_of(ckpt)}").is_dir()
-        if not deepspeed:
-            for name in ("optimizer.pt", "scheduler.pt"):
-                if not torch_archive_whole(ckpt / name):
-                    out.append(f"{name} is missing or truncated")
+        for name in ("optimizer.pt", "scheduler.pt"):
+            if not torch_archive_whole(ckpt / name):
+                out.append(f"{name} is missing or truncated")
     return out
 
 
