@@ -148,6 +148,29 @@ def test_sharded_weights_need_every_shard(tmp_path):
     assert rundir.hf_checkpoint_problems(ckpt) == []
 
 
+def test_a_deepspeed_checkpoint_needs_its_engine_states_not_optimizer_pt(tmp_path):
+    ckpt = checkpoint(tmp_path, 4)
+    for name in ("model.safetensors", "optimizer.pt", "scheduler.pt"):
+        (ckpt / name).unlink()
+    ds = ckpt / "global_step4"
+    ds.mkdir()
+    torch.save({"module": {"w": torch.ones(4)}}, ds / "mp_rank_00_model_states.pt")
+    torch.save({"optimizer_state_dict": {}}, ds / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    assert rundir.hf_checkpoint_problems(ckpt) == []
+    optim = ds / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    optim.write_bytes(optim.read_bytes()[:40])
+    assert "optim_states.pt" in " ".join(rundir.hf_checkpoint_problems(ckpt))
+
+
+def test_the_resume_helper_kept_for_other_recipes_skips_incomplete_checkpoints(tmp_path):
+    from train.sft import resolve_resume
+
+    checkpoint(tmp_path, 2)
+    (checkpoint(tmp_path, 4) / "trainer_state.json").write_text("{")
+    assert resolve_resume("auto", tmp_path).endswith("checkpoint-2")
+    assert resolve_resume("never", tmp_path) is None
+
+
 def test_an_explicit_incomplete_checkpoint_is_refused_naming_what_is_missing(tmp_path):
     ckpt = checkpoint(tmp_path / "checkpoints", 2)
     (ckpt / "optimizer.pt").unlink()
@@ -173,6 +196,14 @@ def test_a_run_directory_from_before_settings_json_is_guarded_by_its_config(tmp_
     with pytest.raises(SystemExit, match="method.learning_rate"):
         rundir.prepare_run(run_dir, config(learning_rate=1.0))
     assert rundir.prepare_run(run_dir, config()).resume_from.endswith("checkpoint-2")
+
+
+def test_a_finished_run_from_before_settings_json_is_recognised(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps(config()))
+    (run_dir / "summary.json").write_text(json.dumps({"steps": 4}))  # e.g. a KVzap fit: no checkpoints
+    assert rundir.prepare_run(run_dir, config()).finished == {"steps": 4}
 
 
 def test_a_failed_start_that_trained_nothing_does_not_bind_the_directory(tmp_path):

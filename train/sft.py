@@ -14,12 +14,18 @@ from typing import Any
 
 from zoomr.entry import model_spec, start_run, to_plain
 from zoomr.models import load_model, load_tokenizer
-from zoomr.rundir import prepare_run
+from zoomr.rundir import hf_checkpoint_problems, pick_resume, prepare_run
 from zoomr.schemas import to_dataclass
 from zoomr.schemas.sft import SFTMethod
 from zoomr.training import LogAtSave, load_sft_dataset, train_or_restore, trainer_arguments, whole_run_loss
 
 log = logging.getLogger(__name__)
+
+
+def resolve_resume(resume: str, checkpoint_dir: Path) -> str | None:
+    """Only the checkpoint choice of :func:`zoomr.rundir.prepare_run` (newest *complete* one for ``auto``), kept
+    for recipes not yet moved to ``prepare_run`` (settings guard, finished runs); new code calls that."""
+    return pick_resume(Path(checkpoint_dir), resume, hf_checkpoint_problems)
 
 
 def lora_config(method: SFTMethod):

@@ -109,9 +109,10 @@ def prepare_run(
         if old is not None:
             refuse_changes(run_dir, old, settings)
         summary = read_json(run_dir / SUMMARY_FILE)
-        finished = record.get("finished") if record else None
+        finished = record.get("finished") if record else legacy_extent(run_dir, summary)
         if finished == extent and summary is not None:
-            note = "rerun with another run_name=… or a larger method.max_steps to train more"
+            longer = "; a larger method.max_steps continues it" if extent.get("max_steps") else ""
+            note = f"another run_name=… starts a new run{longer}"
             print(format_block(summary, f"{title} already finished: {run_dir} ({note})"), flush=True)
             plan.finished = summary
             return plan
@@ -186,6 +187,12 @@ def settings_from_config(run_dir: Path, derived: dict[str, Any] | None, free: It
     """The settings of a run directory written before ``settings.json`` existed (from its ``config.json``)."""
     config = read_json(run_dir / "config.json")
     return None if config is None else training_settings(config, derived, free)
+
+
+def legacy_extent(run_dir: Path, summary: dict | None) -> dict[str, Any] | None:
+    """The length a run written before ``settings.json`` finished at: its ``config.json``'s, if it has a summary."""
+    config = read_json(run_dir / "config.json") if summary is not None else None
+    return None if config is None else {k: (config.get("method") or {}).get(k) for k in EXTENT_KEYS}
 
 
 def check_extent(run_dir: Path, extent: dict[str, Any], finished: dict[str, Any] | None) -> None:
@@ -326,13 +333,20 @@ def hf_checkpoint_problems(ckpt: Path, require_optimizer: bool = True) -> list[s
         out.append("trainer_state.json (written last) is missing or torn")
     elif step_of(ckpt) >= 0 and state.get("global_step") != step_of(ckpt):
         out.append(f"trainer_state.json is at step {state.get('global_step')}, not {step_of(ckpt)}")
+    deepspeed = ckpt / f"global_step{step_of(ckpt)}"
+    if deepspeed.is_dir():  # the engine's own shards (model and optimizer states per rank) replace optimizer.pt
+        shards = sorted(deepspeed.glob("*.pt"))
+        bad = [f.name for f in shards if not torch_archive_whole(f)]
+        if not shards or bad:
+            out.append(f"{deepspeed.name}/ states missing or truncated: {', '.join(bad) or 'none written'}")
+        if not any(f.name.endswith("model_states.pt") for f in shards):
+            out += weights_problems(ckpt)
+        return out
     out += weights_problems(ckpt)
     if require_optimizer:
-        deepspeed = (ckpt / f"global_step{step_of(ckpt)}").is_dir()
-        if not deepspeed:
-            for name in ("optimizer.pt", "scheduler.pt"):
-                if not torch_archive_whole(ckpt / name):
-                    out.append(f"{name} is missing or truncated")
+        for name in ("optimizer.pt", "scheduler.pt"):
+            if not torch_archive_whole(ckpt / name):
+                out.append(f"{name} is missing or truncated")
     return out
 
 
