@@ -70,6 +70,7 @@ from typing import Any, ClassVar
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from zoomr.attention import register_view
 from zoomr.cache.store import PagedKV, Rows
 from zoomr.memory import held_bytes
 
@@ -89,6 +90,7 @@ class Step:
     ends_prefill: bool = False  # the last (or only) prefill chunk: prompt-time policies (SnapKV) act here
     auto: bool = False  # opened by the cache itself (stock ``generate``), closed at the next step
     layers_done: set[int] = field(default_factory=set)
+    all_valid: bool = False  # every slot of ``valid`` is True (computed once per step, read by every layer)
 
 
 @dataclass
@@ -350,6 +352,7 @@ class PolicyCache(Cache):
             is_prefill=prefill,
             ends_prefill=prefill if ends_prefill is None else ends_prefill,
             auto=auto,
+            all_valid=bool(valid.all()),
         )
         if self.step.ends_prefill:
             self.prompt_lengths = self.fed.clone()
@@ -389,13 +392,13 @@ class PolicyCache(Cache):
             layer.store = self.new_store(
                 key_states.shape[0], key_states.dtype, self.store_device(key_states.device)
             )
-        layer.store.append(key_states, value_states, step.positions, step.order, step.valid)
+        layer.store.append(
+            key_states, value_states, step.positions, step.order, step.valid, all_valid=step.all_valid
+        )
         self.on_append(layer)
         layer.view = self.load_rows(layer, key_states.device)
         layer.attended = False
         step.layers_done.add(layer_idx)
-        from zoomr.attention import register_view
-
         register_view(layer.view.keys, self, layer_idx)
         return layer.view.keys, layer.view.values
 
