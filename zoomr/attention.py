@@ -33,8 +33,9 @@ _LIVE: dict[int, tuple[Any, Any, int]] = {}
 
 def register_view(keys: torch.Tensor, cache: Any, layer_idx: int) -> None:
     """Remember that ``keys`` were produced by ``cache.update`` at ``layer_idx`` (see :func:`policy_attention`)."""
-    for k in [k for k, (kref, _, _) in _LIVE.items() if kref() is None]:
-        del _LIVE[k]
+    if len(_LIVE) > 256:  # entries are popped when attention reads them; drop the ones never read
+        for k in [k for k, (kref, _, _) in _LIVE.items() if kref() is None]:
+            del _LIVE[k]
     _LIVE[id(keys)] = (weakref.ref(keys), weakref.ref(cache), layer_idx)
 
 

@@ -138,7 +138,7 @@ class PolicyLayer(CacheLayerMixin):
 
     def num_rows(self) -> int:
         """Physical rows of the padded view (max over (b, h))."""
-        return int(self.store.n.max()) if self.store is not None and self.store.n.numel() else 0
+        return self.store.n_max if self.store is not None else 0
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.num_rows() + query_length, 0
@@ -251,9 +251,12 @@ class PolicyCache(Cache):
 
     def next_positions(self, valid: torch.Tensor) -> torch.Tensor:
         """RoPE positions for new tokens ``valid [B, S]``: each sequence continues its own logical length."""
-        rank = torch.cumsum(valid.long(), dim=1) - 1
         base = self.lengths if self.lengths is not None else torch.zeros(valid.shape[0], dtype=torch.long)
-        return (base.to(valid.device)[:, None] + rank).clamp_min(0) * valid
+        base = base.to(valid.device)[:, None]
+        if valid.shape[1] == 1:  # one token per sequence: its position is the length (0 where invalid)
+            return base * valid
+        rank = torch.cumsum(valid.long(), dim=1) - 1
+        return (base + rank).clamp_min(0) * valid
 
     # ------------------------------------------------------------------ actions for policies
     def evict(self, layer_idx: int, keep: torch.Tensor) -> None:
@@ -334,13 +337,20 @@ class PolicyCache(Cache):
             self.fed = torch.zeros(B, dtype=torch.long, device=valid.device)
         elif self.lengths.shape[0] != B:
             raise ValueError(f"step has batch {B}, cache holds {self.lengths.shape[0]} sequences")
+        all_valid = bool(valid.all())
         if positions is None:
             positions = self.next_positions(valid)
         positions = positions.to(valid.device).long()
-        rank = torch.cumsum(valid.long(), dim=1) - 1
-        order = torch.where(valid, self.fed.to(valid.device)[:, None] + rank, torch.full_like(rank, -1))
-        self.fed = self.fed.to(valid.device) + valid.sum(1)
-        top = torch.where(valid, positions + 1, torch.zeros_like(positions)).amax(dim=1)
+        fed = self.fed.to(valid.device)
+        if all_valid:  # the common decode step: no pads, fewer ops
+            order = fed[:, None] + torch.arange(valid.shape[1], device=valid.device)
+            self.fed = fed + valid.shape[1]
+            top = positions.amax(dim=1) + 1
+        else:
+            rank = torch.cumsum(valid.long(), dim=1) - 1
+            order = torch.where(valid, fed[:, None] + rank, torch.full_like(rank, -1))
+            self.fed = fed + valid.sum(1)
+            top = torch.where(valid, positions + 1, torch.zeros_like(positions)).amax(dim=1)
         self.lengths = torch.maximum(self.lengths.to(valid.device), top)
         prefill = self.steps_done == 0 if is_prefill is None else is_prefill
         self.step = Step(
@@ -352,7 +362,7 @@ class PolicyCache(Cache):
             is_prefill=prefill,
             ends_prefill=prefill if ends_prefill is None else ends_prefill,
             auto=auto,
-            all_valid=bool(valid.all()),
+            all_valid=all_valid,
         )
         if self.step.ends_prefill:
             self.prompt_lengths = self.fed.clone()

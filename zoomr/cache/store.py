@@ -262,21 +262,22 @@ class PagedKV:
     def _append_slab(self, keys, values, pos, order, valid, all_valid: bool) -> None:
         B, H, S, d = keys.shape
         dev = self.device
-        keys, values = keys.to(dev, self.dtype), values.to(dev, self.dtype)
-        pos, order = pos.to(dev), order.to(dev)
         if all_valid and self.n_min == self.n_max:  # every (b, h) holds the same rows: plain slice writes
             self._reserve(self.n_max + S)
             j0 = self.start + self.n_max
-            self.k[:, :, j0 : j0 + S].copy_(keys)
-            self.v[:, :, j0 : j0 + S].copy_(values)
-            self.pos[:, :, j0 : j0 + S].copy_(pos[:, None, :].expand(B, H, S))
-            self.order[:, :, j0 : j0 + S].copy_(order[:, None, :].expand(B, H, S))
+            j1 = j0 + S
+            self.k[:, :, j0:j1].copy_(keys)  # copy_ converts device / dtype and broadcasts
+            self.v[:, :, j0:j1].copy_(values)
+            self.pos[:, :, j0:j1].copy_(pos[:, None, :])
+            self.order[:, :, j0:j1].copy_(order[:, None, :])
             for t in self.attrs.values():
-                t[:, :, j0 : j0 + S].zero_()
+                t[:, :, j0:j1].zero_()
             self.n = self.n + S
             self.n_max += S
             self.n_min += S
             return
+        keys, values = keys.to(dev, self.dtype), values.to(dev, self.dtype)
+        pos, order = pos.to(dev), order.to(dev)
         m = valid.sum(dim=1) if not all_valid else torch.full((B,), S, dtype=torch.long, device=dev)
         n_new = self.n + m[:, None]
         lo, hi = torch.aminmax(n_new)
