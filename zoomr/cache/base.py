@@ -468,11 +468,19 @@ class PolicyCache(Cache):
 
     def sequence_kv_bytes(self) -> dict[str, torch.Tensor]:
         """Per sequence ``[B]``: key/value bytes of its own pages, by role."""
-        out: dict[str, torch.Tensor] = {}
+        groups: dict[tuple, list[PagedKV]] = {}
         for layer in self.layers:
             if layer.store is not None:
-                b = layer.store.seq_kv_bytes().cpu()
-                out[layer.store.role] = out.get(layer.store.role, 0) + b
+                s = layer.store
+                groups.setdefault((s.role, s.slab, s.page_size, s.head_dim, s.k.element_size()), []).append(s)
+        out: dict[str, torch.Tensor] = {}
+        for (role, slab, p, d, size), stores in groups.items():
+            if slab and len(stores) > 1:  # one op for all these layers: pages = ceil(n / p) per (b, h)
+                n = torch.stack([s.n for s in stores])
+                b = (torch.div(n + p - 1, p, rounding_mode="floor").sum(dim=(0, 2)) * (2 * p * d * size)).cpu()
+            else:
+                b = sum(s.seq_kv_bytes().cpu() for s in stores)
+            out[role] = out.get(role, 0) + b
         return out
 
     def logical_lengths(self) -> torch.Tensor:
