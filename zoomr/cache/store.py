@@ -467,49 +467,73 @@ class PagedKV:
         if tuple(keep.shape) != shape:
             raise ValueError(f"retain: keep mask has shape {tuple(keep.shape)}, rows are {shape}")
         keep = keep.to(self.device)
-        valid = None if self.n_min == N else self._valid(N)
-        if valid is not None:
-            keep = keep & valid
-        n_keep = keep.sum(-1)
-        evicted = (self.n - n_keep) if valid is not None else (N - n_keep)
-        e_lo, e_hi = torch.aminmax(evicted) if evicted.numel() else (torch.tensor(0), torch.tensor(0))
-        e_lo, e_hi = int(e_lo), int(e_hi)
+        uniform = self.n_min == N
+        gone = ~keep if uniform else self._valid(N) & ~keep
+        evicted = gone.sum(-1)
+        e_lo, e_hi = (int(x) for x in torch.aminmax(evicted)) if evicted.numel() else (0, 0)
         if e_hi == 0:
             return  # nothing evicted: the rows did not change
-        k_lo, k_hi = torch.aminmax(n_keep)
-        k_lo, k_hi = int(k_lo), int(k_hi)
-        p = self.page_size
-        if not self.slab or not self._slab_fits(n_keep, k_hi):
-            flat, _ = self.flat_index()
-            self._rebuild(flat, keep)
+        n_keep = self.n - evicted
+        if uniform and e_lo == e_hi:
+            k_lo = k_hi = N - e_lo
+        else:
+            k_lo, k_hi = (int(x) for x in torch.aminmax(n_keep))
+        if not self.slab or (k_lo != k_hi and not self._slab_fits(n_keep, k_hi)):
+            flat, valid = self.flat_index()
+            self._rebuild(flat, keep & valid)
             return
-        gone = ~keep if valid is None else valid & ~keep
         cols = gone.any(dim=1).any(dim=0).nonzero()  # columns holding an evicted row somewhere
         first, last = int(cols[0]), int(cols[-1]) + 1
         s = self.start
         head_cost = (last - e_lo) if e_lo == e_hi else None  # kept rows before the last evicted one
         tail_cost = N - first - e_lo  # kept rows from the first evicted one on (at most)
         if head_cost is not None and head_cost <= tail_cost:
-            e = e_lo
             if head_cost:
-                idx = torch.argsort((~keep[:, :, :last]).to(torch.int8), dim=-1, stable=True)[..., :head_cost]
-                self._move(idx, s, s + e, head_cost)
-            self.start = s + e
+                idx = torch.argsort(gone[:, :, :last].to(torch.int8), dim=-1, stable=True)[..., :head_cost]
+                self._move(idx, s, s + e_lo, last)
+            self.start = s + e_lo
         elif tail_cost:
-            region = keep[:, :, first:]
-            idx = torch.argsort((~region).to(torch.int8), dim=-1, stable=True)[..., :tail_cost] + first
-            self._move(idx, s, s + first, tail_cost)
+            idx = torch.argsort(gone[:, :, first:].to(torch.int8), dim=-1, stable=True)[..., :tail_cost]
+            self._move(idx, s + first, s + first, N - first)
+        self._set_kept(n_keep, k_lo, k_hi)
+
+    def evict_span(self, lo: int, hi: int) -> None:
+        """Free rows ``lo <= j < hi`` of every (b, h) (e.g. StreamingLLM: the rows between the sinks and the
+        window). A slab whose (b, h) all hold the same rows slides the cheaper side with slices; anything else
+        goes through :meth:`retain`."""
+        N = self.n_max
+        lo, hi = max(0, lo), min(hi, N)
+        if hi <= lo:
+            return
+        if not (self.slab and self.n_min == N):
+            j = torch.arange(N, device=self.device)
+            self.retain(((j < lo) | (j >= hi)).expand(self.batch, self.heads, N))
+            return
+        e, s = hi - lo, self.start
+        if lo <= N - hi:  # slide the head up: start advances by e
+            for t in self._pools():
+                if lo:
+                    src = t[:, :, s : s + lo]
+                    t[:, :, s + e : s + e + lo].copy_(src.clone() if e < lo else src)
+            self.start = s + e
+        else:  # slide the tail down
+            for t in self._pools():
+                src = t[:, :, s + hi : s + N]
+                t[:, :, s + lo : s + lo + N - hi].copy_(src.clone() if e < N - hi else src)
+        self._set_kept(self.n - e, N - e, N - e)
+
+    def _set_kept(self, n_keep: torch.Tensor, k_lo: int, k_hi: int) -> None:
         self.n = n_keep
         self.n_min, self.n_max = k_lo, k_hi
-        if _round_up(k_hi, p) <= self.cap * SHRINK_AT:
-            self._slab_resize(_round_up(k_hi, p))
+        if _round_up(k_hi, self.page_size) <= self.cap * SHRINK_AT:
+            self._slab_resize(_round_up(k_hi, self.page_size))
         self.version += 1
 
-    def _move(self, idx: torch.Tensor, src0: int, dst0: int, count: int) -> None:
-        """``buffer[:, :, dst0 + i] = buffer[:, :, src0 + idx[..., i]]`` for every buffer (through a gather copy)."""
-        B, H, d = self.batch, self.heads, self.head_dim
-        span = int(idx.max()) + 1
-        idx_kv = idx[..., None].expand(B, H, count, d)
+    def _move(self, idx: torch.Tensor, src0: int, dst0: int, span: int) -> None:
+        """``buffer[:, :, dst0 + i] = buffer[:, :, src0 + idx[..., i]]`` for every buffer, ``idx < span``
+        (through a gather copy, so overlapping ranges are safe)."""
+        B, H, count = idx.shape
+        idx_kv = idx[..., None].expand(B, H, count, self.head_dim)
         for t in self._pools():
             src = t[:, :, src0 : src0 + span]
             moved = src.gather(2, idx_kv if t.dim() == 4 else idx)
