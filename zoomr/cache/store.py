@@ -531,12 +531,15 @@ class PagedKV:
 
     def _move(self, idx: torch.Tensor, src0: int, dst0: int, span: int) -> None:
         """``buffer[:, :, dst0 + i] = buffer[:, :, src0 + idx[..., i]]`` for every buffer, ``idx < span``
-        (through a gather copy, so overlapping ranges are safe)."""
+        (row gathers with ``index_select`` into a temporary, so overlapping ranges are safe)."""
         B, H, count = idx.shape
-        idx_kv = idx[..., None].expand(B, H, count, self.head_dim)
+        base = torch.arange(B * H, device=self.device).view(B, H, 1) * self.cap + src0
+        ids = (base + idx).view(-1)
         for t in self._pools():
-            src = t[:, :, src0 : src0 + span]
-            moved = src.gather(2, idx_kv if t.dim() == 4 else idx)
+            if t.dim() == 4:
+                moved = t.view(-1, t.shape[-1]).index_select(0, ids).view(B, H, count, -1)
+            else:
+                moved = t.view(-1).index_select(0, ids).view(B, H, count)
             t[:, :, dst0 : dst0 + count].copy_(moved)
 
     def _slab_fits(self, n: torch.Tensor, n_max: int) -> bool:
