@@ -36,11 +36,14 @@ class StreamingCache(PolicyCache):
 
     def after_attention(self, layer: PolicyLayer) -> None:
         store = layer.store
-        if int(store.n.max()) <= self.config.budget_rows:
+        if store.n_max <= self.config.budget_rows:
             return
         with self.selecting():
-            keep = sink_window_keep(store.n, int(store.n.max()), self.config.n_sink, self.recent)
-            self.evict(layer.idx, keep)
+            if store.n_min == store.n_max:  # every (b, h) holds the same rows: one span, slid with slices
+                store.evict_span(self.config.n_sink, store.n_max - self.recent)
+            else:
+                keep = sink_window_keep(store.n, store.n_max, self.config.n_sink, self.recent)
+                self.evict(layer.idx, keep)
             if self.inv_freq is not None:
                 flat, valid = store.flat_index()
                 new_pos = torch.arange(flat.shape[-1], device=flat.device).expand_as(flat)
