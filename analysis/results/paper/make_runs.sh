@@ -30,11 +30,14 @@ for B in math500 aime25; do
   ev sumr +method=sumr
   ev zoomr +method=zoomr method.window=32
   ev abridge +method=abridge model.tiny=null model.hf_id="$R/train/abridge/final" model.name=tiny-qwen2
-  for T in -9.7 -9.5; do
-    ev "kvzap_t$T" +method=kvzap method.surrogate_dir="$R/kvzap/surrogates" method.threshold=$T
+  # thresholds for this random tiny model's surrogate (zoomr.kvzap.compression), window 16 < the 82-token prompts
+  for T in -7.8 -7.5 -7.2; do
+    ev "kvzap_t$T" +method=kvzap method.surrogate_dir="$R/kvzap/surrogates" method.threshold=$T method.window=16
   done
   ev kvzap_oracle_r0.5 +method=kvzap_oracle method.ratio=0.5
-  ev kvzap_oracle_t-9.6 +method=kvzap_oracle method.mode=threshold method.threshold=-9.6
+  ev kvzap_oracle_t-9.6 +method=kvzap_oracle method.mode=threshold method.threshold=-9.6 method.window=16
 done
 # decode throughput and time to finish at each arm's own generation lengths (Figures 3b, 3d)
 python -m analysis.bench_throughput --quick --eval-runs "$R"/eval/math500/* --out "$R/bench"
+# ZoomR resident rows vs the MS formula and per-recompute agreeability on a summary-structured stream
+python -m analysis.bench_zoomr --prompt 64 --generate 512 --para 48 --summary 8 --window 64 --out "$R/bench/zoomr_rows.json"
