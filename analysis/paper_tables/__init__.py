@@ -70,7 +70,14 @@ def build_all(runs: list[str], out: str | Path, memory_gib: float = 8.0, n_resam
 
 def run_task(task: dict[str, Any], logger: dict[str, Any]) -> Report:
     """Entry from ``python -m analysis +task=paper_tables`` (the task and logger configs, resolved)."""
-    return build_all(task["runs"], task["out"], task["memory_gib"], task["n_resamples"], task["seed"], logger)
+    from zoomr.schemas import to_dataclass
+    from zoomr.schemas.analysis import PaperTablesTask
+
+    try:
+        t = to_dataclass(PaperTablesTask, task)  # validated before anything is written
+    except ValueError as e:
+        raise SystemExit(f"paper_tables: {e}") from None
+    return build_all(t.runs, t.out, t.memory_gib, t.n_resamples, t.seed, logger)
 
 
 def main(argv: list[str] | None = None) -> Report:
