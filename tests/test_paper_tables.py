@@ -119,7 +119,6 @@ def test_every_input_kind_gives_its_tables_and_figures(two_arms, tmp_path, cache
     import analysis.bench_throughput as bench_throughput
     import train.abridge as abridge
     import train.abridge_allocate as allocate
-
     from tests.test_abridge_train import TINY_RUN, _compose
 
     runs = tmp_path / "runs"
