@@ -192,20 +192,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     (out / "bench_throughput.md").write_text(text + "\n")
     print("\n" + text + f"\n\nwritten {out / 'bench_throughput.json'}, {out / 'bench_throughput.md'}")
     if args.logger == "wandb":
-        log_to_wandb(report, args.model)
+        report["wandb_summary"] = log_to_wandb(report, args.model, out)
     return report
 
 
-def log_to_wandb(report: dict[str, Any], model: str) -> None:
-    from zoomr.tracking import init_run
+def log_to_wandb(report: dict[str, Any], model: str, out: Path) -> dict[str, Any]:
+    """Summary metrics under the key scheme of :mod:`zoomr.tracking` (job type ``bench``)."""
+    from zoomr.tracking import log_summary_run
 
-    logger = init_run(project="zoomr", name=f"bench_throughput-{model}", group=f"{model}/bench",
-                      config=report["meta"], job_type="bench")  # fmt: skip
-    logger.summary(
-        {f"tokens_per_s/{p}/b{b}": r["tokens_per_s"] for p, per in report["throughput"].items() for b, r in per.items()}
-    )
-    logger.summary({f"time_to_finish_s/{r['arm']}": r["seconds"] for r in report["finish"]})
-    logger.finish()
+    metrics = {f"tokens_per_s/{p}/b{b}": r["tokens_per_s"] for p, per in report["throughput"].items() for b, r in per.items()}
+    metrics |= {f"time_to_finish_s/{r['arm']}": r["seconds"] for r in report["finish"]}
+    return log_summary_run(job_type="bench", name=f"bench_throughput-{model}", group=f"{model}/bench", config=report["meta"],
+                    metrics=metrics, dir=out)  # fmt: skip
 
 
 if __name__ == "__main__":

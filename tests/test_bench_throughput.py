@@ -10,11 +10,13 @@ import pytest
 from analysis import bench_throughput
 
 
-def test_throughput_table_and_json(tmp_path, cache_dir):
+def test_throughput_table_and_json(tmp_path, cache_dir, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
     out = tmp_path / "bench"
     report = bench_throughput.main(
         ["--batch-sizes", "1", "2", "--new-tokens", "6", "--prompt-tokens", "10", "--budget", "6", "--repeats", "1",
-         "--policies", "full", "streaming", "--cache-dir", cache_dir, "--out", str(out)]
+         "--policies", "full", "streaming", "--cache-dir", cache_dir, "--out", str(out), "--logger", "wandb"]
     )  # fmt: skip
     saved = json.loads((out / "bench_throughput.json").read_text())
     assert saved["throughput"] == report["throughput"] and saved["finish"] == []
@@ -24,6 +26,8 @@ def test_throughput_table_and_json(tmp_path, cache_dir):
         assert full["tokens_per_s"] == pytest.approx(int(b) * 6 / full["seconds"])
         assert stream["ratio_vs_full"] == pytest.approx(stream["tokens_per_s"] / full["tokens_per_s"])
     assert "| streaming |" in (out / "bench_throughput.md").read_text()
+    assert list((out / "wandb").glob("offline-run-*"))  # offline by default: a local run to sync later
+    assert report["wandb_summary"]["bench/tokens_per_s/streaming/b2"] == report["throughput"]["streaming"]["2"]["tokens_per_s"]
 
 
 def test_bad_arguments_are_refused(tmp_path, capsys):

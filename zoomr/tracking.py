@@ -168,3 +168,23 @@ def init_run(
     )
     log.info("W&B run %s (%s, group %s, job type %s)", name, mode, group, job_type)
     return RunLogger(run, namespace=job_type)
+
+
+def log_summary_run(
+    *,
+    job_type: str,
+    name: str,
+    group: str,
+    config: dict[str, Any],
+    metrics: dict[str, Any],
+    mode: str = "auto",
+    dir: str | Path | None = None,
+    project: str = "zoomr",
+) -> dict[str, Any]:
+    """One short run holding only summary metrics (benches): ``<job_type>/<metric>`` keys, the key scheme above.
+    Returns the run's summary as W&B holds it (empty when disabled)."""
+    logger = init_run(project=project, name=name, group=group, config=config, mode=mode, dir=dir, job_type=job_type)
+    logger.summary({k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)})
+    held = dict(logger.run.summary) if logger.enabled else {}
+    logger.finish()
+    return held
