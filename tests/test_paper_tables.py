@@ -148,3 +148,22 @@ def test_every_input_kind_gives_its_tables_and_figures(two_arms, tmp_path, cache
     )["quotas"]
     throughput = {r[0] for r in _md_rows(out / "abridge_fig3b_table.md")}
     assert throughput == {"full", "streaming"}
+
+
+def test_multi_competition_benchmark_gets_per_competition_columns(two_arms, tmp_path):
+    """A suite-like run (rows from two competitions) adds one accuracy column per competition to Table 1."""
+    import shutil
+
+    for arm in ("full", "streaming"):
+        shutil.copytree(two_arms / "eval" / arm, tmp_path / arm)
+        path = tmp_path / arm / "results.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        first = rows[0]["problem_id"]
+        for r in rows:
+            r["competition"] = "comp_a" if r["problem_id"] == first else "comp_b"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "paper"
+    _build([tmp_path / "full", tmp_path / "streaming"], out)
+    header = (out / "abridge_table1_tiny-qwen2.csv").read_text().splitlines()[0].split(",")
+    assert header[-2:] == ["math500:comp_a avg@k", "math500:comp_b avg@k"]
+    assert all(len(r) == len(header) for r in _md_rows(out / "abridge_table1_tiny-qwen2.md"))
