@@ -149,7 +149,8 @@ def main() -> None:
     meta = {**vars(args), "threads": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS")}
     out.write_text(
         json.dumps(
-            {"meta": meta, "results": results, "zoomr": summary, "formula": formula, "measured": measured},
+            {"meta": meta, "results": results, "zoomr": summary, "formula": formula, "measured": measured,
+             "agreeability": [r["agreeability"] for r in log]},  # per recompute (paper_tables: AG histogram)
             indent=2,
         )
     )
