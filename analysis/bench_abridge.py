@@ -298,13 +298,13 @@ def main() -> None:
     ap.add_argument("--response-tokens", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--backend", default="auto")
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=None, help="JSON file (default runs/bench/abridge_<part>.json)")
     args = ap.parse_args()
     result = {"step": bench_step, "kv": bench_kv, "parity": bench_parity}[args.part](args)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2))
-        print(f"wrote {args.out}")
+    out = args.out or Path("runs/bench") / f"abridge_{args.part}.json"  # like the other benches: runs/bench/
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
