@@ -26,9 +26,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from data_prep import testbed_tokenizer as tt
-from zoomr.summary_pointer import Cue
 from data_prep.testbed import generate
 from zoomr.schemas.testbed import CurriculumSettings, TestbedData
+from zoomr.summary_pointer import Cue
 
 IGNORE = -100
 
