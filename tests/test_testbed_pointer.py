@@ -124,3 +124,25 @@ def test_trainer_pointer_layers(layers):
     assert got == ([1] if layers else [1, 2])
     with pytest.raises(ValueError, match="summary_pointer_layers"):
         pointer_layers(model, TestbedTrainMethod(summary_pointer_layers=[3]))
+
+
+def test_online_hit_rate_reads_the_recompute_at_each_cue():
+    """The evaluator's hit rate: the recompute logged at prompt + cue_pos, hit iff I_c holds segment defined_in - 1."""
+    from analysis.zoomr_testbed import cue_selections, hit_rates
+
+    record = {"queries": [
+        {"cue_pos": 50, "answer_pos": 52, "distance": 20, "defined_in": 2, "final": False},  # defined at 32: near
+        {"cue_pos": 90, "answer_pos": 92, "distance": 80, "defined_in": 1, "final": True},  # defined at 12: far
+        {"cue_pos": 95, "answer_pos": 97, "distance": 80, "defined_in": 3, "final": True},
+    ]}  # fmt: skip
+    log = [
+        {"position": 10 + 50, "zoomed": [1, 2], "n_summaries": 3},
+        {"position": 10 + 90, "zoomed": [2, 3], "n_summaries": 4},
+        {"position": 10 + 95, "zoomed": [2, 3], "n_summaries": 4},
+        {"position": 10 + 51, "zoomed": [0], "n_summaries": 3},  # another recompute: not a cue
+    ]
+    sel = cue_selections(record, log, prompt_len=10, window=64)
+    assert [s["hit"] for s in sel] == [True, False, True] and [s["far"] for s in sel] == [False, True, True]
+    rates = hit_rates([sel], consensus=2)
+    assert rates["hit_rate"] == 2 / 3 and rates["hit_rate_far"] == 0.5 and rates["hit_rate_final"] == 0.5
+    assert rates["chance"] == (2 / 3 + 0.5 + 0.5) / 3 and rates["cues_far"] == 2

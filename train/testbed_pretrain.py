@@ -39,7 +39,7 @@ from zoomr.entry import model_spec, start_run
 from zoomr.models import describe, load_model, load_tokenizer
 from zoomr.schemas import to_dataclass
 from zoomr.schemas.testbed import TestbedData, TestbedTrainMethod
-from zoomr.summary_pointer import capture_qk, pointer_loss, selection_hits
+from zoomr.summary_pointer import capture_qk, count_hits, pointer_loss
 
 log = logging.getLogger(__name__)
 BUCKETS = ((0, 64, "<64"), (64, 257, "64-256"), (257, 1 << 30, ">256"))
@@ -89,16 +89,6 @@ def pointer_layers(model, method: TestbedTrainMethod) -> list[int]:
     return layers
 
 
-def tf_pointer_hits(qk, batch: Batch, top_k: int = 2, c: int = 2) -> tuple[int, int, int, int]:
-    """(hits, cues, far hits, far cues) of the paper's rule (every layer votes) on a teacher-forced batch."""
-    hits = n = far_hits = far_n = 0
-    for b, (sp, cs) in enumerate(zip(batch.spans or [], batch.cues or [])):
-        for s in selection_hits(qk, sp, cs, top_k, c, b=b):
-            hits, n = hits + s.hit, n + 1
-            far_hits, far_n = far_hits + (s.hit and s.far), far_n + s.far
-    return hits, n, far_hits, far_n
-
-
 TOKEN_KINDS = {"k": "key", "v": "value", "w": "filler"}
 
 
@@ -122,11 +112,12 @@ def teacher_forced_eval(
     hits = {name: [0, 0] for *_, name in BUCKETS}
     tok = [0, 0]
     per_kind: dict[str, list[int]] = {}
-    pointer = [0, 0, 0, 0]
+    pointer = {"hits": 0, "cues": 0, "far_hits": 0, "far_cues": 0, "chance": 0.0}
     for b in batches:
         pred = model(input_ids=b.input_ids).logits.argmax(-1)
         if qk is not None and b.cues:
-            pointer = [x + y for x, y in zip(pointer, tf_pointer_hits(qk, b))]
+            counts = count_hits(qk, b.spans, b.cues, top_k=2, c=2)  # the paper's rule, ZoomR's defaults
+            pointer = {k: pointer[k] + counts[k] for k in pointer}
         lab = b.labels != -100
         ok = pred == b.labels
         tok[0] += int((ok & lab).sum())
@@ -147,9 +138,10 @@ def teacher_forced_eval(
     out["tf_answer_all"] = sum(h for h, _ in hits.values()) / max(1, sum(n for _, n in hits.values()))
     out["tf_token_acc"] = tok[0] / max(1, tok[1])
     out.update({f"kind_{k}": h / n for k, (h, n) in per_kind.items() if n})
-    if pointer[1]:
-        out["tf_pointer_hit"] = pointer[0] / pointer[1]
-        out["tf_pointer_hit_far"] = pointer[2] / max(1, pointer[3])
+    if pointer["cues"]:
+        out["tf_pointer_hit"] = pointer["hits"] / pointer["cues"]
+        out["tf_pointer_hit_far"] = pointer["far_hits"] / max(1, pointer["far_cues"])
+        out["tf_pointer_chance"] = pointer["chance"] / pointer["cues"]
     return out
 
 

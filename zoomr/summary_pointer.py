@@ -161,3 +161,23 @@ def selection_hits(
         res = consensus(votes[n, :m], c)
         out.append(Selection(res.zoomed, int(votes[n, cue.target]), cue.target in res.zoomed, cue.far, m, res.agreeability))
     return out
+
+
+def count_hits(
+    qk: dict[int, tuple[torch.Tensor, torch.Tensor]],
+    spans: Sequence[Sequence[tuple[int, int]]],
+    cues: Sequence[Sequence[Cue]],
+    top_k: int,
+    c: int,
+    layers: Sequence[int] | None = None,
+) -> dict[str, int]:
+    """Hits and cues of the rule over a batch (``spans[b]``/``cues[b]`` per sequence), overall and far."""
+    out = {"hits": 0, "cues": 0, "far_hits": 0, "far_cues": 0, "chance": 0.0}
+    for b, (sp, cs) in enumerate(zip(spans, cues)):
+        for s in selection_hits(qk, sp, cs, top_k, c, layers, b=b):
+            out["hits"] += s.hit
+            out["cues"] += 1
+            out["far_hits"] += s.hit and s.far
+            out["far_cues"] += s.far
+            out["chance"] += min(1.0, c / max(1, s.n_summaries))
+    return out
