@@ -96,6 +96,21 @@ class PlannedRow:
     keys: list[str]
 
 
+SKIP_REASONS = {
+    "no_thought": "no <|begin_of_thought|> section",
+    "truncated_thought": "trace cut before <|end_of_thought|>; keep them with pipeline.keep_truncated=true",
+    "already_summarized": "already carries summaries",
+    "empty_thought": "no paragraph to summarise (pipeline.min_paragraph_chars)",
+}
+
+
+def describe_skipped(skipped: dict[str, int]) -> str:
+    """The run summary's line on rows that were not summarised, with why (and how to keep them)."""
+    if not skipped:
+        return "none"
+    return "; ".join(f"{n} {SKIP_REASONS.get(k, k)}" for k, n in sorted(skipped.items()))
+
+
 def plan_rows(rows: list[TraceRow], settings: SummarizeSettings) -> tuple[list[PlannedRow], Counter]:
     """Split every usable row into paragraphs; count the rows skipped and why."""
     planned, skipped = [], Counter()
@@ -354,6 +369,7 @@ def run(cfg) -> dict[str, Any]:
         load_report={"rows": load.rows, "kept": load.kept, **dict(load.defects)},
     )
     shown = {k: v for k, v in stats.items() if not isinstance(v, dict)}
+    shown["rows_skipped"] = describe_skipped(stats["rows_skipped"])
     shown["out_dir"] = str(out_dir)
     write_summary(run_dir, shown, f"summaries: {stats['rows_written']}/{stats['rows_in']} rows written")
     logger.summary({k: v for k, v in shown.items() if isinstance(v, int | float)})

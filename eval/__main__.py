@@ -82,12 +82,14 @@ def testbed_hooks(bench: BenchmarkConfig, tokenizer: Any, problems: list, max_ne
 
 def run(cfg: Any) -> dict[str, Any]:
     from eval.benchmarks import load_benchmark
+    from eval.budget import resolve_budget
     from eval.generation import engine_generator
     from eval.grading import Grader
-    from eval.metrics import compute_metrics, format_table
+    from eval.metrics import compute_metrics
     from eval.prompts import render
     from eval.results import ResultStore, check_fingerprint
     from eval.runner import evaluate
+    from eval.summary import console_table, eviction_report
     from eval.tasks import check_budget, format_subset_table, hooks, subset_metrics, task_plugin
     from zoomr.models import load_model, load_tokenizer
 
@@ -98,6 +100,7 @@ def run(cfg: Any) -> dict[str, Any]:
     spec = model_spec(cfg)
     tokenizer = load_tokenizer(spec, cfg.cache_dir)  # before the problems: RULER counts the model's tokens
     problems = plugin.load(bench, tokenizer, gen) if plugin else load_benchmark(bench)
+    budget = resolve_budget(cfg)  # a relative budget (fraction / match) becomes budget_rows before the fingerprint
     check_fingerprint(cfg.run_dir, fingerprint(cfg))  # before start_run rewrites config.json
     run_dir, logger = start_run(cfg, job_type="eval")
     device = pick_device(cfg.device)
@@ -135,6 +138,8 @@ def run(cfg: Any) -> dict[str, Any]:
     if plugin:  # per-subset scores and achieved compression, averaged
         metrics[plugin.name] = subset_metrics(plugin, rows)
     metrics["grading_timeouts_this_run"] = timeouts
+    metrics["eviction"] = eviction_report(rows, to_plain(cfg.method) if cfg.get("method") else None)
+    metrics["budget"] = budget
     (Path(run_dir) / "metrics.json").write_text(json.dumps(metrics, indent=2))
     pooled = metrics["pooled"]
     summary = {
@@ -142,10 +147,13 @@ def run(cfg: Any) -> dict[str, Any]:
         "model": spec.name,
         "method": cfg.run_name,
         **{k: v for k, v in pooled.items() if isinstance(v, int | float | str)},
+        **{k: v for k, v in metrics["eviction"].items() if k != "samples"},
         "run_dir": str(run_dir),
     }
     (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
-    table = format_subset_table(plugin.name, metrics[plugin.name]) if plugin else format_table(metrics)
+    table = console_table(metrics)
+    if plugin:
+        table = format_subset_table(plugin.name, metrics[plugin.name]) + "\n" + table
     if "testbed" in metrics:
         table += "\n" + "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics["testbed"].items())
     print(

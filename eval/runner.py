@@ -86,6 +86,8 @@ def evaluate(
     scope = [(p.id, s) for p in problems for s in range(n_samples)]
     done_in_scope = [store.rows[k] for k in scope if k in store.rows]
     correct, graded = sum(r["correct"] for r in done_in_scope), len(done_in_scope)
+    if graded:  # a resumed run: say what it skips
+        tqdm.write(f"resuming {store.path}: {graded} of {len(scope)} samples already done, skipped; {len(todo)} to run")
     bar = tqdm(
         total=len(scope), initial=graded, desc=f"eval {benchmark}", disable=not progress, dynamic_ncols=True
     )

@@ -48,13 +48,16 @@ class StreamingCache(PolicyCache):
             if not self.step.ends_prefill:
                 return
             recent = kept_at_ratio(store.n, cfg.compression_ratio) - cfg.n_sink
-        elif int(store.n.max()) <= cfg.budget_rows:
+        elif store.n_max <= cfg.budget_rows:
             return
         else:
             recent = self.recent
         with self.selecting():
-            keep = sink_window_keep(store.n, int(store.n.max()), cfg.n_sink, recent)
-            self.evict(layer.idx, keep)
+            if cfg.compression_ratio is None and store.n_min == store.n_max:
+                store.evict_span(cfg.n_sink, store.n_max - recent)  # every (b, h) holds the same rows: one span
+            else:
+                keep = sink_window_keep(store.n, store.n_max, cfg.n_sink, recent)
+                self.evict(layer.idx, keep)
             if self.inv_freq is not None:
                 flat, valid = store.flat_index()
                 new_pos = torch.arange(flat.shape[-1], device=flat.device).expand_as(flat)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from zoomr.schemas.sft import check_length
+
 
 @dataclass
 class AbridgeOptim:
@@ -34,6 +36,7 @@ class AbridgeMethod:
     policy: str = "abridge"  # the serving policy in zoomr.cache (python -m eval +method=abridge)
     page_size: int = 16  # serving: rows per storage page
     layout_from_checkpoint: bool = True  # serving: a checkpoint's abridge.json wins over the fields below
+    allow_untrained: bool = False  # serving: run on a model without abridge.json (smoke tests, not results)
     block_size: int = 64  # C
     num_pause: int = 16  # K_max: pause tokens (code rows) written per completed block
     quota: int | None = None
@@ -54,6 +57,9 @@ class AbridgeMethod:
     save_total_limit: int = 2
     bf16: bool = False
     gradient_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        check_length(type(self).__name__, self.max_steps)
 
 
 @dataclass

@@ -2,7 +2,11 @@
 
 Common fields: ``policy`` (registry name in ``zoomr.cache``), ``page_size`` (rows per storage page),
 ``budget_rows`` (rows per (layer, sequence, KV head) resident between decode steps; ``None`` = unbounded).
-A budget can be matched to another arm's measured mean with ``zoomr.cache.match_budget``.
+A budget relative to the run (``python -m eval`` resolves it into ``budget_rows`` before decoding, see
+``eval/budget.py``): ``budget_fraction`` f = f x the rows full KV holds at the end of a sequence (its mean
+peak resident rows, read from the full-KV run ``budget_reference``, default the same benchmark and model's
+``…/full`` run), or ``budget_match`` = a run directory whose mean resident rows the budget takes. In Python,
+``zoomr.cache.match_budget(cfg, rows)`` does the same with a number.
 """
 
 from __future__ import annotations
@@ -35,9 +39,24 @@ class PolicyConfig:
     trainer: str | None = None  # cache policies are inference-time methods: nothing to train
     page_size: int = 16
     budget_rows: int | None = None
+    budget_fraction: float | None = None  # of full KV's rows (resolved into budget_rows by python -m eval)
+    budget_reference: str | None = None  # the full-KV run directory for budget_fraction (None: …/full)
+    budget_match: str | None = None  # a run directory: budget_rows = its mean resident rows
 
     def __post_init__(self) -> None:
-        _positive(type(self).__name__, page_size=self.page_size, budget_rows=self.budget_rows)
+        name = type(self).__name__
+        _positive(name, page_size=self.page_size, budget_rows=self.budget_rows)
+        if self.budget_fraction is not None and not 0 < self.budget_fraction <= 1:
+            raise ValueError(f"{name}: budget_fraction must lie in (0, 1], got {self.budget_fraction}")
+        if self.budget_fraction is not None and self.budget_match is not None:
+            raise ValueError(f"{name}: set budget_fraction or budget_match, not both")
+        if self.budget_reference is not None and self.budget_fraction is None:
+            raise ValueError(f"{name}: budget_reference is the full-KV run of budget_fraction; set budget_fraction")
+
+    @property
+    def budget_pending(self) -> bool:
+        """A relative budget (fraction / match) not yet turned into ``budget_rows``."""
+        return self.budget_fraction is not None or self.budget_match is not None
 
 
 @dataclass
