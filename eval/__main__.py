@@ -90,7 +90,7 @@ def run(cfg: Any) -> dict[str, Any]:
     from eval.results import ResultStore, check_fingerprint
     from eval.runner import evaluate
     from eval.summary import console_table, eviction_report
-    from eval.tasks import check_budget, format_subset_table, hooks, subset_metrics, task_plugin
+    from eval.tasks import check_budget, format_subset_table, hooks, subset_metrics, task_plugin, write_scope
     from zoomr.models import load_model, load_tokenizer
 
     bench: BenchmarkConfig = to_dataclass(BenchmarkConfig, cfg.benchmark)
@@ -103,6 +103,8 @@ def run(cfg: Any) -> dict[str, Any]:
     budget = resolve_budget(cfg)  # a relative budget (fraction / match) becomes budget_rows before the fingerprint
     check_fingerprint(cfg.run_dir, fingerprint(cfg))  # before start_run rewrites config.json
     run_dir, logger = start_run(cfg, job_type="eval")
+    if plugin:
+        write_scope(run_dir, problems)
     device = pick_device(cfg.device)
     model = load_model(spec, cfg.cache_dir, device=device)
     generate = engine_generator(model, tokenizer, policy_config(cfg, model, tokenizer), gen)
