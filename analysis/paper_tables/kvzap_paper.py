@@ -125,7 +125,7 @@ def accuracy_vs_compression(inputs: Inputs, report: Report) -> None:
             rows = [[describe(a), a.method, f"{c:.3f}", f"{y:.1f}", f"{a.pooled.get('rows_mean', float('nan')):.1f}"]
                     for a, c, y in kvzap + others]  # fmt: skip
             report.table(key + "_table", f"KVzap thresholds and baselines at their compression ({model}, {bench})",
-                         ["arm", "method", "compression", "accuracy (%)", "mean resident rows"], rows, sources(used),
+                         ["arm", "method", "compression", score(arms[0])[1], "mean resident rows"], rows, sources(used),
                          fed_by(used))  # fmt: skip
     if not done:
         report.skip("kvzap_accuracy_vs_compression", "no KVzap (+method=kvzap) evaluation run among the inputs")
