@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from zoomr.jsonl import JsonlReader
+
 log = logging.getLogger(__name__)
 
 RESULTS_FILE = "results.jsonl"
@@ -27,6 +29,19 @@ def row_key(row: dict[str, Any]) -> Key:
     return (row["problem_id"], int(row["sample"]))
 
 
+def is_grading_error(row: dict[str, Any]) -> bool:
+    """A row whose grading did not finish (a grader worker died or failed): regraded on the next run."""
+    return row.get("grade_method") == "error"
+
+
+def _row_problem(row: dict[str, Any]) -> str | None:
+    if not isinstance(row.get("problem_id"), str) or type(row.get("sample")) is not int:
+        return "not a result row (needs a string problem_id and an integer sample)"
+    if not isinstance(row.get("correct"), bool):
+        return "not a result row (needs a boolean correct)"
+    return None
+
+
 class ResultStore:
     """Append-only JSONL of sample rows in ``run_dir``."""
 
@@ -36,46 +51,36 @@ class ResultStore:
         self.rows: dict[Key, dict[str, Any]] = {}
         self.duplicates = 0
         self.torn = 0
+        self.bad = 0
 
     def load(self) -> dict[Key, dict[str, Any]]:
-        """Read existing rows; repair a torn last line so later appends start on a clean line."""
+        """Read existing rows; repair a torn last line so later appends start on a clean line.
+
+        Unreadable lines (not UTF-8, not JSON, not a row of this file) are skipped with their line number
+        (counted in ``bad``); their keys, if any, are regenerated. A later row of a key replaces a row whose
+        grading failed (``grade_method == "error"``, see :mod:`eval.grading`); otherwise the first row wins.
+        """
         self.rows = {}
         if not self.path.exists():
             return self.rows
-        data = self.path.read_bytes()
-        good_end = 0
-        pos = 0
-        while pos < len(data):
-            nl = data.find(b"\n", pos)
-            if nl < 0:  # last line without newline: the write in flight when the run was killed
-                self.torn += 1
-                break
-            line = data[pos:nl].strip()
-            if line:
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    self.torn += 1
-                    log.warning("%s: skipping an unreadable line at byte %d", self.path, pos)
-                    pos = nl + 1
-                    good_end = pos
-                    continue
-                key = row_key(row)
-                if key in self.rows:
-                    self.duplicates += 1
-                else:
-                    self.rows[key] = row
-            pos = nl + 1
-            good_end = pos
-        if good_end < len(data):
-            log.warning("%s: dropping a torn last line (%d bytes)", self.path, len(data) - good_end)
+        reader = JsonlReader(self.path, check=_row_problem, torn_tail=True)
+        for _, row in reader:
+            key = row_key(row)
+            if key in self.rows and not is_grading_error(self.rows[key]):
+                self.duplicates += 1
+            else:
+                self.rows[key] = row
+        self.bad = len(reader.bad)
+        if reader.torn:
+            self.torn += 1
+            log.warning("%s: dropping a torn last line (%d bytes)", self.path, reader.torn)
             with open(self.path, "r+b") as f:
-                f.truncate(good_end)
+                f.truncate(reader.clean_end)
         return self.rows
 
     def append(self, row: dict[str, Any]) -> None:
         key = row_key(row)
-        if key in self.rows:
+        if key in self.rows and not is_grading_error(self.rows[key]):
             raise ValueError(f"result for {key} already written")
         line = json.dumps(row, ensure_ascii=False) + "\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)
