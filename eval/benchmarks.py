@@ -283,6 +283,8 @@ def load_problems(
     options: dict[str, Any] | None = None,
 ) -> list[Problem]:
     """Problems of several sources in order; duplicate ids across sources are an error."""
+    if limit is not None and limit < 1:
+        raise ValueError(f"problem limit must be >= 1 (or None for every problem), got {limit}")
     problems: list[Problem] = []
     seen: dict[str, str] = {}
     for name in sources:

@@ -21,7 +21,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -102,8 +102,9 @@ def normalize(answer: str) -> str:
     s = s.rstrip(".")
     if _THOUSANDS.fullmatch(s):
         s = s.replace(",", "")
-    if _INTEGER.fullmatch(s):
-        s = str(int(s))
+    if _INTEGER.fullmatch(s):  # leading zeros and "+" dropped by string edits: no int() (4,300-digit limit)
+        digits = s.lstrip("+-").lstrip("0") or "0"
+        s = "-" + digits if s.startswith("-") and digits != "0" else digits
     return s
 
 
@@ -165,39 +166,50 @@ def math_verify_equal(text: str, gold: str, inner_timeout: int = 3) -> tuple[str
 def _worker_loop(
     conn: Any, inner_timeout: int, check: Callable[[str, str, int], tuple[str | None, bool]]
 ) -> None:
-    """Serve (index, text, gold) requests until the pipe closes."""
+    """Serve batches of ``(index, text, gold)`` requests, one ``(index, Grade)`` answer per sample as
+    it finishes (so the parent can time each sample), until the pipe closes or ``None`` arrives."""
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # it logs whole texts on timeouts
     while True:
         try:
-            msg = conn.recv()
+            batch = conn.recv()
         except (EOFError, OSError):
             return
-        if msg is None:
+        if batch is None:
             return
-        index, text, gold = msg
-        t0 = time.perf_counter()
-        try:
-            extracted, ok = check(text, gold, inner_timeout)
-            result = Grade(extracted, ok, "math_verify" if ok else "none")
-        except Exception as e:  # noqa: BLE001 - a parse failure is an incorrect answer, not a crash
-            result = Grade(None, False, "error")
-            log.debug("math-verify failed: %s", e)
-        result.seconds = time.perf_counter() - t0
-        conn.send((index, result))
+        for index, text, gold in batch:
+            t0 = time.perf_counter()
+            try:
+                extracted, ok = check(text, gold, inner_timeout)
+                result = Grade(extracted, ok, "math_verify" if ok else "none")
+            except Exception as e:  # noqa: BLE001 - counted by the parent (Grader.errors), regraded on rerun
+                result = Grade(None, False, "error")
+                log.debug("math-verify failed: %s", e)
+            result.seconds = time.perf_counter() - t0
+            conn.send((index, result))
 
 
 @dataclass
 class _Worker:
     proc: Any
     conn: Any
-    job: int | None = None
-    started: float = 0.0
+    jobs: deque = field(default_factory=deque)  # indices sent and not answered yet, in order
+    started: float = 0.0  # when the sample at the head of ``jobs`` started (its deadline's origin)
+
+
+class GraderBroken(RuntimeError):
+    """The math-verify workers keep dying before they grade anything."""
 
 
 class Grader:
     """Grades batches of samples; a pool of math-verify workers with a per-sample wall-clock limit.
 
-    Use as a context manager (workers start lazily on the first sample that needs math-verify).
+    Workers start once (lazily, or with :meth:`start`) and are reused for every call; each worker is
+    kept ``depth`` samples ahead, sent in batches, and answers sample by sample, so every sample still
+    has its own deadline: past it the worker is killed and replaced, the sample is graded ``timeout``
+    and the samples queued behind it go to the next free worker. Counters (:meth:`counts`): timeouts,
+    errors (math-verify raised), worker deaths (a worker died mid-sample; graded ``error``), restarts.
+    ``GraderBroken`` is raised when the workers die ``2 x workers + 1`` times in a row without an answer
+    (e.g. a grading script without an ``if __name__ == "__main__":`` guard).
     """
 
     def __init__(
@@ -209,32 +221,53 @@ class Grader:
         strip_reasoning: bool = False,
         exact_first: bool = True,
         check: Callable[[str, str, int], tuple[str | None, bool]] = math_verify_equal,
+        depth: int = 8,
     ):
-        if workers < 1:
-            raise ValueError(f"grading.workers must be >= 1, got {workers}")
-        if timeout_s <= 0:
-            raise ValueError(f"grading.timeout_s must be > 0, got {timeout_s}")
-        if start_method not in ("forkserver", "spawn"):
-            raise ValueError(f"grading.start_method must be forkserver|spawn, got {start_method!r}")
+        check_grading_settings(workers, timeout_s, start_method)
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}")
         self.n_workers = workers
         self.timeout_s = timeout_s
         self.inner_timeout = max(1, int(timeout_s / 3))
         self.math_verify = math_verify
         self.strip_reasoning = strip_reasoning
-        self.exact_first = (
-            exact_first  # False: every math sample goes through math-verify (tests, benchmarks)
-        )
-        self.check = (
-            check  # the worker-side equivalence test (a module-level function: it is pickled by name)
-        )
+        self.exact_first = exact_first  # False: every math sample goes through math-verify (tests, benchmarks)
+        self.check = check  # the worker-side equivalence test (a module-level function: it is pickled by name)
+        self.depth = depth
         self._ctx = mp.get_context(start_method)
         if start_method == "forkserver":
             self._ctx.set_forkserver_preload(["math_verify", "sympy", "eval.grading"])
         self._workers: list[_Worker] = []
+        self.graded = 0  # samples graded (any stage)
         self.timeouts = 0
+        self.errors = 0
+        self.deaths = 0
         self.restarts = 0
+        self._deaths_in_a_row = 0
+        self._last_exitcode: int | None = None
+
+    def counts(self) -> dict[str, int]:
+        """What ``metrics.json`` reports under ``grading``: samples graded and what went wrong."""
+        return {
+            "graded": self.graded,
+            "timeouts": self.timeouts,
+            "errors": self.errors,
+            "worker_deaths": self.deaths,
+            "worker_restarts": self.restarts,
+        }
+
+    @property
+    def failures(self) -> int:
+        """Samples whose grading did not finish (graded ``error``: math-verify raised or the worker died)."""
+        return self.errors + self.deaths
 
     # -- pool management
+    def start(self, n: int | None = None) -> Grader:
+        """Start the workers now (e.g. while the model loads) instead of on the first math-verify sample."""
+        while len(self._workers) < min(self.n_workers, n or self.n_workers):
+            self._workers.append(self._spawn())
+        return self
+
     def _spawn(self) -> _Worker:
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(
@@ -247,6 +280,7 @@ class Grader:
     def _kill(self, w: _Worker) -> None:
         w.proc.kill()
         w.proc.join(5)
+        self._last_exitcode = w.proc.exitcode
         w.conn.close()
 
     def close(self) -> None:
@@ -287,6 +321,7 @@ class Grader:
 
         def done(i: int, g: Grade) -> None:
             results[i] = g
+            self.graded += 1
             if on_result:
                 on_result(i, g)
 
@@ -315,46 +350,74 @@ class Grader:
             self._run_workers(prepared, pending, done)
         return results  # type: ignore[return-value]
 
+    def _send(self, w: _Worker, samples: Sequence[tuple[str, str, str]], pending: deque[int]) -> None:
+        """Top ``w`` up to ``depth`` queued samples with one message."""
+        n = min(self.depth - len(w.jobs), len(pending))
+        if n <= 0 or (w.jobs and len(w.jobs) > self.depth // 2):
+            return
+        batch = [pending.popleft() for _ in range(n)]
+        try:
+            w.conn.send([(i, samples[i][0], samples[i][1]) for i in batch])
+        except OSError:  # the worker died while idle or busy: its queue and this batch go back to pending
+            pending.extendleft(reversed(batch))
+            self._died(w, samples, pending, None)
+            return
+        if not w.jobs:
+            w.started = time.monotonic()
+        w.jobs.extend(batch)
+
+    def _died(self, w: _Worker, samples, pending: deque[int], done: Callable | None) -> None:
+        """A worker died: its current sample is graded ``error``, the rest of its queue is requeued."""
+        head = w.jobs.popleft() if w.jobs and done is not None else None
+        pending.extendleft(reversed(w.jobs))
+        w.jobs.clear()
+        self._replace(w)
+        self._deaths_in_a_row += 1
+        if self._deaths_in_a_row > 2 * self.n_workers:
+            raise GraderBroken(
+                f"the math-verify workers died {self._deaths_in_a_row} times in a row without grading a sample "
+                f"(last exit code {self._last_exitcode}); a grading script must guard its entry with "
+                "`if __name__ == \"__main__\":`"
+            )
+        if head is not None:
+            self.deaths += 1
+            done(head, Grade(last_boxed(samples[head][0]), False, "error", time.monotonic() - w.started))
+            w.started = time.monotonic()
+
     def _run_workers(
         self, samples: Sequence[tuple[str, str, str]], pending: deque[int], done: Callable
     ) -> None:
-        while len(self._workers) < min(self.n_workers, len(pending)):
-            self._workers.append(self._spawn())
-        busy: dict[Any, _Worker] = {}
-        while pending or busy:
+        self.start(len(pending))
+        while pending or any(w.jobs for w in self._workers):
             for w in self._workers:
-                if w.job is None and pending:
-                    i = pending.popleft()
-                    text, gold, _ = samples[i]
-                    try:
-                        w.conn.send((i, text, gold))
-                    except OSError:  # the idle worker died (e.g. killed from outside): replace, retry
-                        self._replace(w)
-                        w.conn.send((i, text, gold))
-                    w.job, w.started = i, time.monotonic()
-                    busy[w.conn] = w
-            now = time.monotonic()
+                self._send(w, samples, pending)
+            busy = {w.conn: w for w in self._workers if w.jobs}
+            if not busy:
+                continue
             next_deadline = min(w.started + self.timeout_s for w in busy.values())
-            for conn in wait(list(busy), timeout=max(0.0, next_deadline - now)):
-                w = busy.pop(conn)
+            for conn in wait(list(busy), timeout=max(0.0, next_deadline - time.monotonic())):
+                w = busy[conn]
                 try:
                     index, grade = conn.recv()
                 except (EOFError, OSError):  # the worker died (e.g. recursion overflow in C code)
-                    index, grade = w.job, Grade(None, False, "error", time.monotonic() - w.started)
-                    self._replace(w)
+                    self._died(w, samples, pending, done)
+                    continue
+                self._deaths_in_a_row = 0
+                w.jobs.popleft()
+                w.started = time.monotonic()
+                self.errors += grade.method == "error"
                 # the boxed answer is the more readable record of what the model answered
                 boxed = last_boxed(samples[index][0])
                 grade.extracted = boxed if boxed is not None else grade.extracted
-                w.job = None
                 done(index, grade)
             now = time.monotonic()
-            for conn, w in list(busy.items()):
-                if now - w.started >= self.timeout_s:
-                    busy.pop(conn)
-                    index = w.job
+            for w in busy.values():
+                if w.jobs and now - w.started >= self.timeout_s:
+                    index = w.jobs.popleft()
                     self.timeouts += 1
+                    pending.extendleft(reversed(w.jobs))
+                    w.jobs.clear()
                     self._replace(w)
-                    w.job = None
                     done(index, Grade(last_boxed(samples[index][0]), False, "timeout", now - w.started))
 
     def _replace(self, w: _Worker) -> None:
@@ -363,3 +426,15 @@ class Grader:
         fresh = self._spawn()
         w.proc, w.conn = fresh.proc, fresh.conn
         self.restarts += 1
+
+
+def check_grading_settings(workers: int, timeout_s: float, start_method: str, max_error_rate: float = 0.0) -> None:
+    """The grader's settings, checked before any state is written (``eval`` validates them up front)."""
+    if workers < 1:
+        raise ValueError(f"grading.workers must be >= 1, got {workers}")
+    if not timeout_s > 0:
+        raise ValueError(f"grading.timeout_s must be > 0, got {timeout_s}")
+    if start_method not in ("forkserver", "spawn"):
+        raise ValueError(f"grading.start_method must be forkserver|spawn, got {start_method!r}")
+    if not 0.0 <= max_error_rate <= 1.0:
+        raise ValueError(f"grading.max_error_rate must lie in [0, 1], got {max_error_rate}")
