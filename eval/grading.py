@@ -169,6 +169,7 @@ def _worker_loop(
     """Serve batches of ``(index, text, gold)`` requests, one ``(index, Grade)`` answer per sample as
     it finishes (so the parent can time each sample), until the pipe closes or ``None`` arrives."""
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # it logs whole texts on timeouts
+    conn.send(READY)  # deadlines count from here: a slow start is not a slow sample
     while True:
         try:
             batch = conn.recv()
@@ -194,6 +195,10 @@ class _Worker:
     conn: Any
     jobs: deque = field(default_factory=deque)  # indices sent and not answered yet, in order
     started: float = 0.0  # when the sample at the head of ``jobs`` started (its deadline's origin)
+
+
+READY = "ready"
+START_TIMEOUT_S = 120.0  # a worker that has not started by then (a machine thrashing) is a broken pool
 
 
 class GraderBroken(RuntimeError):
@@ -269,13 +274,30 @@ class Grader:
         return self
 
     def _spawn(self) -> _Worker:
-        parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(
-            target=_worker_loop, args=(child, self.inner_timeout, self.check), daemon=True
-        )
-        proc.start()
-        child.close()
-        return _Worker(proc, parent)
+        """A started worker that has said it is ready (one that dies on start counts towards GraderBroken)."""
+        while True:
+            parent, child = self._ctx.Pipe()
+            proc = self._ctx.Process(
+                target=_worker_loop, args=(child, self.inner_timeout, self.check), daemon=True
+            )
+            proc.start()
+            child.close()
+            try:
+                if parent.poll(START_TIMEOUT_S) and parent.recv() == READY:
+                    return _Worker(proc, parent)
+            except (EOFError, OSError):
+                pass
+            self._kill(_Worker(proc, parent))
+            self._count_death_in_a_row()
+
+    def _count_death_in_a_row(self) -> None:
+        self._deaths_in_a_row += 1
+        if self._deaths_in_a_row > 2 * self.n_workers:
+            raise GraderBroken(
+                f"the math-verify workers died {self._deaths_in_a_row} times in a row without grading a sample "
+                f"(last exit code {self._last_exitcode}); a grading script must guard its entry with "
+                '`if __name__ == "__main__":`'
+            )
 
     def _kill(self, w: _Worker) -> None:
         w.proc.kill()
@@ -371,14 +393,9 @@ class Grader:
         head = w.jobs.popleft() if w.jobs and done is not None else None
         pending.extendleft(reversed(w.jobs))
         w.jobs.clear()
-        self._replace(w)
-        self._deaths_in_a_row += 1
-        if self._deaths_in_a_row > 2 * self.n_workers:
-            raise GraderBroken(
-                f"the math-verify workers died {self._deaths_in_a_row} times in a row without grading a sample "
-                f"(last exit code {self._last_exitcode}); a grading script must guard its entry with "
-                "`if __name__ == \"__main__\":`"
-            )
+        self._kill(w)
+        self._count_death_in_a_row()
+        self._replace(w, killed=True)
         if head is not None:
             self.deaths += 1
             done(head, Grade(last_boxed(samples[head][0]), False, "error", time.monotonic() - w.started))
@@ -420,9 +437,10 @@ class Grader:
                     self._replace(w)
                     done(index, Grade(last_boxed(samples[index][0]), False, "timeout", now - w.started))
 
-    def _replace(self, w: _Worker) -> None:
+    def _replace(self, w: _Worker, killed: bool = False) -> None:
         """Kill a stuck or dead worker and start a fresh one in its slot."""
-        self._kill(w)
+        if not killed:
+            self._kill(w)
         fresh = self._spawn()
         w.proc, w.conn = fresh.proc, fresh.conn
         self.restarts += 1
