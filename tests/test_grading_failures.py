@@ -5,10 +5,9 @@ the pool reuses its workers, sends batches and still times every sample on its o
 from __future__ import annotations
 
 import json
-import os
-import time
 
 import pytest
+from grading_doubles import always_raises, dies, raises_on_boom, sleeps
 from hydra import compose, initialize_config_dir
 
 import eval.grading
@@ -36,31 +35,16 @@ def test_integers_longer_than_4300_digits_are_graded():
     assert grades[0].method == "exact" and g.failures == 0
 
 
-def _raises(text: str, gold: str, inner_timeout: int):
-    if text == "boom":
-        raise RuntimeError("math-verify blew up")
-    return text, text == gold
-
-
-def _dies(text: str, gold: str, inner_timeout: int):
-    os._exit(7)
-
-
-def _slow(text: str, gold: str, inner_timeout: int):
-    time.sleep(float(text))
-    return text, True
-
-
 def test_errors_and_deaths_are_counted():
     samples = [("1", "1", "math"), ("boom", "1", "math"), ("2", "1", "math")]
-    with Grader(workers=1, exact_first=False, check=_raises) as g:
+    with Grader(workers=1, exact_first=False, check=raises_on_boom) as g:
         grades = g.grade(samples)
     assert [x.method for x in grades] == ["math_verify", "error", "none"]
     assert g.counts() == {"graded": 3, "timeouts": 0, "errors": 1, "worker_deaths": 0, "worker_restarts": 0}
 
 
 def test_workers_that_always_die_stop_the_grader():
-    with Grader(workers=1, exact_first=False, check=_dies) as g, pytest.raises(GraderBroken, match="exit code 7"):
+    with Grader(workers=1, exact_first=False, check=dies) as g, pytest.raises(GraderBroken, match="exit code 7"):
         g.grade([(str(i), "1", "math") for i in range(10)])
     assert g.deaths == 2 and g.restarts == 2  # two samples graded "error", the third death stops it
 
@@ -68,7 +52,7 @@ def test_workers_that_always_die_stop_the_grader():
 def test_workers_are_reused_and_each_sample_has_its_own_deadline():
     # 4 samples of 0.5 s sent to one worker in one batch: each finishes within the 1.2 s limit, although
     # the last finishes 2 s after the batch was sent
-    with Grader(workers=1, timeout_s=1.2, exact_first=False, check=_slow) as g:
+    with Grader(workers=1, timeout_s=1.2, exact_first=False, check=sleeps) as g:
         grades = g.grade([("0.5", "x", "math")] * 4)
         pid = g._workers[0].proc.pid
         g.grade([("0.01", "x", "math")] * 3)
@@ -90,7 +74,7 @@ def test_rows_whose_grading_failed_are_regraded_without_generating(tmp_path):
                             benchmark="toy", n_samples=1, batch_size=3, seed=0, progress=False)  # fmt: skip
             return rows, grader.counts()
 
-    rows, counts = run_once(_raises, _generate)
+    rows, counts = run_once(raises_on_boom, _generate)
     assert [r["grade_method"] for r in rows] == ["none", "error", "none"] and counts["errors"] == 1
 
     def no_generation(prompts, seeds):
@@ -103,11 +87,7 @@ def test_rows_whose_grading_failed_are_regraded_without_generating(tmp_path):
 
 class _FailingGrader(Grader):
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs, exact_first=False, check=_raises_always)
-
-
-def _raises_always(text: str, gold: str, inner_timeout: int):
-    raise RuntimeError("broken grader")
+        super().__init__(*args, **kwargs, exact_first=False, check=always_raises)
 
 
 def test_eval_run_fails_above_the_error_threshold_and_the_rerun_regrades(tmp_path, cache_dir, monkeypatch):
