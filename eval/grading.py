@@ -15,6 +15,7 @@ extraction are linear-time scans and run in the parent.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import multiprocessing as mp
 import re
@@ -149,13 +150,23 @@ def grade_letter(text: str, gold: str) -> Grade:
 # math-verify stage (runs inside a worker process)
 
 
+@functools.lru_cache(maxsize=4096)
+def parse_gold(gold: str, inner_timeout: int) -> tuple:
+    """math-verify's parse of a gold answer (``\\boxed{gold}``, else ``$gold$``), kept per worker process:
+    a run grades every problem's samples against the same gold (sympy expressions are immutable)."""
+    from math_verify import parse
+
+    parsed = parse(f"\\boxed{{{gold}}}", parsing_timeout=inner_timeout)
+    if not parsed:
+        parsed = parse(f"${gold}$", parsing_timeout=inner_timeout)
+    return tuple(parsed)
+
+
 def math_verify_equal(text: str, gold: str, inner_timeout: int = 3) -> tuple[str | None, bool]:
     """``verify(parse(gold), parse(text))`` with math-verify's own signal timeouts (main thread only)."""
     from math_verify import parse, verify
 
-    gold_parsed = parse(f"\\boxed{{{gold}}}", parsing_timeout=inner_timeout)
-    if not gold_parsed:
-        gold_parsed = parse(f"${gold}$", parsing_timeout=inner_timeout)
+    gold_parsed = list(parse_gold(gold, inner_timeout))
     pred_parsed = parse(text, parsing_timeout=inner_timeout)
     extracted = str(pred_parsed[-1]) if pred_parsed else None
     if not gold_parsed or not pred_parsed:
@@ -163,13 +174,29 @@ def math_verify_equal(text: str, gold: str, inner_timeout: int = 3) -> tuple[str
     return extracted, bool(verify(gold_parsed, pred_parsed, timeout_seconds=inner_timeout))
 
 
+IDLE = -1.0
+
+
+FLUSH_S = 0.05  # a worker sends its finished grades at least this often
+
+
 def _worker_loop(
-    conn: Any, inner_timeout: int, check: Callable[[str, str, int], tuple[str | None, bool]]
+    conn: Any,
+    inner_timeout: int,
+    check: Callable[[str, str, int], tuple[str | None, bool]],
+    status: Any,
+    flush_s: float = FLUSH_S,
 ) -> None:
-    """Serve batches of ``(index, text, gold)`` requests, one ``(index, Grade)`` answer per sample as
-    it finishes (so the parent can time each sample), until the pipe closes or ``None`` arrives."""
+    """Serve batches of ``(index, text, gold)`` requests until the pipe closes or ``None`` arrives.
+
+    ``status`` (shared memory, ``[index or IDLE, since]``) always says which sample runs since when, so the
+    parent times every sample on its own without a message per sample; answers ``[(index, Grade), ...]``
+    are sent every ``flush_s`` seconds and before the worker waits for more work.
+    """
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # it logs whole texts on timeouts
     conn.send(READY)  # deadlines count from here: a slow start is not a slow sample
+    done: list[tuple[int, Grade]] = []
+    last_flush = time.monotonic()
     while True:
         try:
             batch = conn.recv()
@@ -177,24 +204,40 @@ def _worker_loop(
             return
         if batch is None:
             return
-        for index, text, gold in batch:
+        for k, (index, text, gold) in enumerate(batch):
             t0 = time.perf_counter()
+            status[1] = time.monotonic()  # the start first, then the index (the parent reads the index first)
+            status[0] = index
             try:
                 extracted, ok = check(text, gold, inner_timeout)
                 result = Grade(extracted, ok, "math_verify" if ok else "none")
             except Exception as e:  # noqa: BLE001 - counted by the parent (Grader.errors), regraded on rerun
                 result = Grade(None, False, "error")
                 log.debug("math-verify failed: %s", e)
+            status[1] = time.monotonic()
+            status[0] = IDLE
             result.seconds = time.perf_counter() - t0
-            conn.send((index, result))
+            done.append((index, result))
+            now = time.monotonic()
+            if now - last_flush >= flush_s or (k == len(batch) - 1 and not conn.poll()):
+                conn.send(done)
+                done, last_flush = [], now
 
 
 @dataclass
 class _Worker:
     proc: Any
     conn: Any
+    status: Any  # shared [index of the running sample or IDLE, since when (monotonic clock)]
     jobs: deque = field(default_factory=deque)  # indices sent and not answered yet, in order
-    started: float = 0.0  # when the sample at the head of ``jobs`` started (its deadline's origin)
+    sent_at: float = 0.0  # when the parent last sent a batch
+
+    def running(self) -> tuple[int | None, float]:
+        """The sample the worker is grading and since when (None: between samples, since the later of
+        its last sample and the last batch sent, so a worker that is sent work and never starts it times out)."""
+        index = self.status[0]  # the index first: the worker writes the time before the index
+        since = self.status[1]
+        return (None, max(since, self.sent_at)) if index == IDLE else (int(index), since)
 
 
 READY = "ready"
@@ -277,17 +320,19 @@ class Grader:
         """A started worker that has said it is ready (one that dies on start counts towards GraderBroken)."""
         while True:
             parent, child = self._ctx.Pipe()
+            status = self._ctx.Array("d", [IDLE, 0.0], lock=False)
             proc = self._ctx.Process(
-                target=_worker_loop, args=(child, self.inner_timeout, self.check), daemon=True
+                target=_worker_loop, args=(child, self.inner_timeout, self.check, status), daemon=True
             )
             proc.start()
             child.close()
+            w = _Worker(proc, parent, status, sent_at=time.monotonic())
             try:
                 if parent.poll(START_TIMEOUT_S) and parent.recv() == READY:
-                    return _Worker(proc, parent)
+                    return w
             except (EOFError, OSError):
                 pass
-            self._kill(_Worker(proc, parent))
+            self._kill(w)
             self._count_death_in_a_row()
 
     def _count_death_in_a_row(self) -> None:
@@ -372,34 +417,52 @@ class Grader:
             self._run_workers(prepared, pending, done)
         return results  # type: ignore[return-value]
 
-    def _send(self, w: _Worker, samples: Sequence[tuple[str, str, str]], pending: deque[int]) -> None:
-        """Top ``w`` up to ``depth`` queued samples with one message."""
-        n = min(self.depth - len(w.jobs), len(pending))
-        if n <= 0 or (w.jobs and len(w.jobs) > self.depth // 2):
+    def _send(self, w: _Worker, samples: Sequence[tuple[str, str, str]], pending: deque[int], done) -> None:
+        """Top ``w`` up to ``depth`` queued samples with one message, once half of its queue is done."""
+        # smaller batches as the work runs out, so no worker sits on a long queue while another idles
+        n = min(self.depth - len(w.jobs), max(1, -(-len(pending) // (2 * self.n_workers))))
+        if not pending or len(w.jobs) > self.depth // 2:
             return
         batch = [pending.popleft() for _ in range(n)]
         try:
             w.conn.send([(i, samples[i][0], samples[i][1]) for i in batch])
-        except OSError:  # the worker died while idle or busy: its queue and this batch go back to pending
+        except OSError:  # the worker died: this batch goes back to pending, its queue is handled in _died
             pending.extendleft(reversed(batch))
-            self._died(w, samples, pending, None)
+            self._died(w, samples, pending, done)
             return
-        if not w.jobs:
-            w.started = time.monotonic()
+        w.sent_at = time.monotonic()
         w.jobs.extend(batch)
 
-    def _died(self, w: _Worker, samples, pending: deque[int], done: Callable | None) -> None:
-        """A worker died: its current sample is graded ``error``, the rest of its queue is requeued."""
-        head = w.jobs.popleft() if w.jobs and done is not None else None
-        pending.extendleft(reversed(w.jobs))
-        w.jobs.clear()
+    def _died(self, w: _Worker, samples, pending: deque[int], done: Callable) -> None:
+        """A worker died: the sample it was grading is graded ``error``, the rest of its queue is requeued."""
+        index, started = w.running()
         self._kill(w)
+        self._requeue(w, pending, index)
         self._count_death_in_a_row()
         self._replace(w, killed=True)
-        if head is not None:
+        if index is not None:
             self.deaths += 1
-            done(head, Grade(last_boxed(samples[head][0]), False, "error", time.monotonic() - w.started))
-            w.started = time.monotonic()
+            done(index, Grade(last_boxed(samples[index][0]), False, "error", time.monotonic() - started))
+
+    def _requeue(self, w: _Worker, pending: deque[int], running: int | None) -> None:
+        """Put a killed worker's unanswered samples (its answers not yet sent included) back in front."""
+        pending.extendleft(reversed([i for i in w.jobs if i != running]))
+        w.jobs.clear()
+
+    def _receive(self, w: _Worker, samples, done: Callable) -> bool:
+        """Take one message of answers from ``w``; False if the worker died."""
+        try:
+            answers = w.conn.recv()
+        except (EOFError, OSError):  # the worker died (e.g. recursion overflow in C code)
+            return False
+        self._deaths_in_a_row = 0
+        for index, grade in answers:
+            w.jobs.remove(index)
+            self.errors += grade.method == "error"
+            boxed = last_boxed(samples[index][0])  # the boxed answer is the more readable record
+            grade.extracted = boxed if boxed is not None else grade.extracted
+            done(index, grade)
+        return True
 
     def _run_workers(
         self, samples: Sequence[tuple[str, str, str]], pending: deque[int], done: Callable
@@ -407,42 +470,34 @@ class Grader:
         self.start(len(pending))
         while pending or any(w.jobs for w in self._workers):
             for w in self._workers:
-                self._send(w, samples, pending)
+                self._send(w, samples, pending, done)
             busy = {w.conn: w for w in self._workers if w.jobs}
             if not busy:
                 continue
-            next_deadline = min(w.started + self.timeout_s for w in busy.values())
-            for conn in wait(list(busy), timeout=max(0.0, next_deadline - time.monotonic())):
-                w = busy[conn]
-                try:
-                    index, grade = conn.recv()
-                except (EOFError, OSError):  # the worker died (e.g. recursion overflow in C code)
-                    self._died(w, samples, pending, done)
-                    continue
-                self._deaths_in_a_row = 0
-                w.jobs.popleft()
-                w.started = time.monotonic()
-                self.errors += grade.method == "error"
-                # the boxed answer is the more readable record of what the model answered
-                boxed = last_boxed(samples[index][0])
-                grade.extracted = boxed if boxed is not None else grade.extracted
-                done(index, grade)
+            next_deadline = min(w.running()[1] + self.timeout_s for w in busy.values())
+            for conn in wait(list(busy), timeout=min(1.0, max(0.0, next_deadline - time.monotonic()))):
+                if not self._receive(busy[conn], samples, done):
+                    self._died(busy[conn], samples, pending, done)
             now = time.monotonic()
             for w in busy.values():
-                if w.jobs and now - w.started >= self.timeout_s:
-                    index = w.jobs.popleft()
+                index, started = w.running()
+                if w.jobs and now - started >= self.timeout_s:
+                    if index is None:  # answers sent but not read yet, or a silent worker: read first
+                        if w.conn.poll(0):
+                            continue
+                        index = w.jobs[0]
+                    self._kill(w)
                     self.timeouts += 1
-                    pending.extendleft(reversed(w.jobs))
-                    w.jobs.clear()
-                    self._replace(w)
-                    done(index, Grade(last_boxed(samples[index][0]), False, "timeout", now - w.started))
+                    self._requeue(w, pending, index)
+                    self._replace(w, killed=True)
+                    done(index, Grade(last_boxed(samples[index][0]), False, "timeout", now - started))
 
     def _replace(self, w: _Worker, killed: bool = False) -> None:
         """Kill a stuck or dead worker and start a fresh one in its slot."""
         if not killed:
             self._kill(w)
         fresh = self._spawn()
-        w.proc, w.conn = fresh.proc, fresh.conn
+        w.proc, w.conn, w.status, w.sent_at = fresh.proc, fresh.conn, fresh.status, fresh.sent_at
         self.restarts += 1
 
 
