@@ -3,9 +3,9 @@
 Builds ``--samples`` (default 540) samples from the MATH-500 reference solutions, 8 per problem, in the
 mix a real run produces: correct boxed answers (exact stage), wrong boxed answers, long wrong texts,
 texts whose answer is not boxed and truncated texts (math-verify stage). Each repeat times the plain
-loop (exact stage, then ``math_verify_equal`` in-process, sympy cache cleared) and then a fresh pool per
-worker count on the same samples, so every ratio is paired in one process; the pool's start-up (paid
-once per eval run) is reported apart. A separate check sends ``--pathological`` 200 KB nested
+loop (exact stage, then math-verify's ``verify(parse(gold), parse(text))``, in a fresh process started
+like a pool worker and warmed up the same way) and then a fresh pool per worker count on the same samples,
+so every ratio is paired in one run; the pool's start-up (paid once per eval run) is reported apart. A separate check sends ``--pathological`` 200 KB nested
 ``\\boxed{\\frac…}`` answers that must each end as a timeout. Prints a table, writes
 ``<out>/bench_grading.json`` (default ``runs/bench`` under the working directory).
 """
@@ -88,6 +88,24 @@ def plain_loop(samples: list[tuple[str, str, str, str]], inner_timeout: int) -> 
     return time.perf_counter() - t0, time.process_time() - c0, correct
 
 
+def _plain_fresh(samples, warmup, inner_timeout: int) -> tuple[float, float, list[bool]]:
+    plain_loop(warmup, inner_timeout)
+    return plain_loop(samples, inner_timeout)
+
+
+def plain_run(samples, warmup, inner_timeout: int, start_method: str) -> tuple[float, float, list[bool]]:
+    """:func:`plain_loop` in a fresh process started like a pool worker (same preloaded modules, same
+    warm-up), so neither side profits from having parsed these texts before (math-verify's parser keeps
+    global caches across calls)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context(start_method)
+    if start_method == "forkserver":
+        ctx.set_forkserver_preload(["math_verify", "sympy", "eval.grading"])
+    with ctx.Pool(1) as pool:
+        return pool.apply(_plain_fresh, (samples, warmup, inner_timeout))
+
+
 def _cpu_s(pids: list[int]) -> float:
     """User + system CPU seconds of processes (Linux ``/proc``; 0 where unreadable)."""
     total = 0.0
@@ -152,14 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     samples = build_samples(args.samples, 0)
     warmup = build_samples(8 * max(args.workers), 0)[::-1]
     inner = max(1, int(args.timeout / 3))
-    plain_loop(warmup, inner)  # imports and compiled patterns, as the pool's warm-up does
     load0 = os.getloadavg()[0]
     plain_s: list[float] = []
     plain_cpu: list[float] = []
     pool: dict[int, list[dict]] = {w: [] for w in args.workers}
     reference = None
     for _ in tqdm(range(args.repeats), desc="bench grading", unit="repeat"):
-        seconds, cpu, reference = plain_loop(samples, inner)
+        seconds, cpu, reference = plain_run(samples, warmup, inner, args.start_method)
         plain_s.append(seconds)
         plain_cpu.append(cpu)
         for w in args.workers:
