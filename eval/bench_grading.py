@@ -24,7 +24,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from eval.benchmarks import load_source
-from eval.grading import Grader, exact_match, last_boxed
+from eval.grading import PRELOAD, Grader, exact_match, last_boxed
 
 KINDS = ["correct", "correct", "correct", "unboxed", "wrong", "long_wrong", "truncated", "wrong"]
 
@@ -101,7 +101,7 @@ def plain_run(samples, warmup, inner_timeout: int, start_method: str) -> tuple[f
 
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
-        ctx.set_forkserver_preload(["math_verify", "sympy", "eval.grading"])
+        ctx.set_forkserver_preload(PRELOAD)
     with ctx.Pool(1) as pool:
         return pool.apply(_plain_fresh, (samples, warmup, inner_timeout))
 

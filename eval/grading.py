@@ -241,6 +241,7 @@ class _Worker:
 
 
 READY = "ready"
+PRELOAD = ["math_verify", "sympy", "eval.grading", "eval.grading_warm"]  # forkserver: imported (and warmed) once
 START_TIMEOUT_S = 120.0  # a worker that has not started by then (a machine thrashing) is a broken pool
 
 
@@ -284,7 +285,7 @@ class Grader:
         self.depth = depth
         self._ctx = mp.get_context(start_method)
         if start_method == "forkserver":
-            self._ctx.set_forkserver_preload(["math_verify", "sympy", "eval.grading"])
+            self._ctx.set_forkserver_preload(PRELOAD)
         self._workers: list[_Worker] = []
         self.graded = 0  # samples graded (any stage)
         self.timeouts = 0
