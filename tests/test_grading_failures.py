@@ -105,3 +105,15 @@ def test_eval_run_fails_above_the_error_threshold_and_the_rerun_regrades(tmp_pat
     metrics = run(cfg)  # the rerun grades the two rows again with the real grader
     assert metrics["grading_this_run"] == {**metrics["grading_this_run"], "graded": 2, "failed": 0}
     assert metrics["pooled"]["grade_methods"] == {"none": 2}
+
+
+def test_bench_grading_pairs_the_pool_with_the_plain_loop(tmp_path, capsys):
+    from eval.bench_grading import main
+
+    assert main(["--samples", "24", "--repeats", "1", "--workers", "1", "--pathological", "1", "--timeout", "3",
+                 "--out", str(tmp_path)]) == 0  # fmt: skip
+    out = json.loads((tmp_path / "bench_grading.json").read_text())
+    (row,) = out["rows"]
+    assert row["agree_with_plain"] == 24 and row["speedup_median"] > 0 and row["counts"]["errors"] == 0
+    assert out["timeout_check"]["seconds"] <= out["timeout_check"]["bound_s"]
+    assert "| workers | plain loop s | pool s |" in capsys.readouterr().out
