@@ -89,8 +89,8 @@ def run(cfg: Any) -> dict[str, Any]:
     from zoomr.models import load_model, load_tokenizer
 
     # everything that can reject the settings runs before the lock, the fingerprint and config.json
-    budget = resolve_budget(cfg)  # a relative budget (fraction / match) becomes budget_rows before the fingerprint
     settings = validate(cfg)
+    budget = resolve_budget(cfg)  # a relative budget (fraction / match) becomes budget_rows before the fingerprint
     bench, gen, grading = settings.bench, settings.gen, settings.grading
     plugin = task_plugin(bench.task)  # RULER / LongBench bring problems, prompts and scores (eval/tasks.py)
     spec = model_spec(cfg)
@@ -103,7 +103,8 @@ def run(cfg: Any) -> dict[str, Any]:
         check_budget(problems, gen.max_new_tokens)
     device = pick_device(cfg.device)
     model = load_model(spec, cfg.cache_dir, device=device)
-    generate = engine_generator(model, tokenizer, check_policy(settings.method, model, tokenizer), gen)
+    method = to_plain(cfg.method) if budget else settings.method  # with the resolved budget_rows
+    generate = engine_generator(model, tokenizer, check_policy(method, model, tokenizer), gen)
     task_hooks = hooks(plugin, tokenizer) if plugin else testbed_hooks(bench, tokenizer, problems, gen.max_new_tokens)
     prompt = (lambda p: p.meta["prompt"]) if plugin else (lambda p: render(p, tokenizer, gen.system_prompt, gen.enable_thinking))
     with RunLock(cfg.run_dir):
