@@ -88,7 +88,7 @@ def main() -> None:
     p.add_argument("--out", default="runs/bench/zoomr_rows.json")
     args = p.parse_args()
     torch.manual_seed(0)
-    from tests.conftest import tiny_spec
+    from zoomr.models import tiny_spec
 
     model, tok = load_model_and_tokenizer(
         tiny_spec("qwen2", num_hidden_layers=args.layers), attn_implementation="zoomr"
@@ -149,7 +149,8 @@ def main() -> None:
     meta = {**vars(args), "threads": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS")}
     out.write_text(
         json.dumps(
-            {"meta": meta, "results": results, "zoomr": summary, "formula": formula, "measured": measured},
+            {"meta": meta, "results": results, "zoomr": summary, "formula": formula, "measured": measured,
+             "agreeability": [r["agreeability"] for r in log]},  # per recompute (paper_tables: AG histogram)
             indent=2,
         )
     )

@@ -27,7 +27,7 @@ def fingerprint(cfg: Any) -> dict[str, Any]:
     return {
         "model": plain["model"],
         "method": plain.get("method"),
-        "benchmark": {k: bench.get(k) for k in ("name", "task", "sources", "option_seed", "options")},
+        "benchmark": {k: bench.get(k) for k in ("name", "task", "sources", "option_seed", "options", "length")},
         "generation": {
             k: gen[k]
             for k in (
@@ -90,20 +90,24 @@ def run(cfg: Any) -> dict[str, Any]:
     from eval.results import ResultStore, check_fingerprint
     from eval.runner import evaluate
     from eval.summary import console_table, eviction_report
+    from eval.tasks import check_budget, format_subset_table, hooks, subset_metrics, task_plugin
     from zoomr.models import load_model, load_tokenizer
 
     bench: BenchmarkConfig = to_dataclass(BenchmarkConfig, cfg.benchmark)
     gen: GenerationConfig = to_dataclass(GenerationConfig, cfg.generation)
     grading: GradingConfig = to_dataclass(GradingConfig, cfg.grading)
-    problems = load_benchmark(bench)
+    plugin = task_plugin(bench.task)  # RULER / LongBench bring problems, prompts and scores (eval/tasks.py)
+    spec = model_spec(cfg)
+    tokenizer = load_tokenizer(spec, cfg.cache_dir)  # before the problems: RULER counts the model's tokens
+    problems = plugin.load(bench, tokenizer, gen) if plugin else load_benchmark(bench)
     budget = resolve_budget(cfg)  # a relative budget (fraction / match) becomes budget_rows before the fingerprint
     check_fingerprint(cfg.run_dir, fingerprint(cfg))  # before start_run rewrites config.json
     run_dir, logger = start_run(cfg, job_type="eval")
-    spec = model_spec(cfg)
     device = pick_device(cfg.device)
-    tokenizer = load_tokenizer(spec, cfg.cache_dir)
     model = load_model(spec, cfg.cache_dir, device=device)
     generate = engine_generator(model, tokenizer, policy_config(cfg, model, tokenizer), gen)
+    if plugin:
+        check_budget(problems, gen.max_new_tokens)
     log.info(
         "%s: %d problems x %d samples, %s on %s, method %s -> %s",
         bench.name, len(problems), gen.n_samples, spec.name, device, cfg.run_name, run_dir,
@@ -117,13 +121,13 @@ def run(cfg: Any) -> dict[str, Any]:
             generate,
             grader,
             store,
-            lambda p: render(p, tokenizer, gen.system_prompt, gen.enable_thinking),
+            (lambda p: p.meta["prompt"]) if plugin else (lambda p: render(p, tokenizer, gen.system_prompt, gen.enable_thinking)),
             benchmark=bench.name,
             n_samples=gen.n_samples,
             batch_size=gen.batch_size,
             seed=gen.seed,
             save_token_ids=gen.save_token_ids,
-            **testbed_hooks(bench, tokenizer, problems, gen.max_new_tokens),
+            **(hooks(plugin, tokenizer) if plugin else testbed_hooks(bench, tokenizer, problems, gen.max_new_tokens)),
         )
         timeouts = grader.timeouts
     metrics = compute_metrics(rows)
@@ -131,6 +135,8 @@ def run(cfg: Any) -> dict[str, Any]:
         from data_prep.testbed_grading import summarize
 
         metrics["testbed"] = {k: v for k, v in summarize(rows).items() if k.startswith("recall")}
+    if plugin:  # per-subset scores and achieved compression, averaged
+        metrics[plugin.name] = subset_metrics(plugin, rows)
     metrics["grading_timeouts_this_run"] = timeouts
     metrics["eviction"] = eviction_report(rows, to_plain(cfg.method) if cfg.get("method") else None)
     metrics["budget"] = budget
@@ -146,6 +152,8 @@ def run(cfg: Any) -> dict[str, Any]:
     }
     (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
     table = console_table(metrics)
+    if plugin:
+        table = format_subset_table(plugin.name, metrics[plugin.name]) + "\n" + table
     if "testbed" in metrics:
         table += "\n" + "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics["testbed"].items())
     print(

@@ -70,12 +70,14 @@ def evaluate(
     on_row: Callable[[dict[str, Any]], None] | None = None,
     script: Callable[[Problem], list[int | None]] | None = None,
     details: Callable[[Problem, Generation], dict[str, Any]] | None = None,
+    grade: Callable[[Problem, Generation], Grade] | None = None,
 ) -> list[dict[str, Any]]:
     """Run every missing (problem, sample) and return the rows of all keys in scope, in order.
 
     ``script(problem)``: the environment's tokens for the generator (``zoomr.engine.generate(script=…)``;
     the testbed's facts). ``details(problem, generation)``: extra fields for the row (the testbed's
-    per-fact recall).
+    per-fact recall). ``grade(problem, generation)``: the task's own grader in place of ``grader``
+    (task plugins, :mod:`eval.tasks`).
     """
     if n_samples < 1 or batch_size < 1:
         raise ValueError(f"n_samples and batch_size must be >= 1, got {n_samples}, {batch_size}")
@@ -114,6 +116,10 @@ def evaluate(
             if on_row:
                 on_row(row)
 
-        grader.grade([(g.text, p.answer, p.task) for (p, _), g in zip(batch, gens)], on_result=write)
+        if grade is not None:
+            for i, ((p, _), g) in enumerate(zip(batch, gens)):
+                write(i, grade(p, g))
+        else:
+            grader.grade([(g.text, p.answer, p.task) for (p, _), g in zip(batch, gens)], on_result=write)
     bar.close()
     return [store.rows[k] for k in scope]

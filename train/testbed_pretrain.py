@@ -188,7 +188,7 @@ def run(cfg) -> dict[str, Any]:
 
         model = AutoModelForCausalLM.from_pretrained(resume, dtype=torch.float32).train()
         opt = torch.optim.AdamW(param_groups(model, method.weight_decay), lr=method.learning_rate, betas=tuple(method.betas))
-        state = torch.load(resume / "trainer_state.pt", weights_only=False)
+        state = torch.load(resume / "trainer_state.pt", weights_only=True)  # tensors and plain values only
         opt.load_state_dict(state["optimizer"])
         start, prior = state["step"], state["elapsed"]
         log.info("resumed from %s (step %d)", resume, start)

@@ -17,7 +17,7 @@ import torch
 
 from zoomr.models import ModelSpec, spec_from_dict
 from zoomr.schemas import register_with_hydra
-from zoomr.tracking import RunLogger, init_run
+from zoomr.tracking import RunLogger, init_run, run_identity
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
@@ -87,12 +87,12 @@ def start_run(cfg: Any, job_type: str) -> tuple[Path, RunLogger]:
     run_dir.mkdir(parents=True, exist_ok=True)
     plain = to_plain(cfg)
     (run_dir / "config.json").write_text(json.dumps(plain, indent=2, default=str))
-    method = (plain.get("method") or {}).get("name", "none")
+    ident = run_identity(plain, job_type)
     logger = init_run(
         project=cfg.logger.project,
         entity=cfg.logger.entity,
-        name=cfg.run_name,
-        group=cfg.logger.group or f"{job_type}/{method}/{cfg.model.name}",
+        name=ident.name,
+        group=ident.group,
         tags=list(cfg.logger.tags),
         config=plain,
         mode=cfg.logger.mode,

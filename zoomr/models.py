@@ -66,6 +66,15 @@ class ModelSpec:
         return self.tiny is not None
 
 
+TINY_SIZE = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
+             "num_key_value_heads": 2}
+
+
+def tiny_spec(arch: str = "qwen2", **tiny_overrides: Any) -> ModelSpec:
+    """The tiny default model of ``arch`` (4 layers, hidden 256, 4/2 heads), with config overrides."""
+    return ModelSpec(name=f"tiny-{arch}", arch=arch, tiny={**TINY_SIZE, **tiny_overrides})
+
+
 def default_cache_dir() -> Path:
     return Path(os.environ.get("ZOOMR_CACHE", Path.home() / ".cache" / "zoomr"))
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from zoomr.schemas.sft import check_length
+
 
 @dataclass
 class AbridgeOptim:
@@ -55,6 +57,9 @@ class AbridgeMethod:
     save_total_limit: int = 2
     bf16: bool = False
     gradient_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        check_length(type(self).__name__, self.max_steps)
 
 
 @dataclass

@@ -20,6 +20,16 @@ def _positive(cls_name: str, **values: int | float | None) -> None:
             raise ValueError(f"{cls_name}: {key} must be > 0, got {value}")
 
 
+def _ratio(cls_name: str, ratio: float, budget_rows: int | None) -> None:
+    """A prompt compression ratio (kvpress's ``compression_ratio``) replaces the fixed budget."""
+    if not 0.0 <= ratio < 1.0:
+        raise ValueError(f"{cls_name}: compression_ratio must be in [0, 1), got {ratio}")
+    if budget_rows is not None:
+        raise ValueError(
+            f"{cls_name}: compression_ratio={ratio} replaces budget_rows={budget_rows}: set method.budget_rows=null"
+        )
+
+
 @dataclass
 class PolicyConfig:
     """Fields every cache policy has."""
@@ -76,9 +86,15 @@ class StreamingConfig(PolicyConfig):
     budget_rows: int | None = 1024
     n_sink: int = 4
     reposition: bool = False
+    compression_ratio: float | None = None  # variant: prune each prompt once to this ratio (budget_rows=None)
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.compression_ratio is not None:
+            _ratio("StreamingConfig", self.compression_ratio, self.budget_rows)
+            if self.n_sink < 0:
+                raise ValueError(f"StreamingConfig: need n_sink >= 0, got {self.n_sink}")
+            return
         if self.budget_rows is None or self.n_sink < 0 or self.budget_rows <= self.n_sink:
             raise ValueError(
                 f"StreamingConfig: need budget_rows > n_sink >= 0, got {self.budget_rows}, {self.n_sink}"
@@ -120,11 +136,14 @@ class SnapKVConfig(PolicyConfig):
     window: int = 32
     kernel: int = 5
     pooling: str = "avgpool"
+    compression_ratio: float | None = None  # each prompt keeps int(n * (1 - ratio)) rows (budget_rows=None)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _positive("SnapKVConfig", window=self.window, kernel=self.kernel)
-        if self.budget_rows is None or self.budget_rows < self.window:
+        if self.compression_ratio is not None:
+            _ratio("SnapKVConfig", self.compression_ratio, self.budget_rows)
+        elif self.budget_rows is None or self.budget_rows < self.window:
             raise ValueError(
                 f"SnapKVConfig: need budget_rows >= window, got {self.budget_rows} < {self.window}"
             )

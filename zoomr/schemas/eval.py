@@ -29,7 +29,8 @@ class BenchmarkConfig:
     sources: list[str] = field(default_factory=lambda: ["math500"])
     source: str = "local"
     data_dir: str = "eval/data/benchmarks"
-    problem_limit: int | None = None
+    problem_limit: int | None = None  # multi-subset plugin tasks (ruler, longbench): first N of each subset
+    length: int | None = None  # generated long-context sets (RULER): tokens per example, prompt + generation
     option_seed: int = 1234  # GPQA: options shuffled per question with this seed (same order in every arm)
     options: dict[str, Any] = field(default_factory=dict)  # settings of a generated source (testbed)
     paper_samples: int | None = None  # documentation only: samples per problem in the papers
