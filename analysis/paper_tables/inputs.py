@@ -5,7 +5,8 @@ Recognised (a directory is searched recursively, skipping ``wandb/``, ``checkpoi
   its arm is named from its config: ``run_name`` (defaults to the method name), method ``full`` without one;
 - AbridgeKV allocation: ``schedule.json`` (``python -m train +method=abridge_allocate``);
 - KVzap surrogate fit: ``r2.json`` + ``config.json`` (``python -m train +method=kvzap``);
-- throughput bench: ``bench_throughput.json`` (``python -m analysis.bench_throughput``);
+- throughput bench: a JSON with ``throughput`` and ``finish``, e.g. ``bench_throughput.json``
+  (``python -m analysis.bench_throughput``);
 - ZoomR bench: a JSON with ``formula`` and ``measured`` (``python -m analysis.bench_zoomr``);
 - training run (``summary.json`` + ``config.json``): recognised, used by no table (listed as such).
 """
@@ -23,6 +24,9 @@ from eval.compare import CompareError, Run, load_run
 from eval.metrics import compute_metrics
 
 PRUNE = {"wandb", "checkpoints", "final", ".hydra", "pairs", "surrogates"}
+# JSON files of run directories (read through their directory, never as benches)
+RUN_FILES = {"config.json", "metrics.json", "summary.json", "fingerprint.json", "schedule.json", "r2.json",
+             "manifest.json", "table.json", "abridge.json"}  # fmt: skip
 
 
 @dataclass
@@ -83,13 +87,14 @@ def _config(run_dir: Path) -> dict[str, Any]:
 
 
 def candidates(path: Path) -> list[Path]:
-    """Every directory at or under ``path`` (pruned), or the file itself."""
+    """Every directory at or under ``path`` (pruned) and the JSON files in them that may be benches, or the file."""
     if path.is_file():
         return [path]
     out = []
-    for root, dirs, _ in os.walk(path):
+    for root, dirs, files in os.walk(path):
         dirs[:] = sorted(d for d in dirs if d not in PRUNE and not d.startswith("."))
         out.append(Path(root))
+        out += [Path(root) / f for f in sorted(files) if f.endswith(".json") and f not in RUN_FILES]
     return out
 
 
@@ -97,7 +102,7 @@ def classify(path: Path, inputs: Inputs) -> bool:
     """Add ``path`` to ``inputs`` if it is a recognised run or JSON; True when it was."""
     try:
         if path.is_file():
-            if path.suffix != ".json":
+            if path.suffix != ".json" or path.name in RUN_FILES:
                 return False
             data = _read_json(path)
             if isinstance(data, dict) and "throughput" in data and "finish" in data:
@@ -113,8 +118,6 @@ def classify(path: Path, inputs: Inputs) -> bool:
             inputs.allocations.append(JsonInput(path, _read_json(path / "schedule.json"), _config(path)))
         elif (path / "r2.json").exists():
             inputs.kvzap_fits.append(JsonInput(path, _read_json(path / "r2.json"), _config(path)))
-        elif (path / "bench_throughput.json").exists():
-            inputs.throughput.append(JsonInput(path / "bench_throughput.json", _read_json(path / "bench_throughput.json")))
         elif (path / "summary.json").exists() and (path / "config.json").exists():
             inputs.unused.append(f"{path}: training/data run ({_config(path).get('run_name', '?')}), feeds no table")
         else:

@@ -3,9 +3,10 @@
 - Main table: AIME25 / MATH-500 (the benchmarks present; others if neither is) × Full, StreamingLLM, H2O,
   SumR, ZoomR, in :mod:`eval.compare`'s layout; the KV columns show each arm's matched budget. Arms that are
   absent are named in the table's note and in the skip list.
-- Resident KV: every sample's resident rows per (layer, KV head) at its last step vs its generated length,
-  per arm, beside full KV on the host (prompt + generated) and the MS formula's |I_f| (§3.5,
-  :class:`zoomr.memory_model.ZoomRFootprint`) with the ZoomR arm's window and consensus. The formula's
+- Resident KV: every sample's resident device rows per (layer, KV head) at its last step ÷ full KV's rows
+  (prompt + cached generated tokens) vs its generated length, per arm, beside full KV (kept on the host by
+  ZoomR's offload) and the MS formula's 1/MS = |I_f| / (N_p + N_g) (§3.5,
+  :class:`zoomr.memory_model.ZoomRFootprint`) at the median prompt, with the ZoomR arm's window and consensus. The formula's
   segment lengths and |I_all| per generated token come from a ``bench_zoomr`` JSON when given, else from
   the paper's example (L̄_R = 250, L̄_S = 20, |I_all| = 80 at 16K) — the legend says which.
 - AG histogram: agreeability of every recompute, from ``bench_zoomr`` JSONs that list it.
@@ -56,19 +57,17 @@ def formula_inputs(inputs: Inputs) -> tuple[float, float, float, str]:
     return p.mean_regular_len, p.mean_summary_len, p.n_selected / p.n_generated, "the paper's §3.5 example"
 
 
-def formula_rows(arm: EvalArm, lengths: np.ndarray, inputs: Inputs) -> tuple[np.ndarray, str]:
+def formula_share(arm: EvalArm, lengths: np.ndarray, n_prompt: int, inputs: Inputs) -> tuple[np.ndarray, str]:
+    """1 / MS at each generated length (|I_f| capped at full KV: before c paragraphs and the window exist,
+    ZoomR holds every row), with the ZoomR arm's window and consensus."""
     m = arm.method_config
     reg, summ, rate, origin = formula_inputs(inputs)
-    n_prompt = int(np.mean([r["prompt_tokens"] for r in arm.run.rows]))
-    c = int(m.get("consensus", 2))
-    rows = [
-        min(
-            ZoomRFootprint(n_prompt, int(g), int(m.get("window", 512)), c, reg, summ, max(round(rate * g), c)).resident_rows,
-            n_prompt + g,
-        )
+    c, window = int(m.get("consensus", 2)), int(m.get("window", 512))
+    share = [
+        min(ZoomRFootprint(n_prompt, int(g), window, c, reg, summ, max(round(rate * g), c)).resident_rows / (n_prompt + g), 1.0)
         for g in lengths
-    ]  # capped at full KV: before c paragraphs and the window exist, ZoomR holds every row
-    return np.array(rows), f"MS formula |I_f|, capped at full KV (window {m.get('window')}, c={c}; lengths from {origin})"
+    ]
+    return np.array(share), f"MS formula: 1/MS (prompt {n_prompt}, window {window}, c={c}; segment lengths from {origin})"
 
 
 def resident_vs_length(inputs: Inputs, report: Report) -> None:
@@ -83,20 +82,22 @@ def resident_vs_length(inputs: Inputs, report: Report) -> None:
         if zoomr is None:
             report.skip(key, f"no zoomr arm of {model} on {bench}")
             continue
-        fig, ax = plt.subplots(figsize=(5.8, 4.0))
+        fig, ax = plt.subplots(figsize=(6.2, 4.2))
         for a in arms:
-            x = [r["n_tokens"] for r in a.run.rows if r.get("kv")]
-            y = [r["kv"]["rows_final"] for r in a.run.rows if r.get("kv")]
-            ax.scatter(x, y, s=12, label=f"{a.label} (device)")
+            kv_rows = [r for r in a.run.rows if r.get("kv")]
+            x = [r["n_tokens"] for r in kv_rows]
+            y = [r["kv"]["rows_final"] / (r["prompt_tokens"] + r["n_tokens"] - 1) for r in kv_rows]
+            ax.scatter(x, y, s=14, alpha=0.7, label=f"{a.label}: device rows ÷ full")
         top = max(r["n_tokens"] for r in zoomr.run.rows)
         g = np.linspace(1, max(top, 2), 50)
-        n_prompt = np.mean([r["prompt_tokens"] for r in zoomr.run.rows])
-        ax.plot(g, n_prompt + g, color="0.4", ls="--", lw=1, label="full KV on the host (prompt + generated)")
-        ys, label = formula_rows(zoomr, g, inputs)
+        n_prompt = int(np.median([r["prompt_tokens"] for r in zoomr.run.rows]))
+        ax.axhline(1.0, color="0.4", ls="--", lw=1, label="full KV (what ZoomR keeps on the host)")
+        ys, label = formula_share(zoomr, g, n_prompt, inputs)
         ax.plot(g, ys, color="tab:red", lw=1.2, label=label)
         ax.set_xlabel("generated tokens")
-        ax.set_ylabel("resident KV rows per (layer, KV head)")
-        ax.legend(fontsize=6)
+        ax.set_ylabel("resident KV ÷ full KV (rows, last step)")
+        ax.set_ylim(0, 1.1)
+        ax.legend(fontsize=6, loc="lower left")
         report.figure(key, fig, f"ZoomR — resident KV vs generated length ({model}, {bench})", sources(arms),
                       fed_by(arms))  # fmt: skip
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The tiny real runs behind the committed example output (analysis/results/paper/): CPU, random-weight tiny
-# model, 3 problems x 2 samples per benchmark. About 10 min on 2 busy cores. Usage (from the repo root):
+# model, 3 problems x 2 samples per benchmark. About 35 min on this shared 2-core machine
+# (22 eval runs of ~20-60 s each, dominated by process start). Usage (from the repo root):
 #   bash analysis/results/paper/make_runs.sh [ROOT=runs/paper_example]
 #   python -m analysis +task=paper_tables 'task.runs=[ROOT/**]' task.out=analysis/results/paper
 set -euo pipefail
