@@ -138,7 +138,7 @@ class Simulation:
             c.on_queries(layer, self.q)
             if c.wants_attention_weights(layer):
                 N = keys.shape[-2]
-                c.on_attention(layer, self.weights[..., :N] if N <= self.weights.shape[-1] else
+                c.on_attention(layer, self.weights[..., :N] if self.weights.shape[-1] >= N else
                                torch.full((*self.weights.shape[:-1], N), 1.0 / N, dtype=self.weights.dtype))  # fmt: skip
             c.after_attention(layer)
         c.end_step()
