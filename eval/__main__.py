@@ -85,7 +85,7 @@ def run(cfg: Any) -> dict[str, Any]:
     from eval.results import ResultStore, RunLock, check_fingerprint
     from eval.runner import evaluate
     from eval.settings import validate
-    from eval.tasks import check_budget, hooks, task_plugin
+    from eval.tasks import check_budget, hooks, task_plugin, write_scope
     from zoomr.models import load_model, load_tokenizer
 
     # everything that can reject the settings runs before the lock, the fingerprint and config.json
@@ -110,6 +110,8 @@ def run(cfg: Any) -> dict[str, Any]:
     with RunLock(cfg.run_dir):
         check_fingerprint(cfg.run_dir, fingerprint(cfg))  # before start_run rewrites config.json
         run_dir, logger = start_run(cfg, job_type="eval")
+        if plugin:
+            write_scope(run_dir, problems)
         log.info(
             "%s: %d problems x %d samples, %s on %s, method %s -> %s",
             bench.name, len(problems), gen.n_samples, spec.name, device, cfg.run_name, run_dir,
