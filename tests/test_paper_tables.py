@@ -167,3 +167,21 @@ def test_multi_competition_benchmark_gets_per_competition_columns(two_arms, tmp_
     header = (out / "abridge_table1_tiny-qwen2.csv").read_text().splitlines()[0].split(",")
     assert header[-2:] == ["math500:comp_a avg@k", "math500:comp_b avg@k"]
     assert all(len(r) == len(header) for r in _md_rows(out / "abridge_table1_tiny-qwen2.md"))
+
+
+def test_arms_run_with_other_settings_are_refused_by_name_unless_allowed(two_arms, tmp_path):
+    import shutil
+
+    for arm in ("full", "streaming"):
+        shutil.copytree(two_arms / "eval" / arm, tmp_path / arm)
+    fp = tmp_path / "streaming" / "fingerprint.json"
+    data = json.loads(fp.read_text())
+    data["generation"]["max_new_tokens"] = 999  # as if the arm had run with another token cap
+    fp.write_text(json.dumps(data))
+    report = _build([tmp_path / "full", tmp_path / "streaming"], tmp_path / "out")
+    skipped = {s["key"]: s["reason"] for s in report.skipped}
+    assert "generation.max_new_tokens" in skipped["abridge_table1_tiny-qwen2"]
+    assert not (tmp_path / "out" / "abridge_table1_tiny-qwen2.md").exists()
+    _build([tmp_path / "full", tmp_path / "streaming"], tmp_path / "out2", allow_different_settings=True)
+    md = (tmp_path / "out2" / "abridge_table1_tiny-qwen2.md").read_text()
+    assert "Arms ran with different settings" in md and "max_new_tokens" in md

@@ -21,12 +21,12 @@ from .inputs import Inputs
 from .report import Report
 
 
-def table1(inputs: Inputs, report: Report, n_resamples: int, seed: int) -> None:
+def table1(inputs: Inputs, report: Report, n_resamples: int, seed: int, allow_different_settings: bool) -> None:
     if not inputs.evals:
         report.skip("abridge_table1", "no evaluation run directory among the inputs")
     for model in inputs.models():
         compare_table(report, f"abridge_table1_{model}", f"AbridgeKV Table 1 — {model}", inputs.arms(model),
-                      n_resamples, seed)  # fmt: skip
+                      n_resamples, seed, allow_different_settings=allow_different_settings)  # fmt: skip
 
 
 def fig3a(inputs: Inputs, report: Report) -> None:
@@ -199,8 +199,9 @@ def fig6(inputs: Inputs, report: Report) -> None:
                      rows, [str(alloc.path)], what)  # fmt: skip
 
 
-def build(inputs: Inputs, report: Report, memory_gib: float, n_resamples: int, seed: int) -> None:
-    table1(inputs, report, n_resamples, seed)
+def build(inputs: Inputs, report: Report, memory_gib: float, n_resamples: int, seed: int,
+          allow_different_settings: bool = False) -> None:  # fmt: skip
+    table1(inputs, report, n_resamples, seed, allow_different_settings)
     fig3a(inputs, report)
     fig3b(inputs, report)
     fig3c(inputs, report, memory_gib)

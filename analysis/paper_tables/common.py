@@ -34,7 +34,7 @@ def fed_by(arms: list[EvalArm]) -> str:
 
 
 def compare_table(report: Report, key: str, title: str, arms: list[EvalArm], n_resamples: int, seed: int,
-                  note: str = "") -> dict[str, Any] | None:  # fmt: skip
+                  note: str = "", allow_different_settings: bool = False) -> dict[str, Any] | None:  # fmt: skip
     """The AbridgeKV Table-1 layout of :mod:`eval.compare` over ``arms`` (full KV first), plus per-competition
     accuracy columns for multi-competition benchmarks (the suite). Skipped with the reason if not comparable."""
     arms = ordered(arms)
@@ -42,7 +42,8 @@ def compare_table(report: Report, key: str, title: str, arms: list[EvalArm], n_r
         report.skip(key, f"no full-KV reference arm among {[a.label for a in arms]}")
         return None
     try:
-        result = compare([a.run for a in arms], n_resamples=n_resamples, seed=seed)
+        result = compare([a.run for a in arms], n_resamples=n_resamples, seed=seed,
+                         allow_different_settings=allow_different_settings)  # fmt: skip
     except CompareError as e:
         report.skip(key, str(e))
         return None
@@ -62,6 +63,8 @@ def compare_table(report: Report, key: str, title: str, arms: list[EvalArm], n_r
         f"seed {seed}). KV/512: persistent KV rows per 512 generated tokens per KV head; Mean KV: resident K/V "
         "bytes of one sequence over its decode, both on the first benchmark." + (f" {note}" if note else "")
     )
+    if result.get("setting_differences"):
+        note += " Arms ran with different settings: " + "; ".join(result["setting_differences"]) + "."
     report.table(key, title, header, rows, sources(arms), fed_by(arms), note)
     return result
 
