@@ -56,6 +56,7 @@ def test_two_eval_arms_give_table1_and_the_eval_figures(two_arms, tmp_path):
     assert [r[0] for r in rows] == ["full", "streaming"]  # arms named from their configs, full KV first
     assert rows[0][1] == "512" and float(rows[1][1]) < 512  # KV/512: StreamingLLM keeps fewer rows
     assert rows[0][4] == "ref" and rows[1][4].startswith(("+", "-"))
+    assert float(rows[1][7]) <= 48 < float(rows[0][7])  # mean resident rows: StreamingLLM within its 48-row budget
     md = (out / "abridge_table1_tiny-qwen2.md").read_text()
     assert f"math500: {N_PROBLEMS} problems × {N_SAMPLES} samples, 2 arms" in md and str(two_arms / "eval" / "full") in md
     assert (out / "abridge_table1_tiny-qwen2.csv").read_text().splitlines()[0].startswith("Arm,KV/512")
