@@ -39,6 +39,7 @@ def test_bad_arguments_are_refused(tmp_path, capsys):
     assert "not evaluation run directories" in capsys.readouterr().err
     quick = bench_throughput.parse_args(["--quick"])
     assert quick.batch_sizes == [1, 8] and quick.new_tokens == 32 and quick.policies == ["full", "streaming", "h2o"]
+    assert quick.finish_caps == [2, 8]
 
 
 def test_log_bench_puts_every_numeric_result_under_bench_keys(tmp_path, monkeypatch):

@@ -63,7 +63,7 @@ def test_two_eval_arms_give_table1_and_the_eval_figures(two_arms, tmp_path):
     assert "\\begin{tabular}" in (out / "abridge_table1_tiny-qwen2.tex").read_text()
     for key in ("abridge_fig3a_tiny-qwen2", "abridge_fig3c_tiny-qwen2", "abridge_fig4a_tiny-qwen2"):
         assert (out / f"{key}.png").stat().st_size > 1000 and (out / f"{key}.pdf").stat().st_size > 1000, key
-    fits = {r[0]: int(r[2]) for r in _md_rows(out / "abridge_fig3c_tiny-qwen2_table.md")}
+    fits = {r[0]: int(r[3]) for r in _md_rows(out / "abridge_fig3c_tiny-qwen2_table.md")}
     assert fits["streaming"] > fits["full"] > 0  # fewer resident bytes -> more sequences in 8 GiB
     skipped = {s["key"]: s["reason"] for s in report.skipped}
     for key in ("abridge_fig3b", "abridge_fig3d", "abridge_fig6", "kvzap_table1", "zoomr_ag_histogram"):
@@ -131,16 +131,19 @@ def test_every_input_kind_gives_its_tables_and_figures(two_arms, tmp_path, cache
     report = bench_throughput.main(
         ["--batch-sizes", "1", "2", "--new-tokens", "8", "--prompt-tokens", "16", "--budget", "8", "--repeats", "1",
          "--policies", "full", "streaming", "--eval-runs", str(two_arms / "eval" / "full"), str(zoomr),
-         "--requests", "3", "--out", str(runs / "bench")]
+         "--requests", "3", "--finish-caps", "1", "2", "--out", str(runs / "bench")]
     )  # fmt: skip
     assert report["throughput"]["full"]["2"]["ratio_vs_full"] == 1.0
     assert [f["arm"] for f in report["finish"]] == ["full", "zoomr"]
+    for f in report["finish"]:  # the arm's time is its fastest concurrency cap
+        assert set(f["seconds_by_cap"]) == {"1", "2"} and f["seconds"] == min(f["seconds_by_cap"].values())
     out = tmp_path / "paper"
     result = _build([two_arms / "eval" / "*", runs], out)
     tables = {t["key"] for t in result.tables}
     figures = {f["key"] for f in result.figures}
     assert {"abridge_fig3b", "abridge_fig3d", "abridge_fig6", "zoomr_resident_kv_tiny-qwen2"} <= figures
-    assert {"abridge_fig6_table", "abridge_fig3b_table", "zoomr_table_tiny-qwen2"} <= tables
+    assert {"abridge_fig6_table", "abridge_fig3b_table", "abridge_fig3d_table", "zoomr_table_tiny-qwen2"} <= tables
+    assert {r[0]: r[5] for r in _md_rows(out / "abridge_fig3d_table.md")}["full"] == "1.00"
     assert [r[0] for r in _md_rows(out / "zoomr_table_tiny-qwen2.md")] == ["full", "streaming", "zoomr"]
     skipped = {s["key"]: s["reason"] for s in result.skipped}
     assert "h2o, sumr" in skipped["zoomr_table_tiny-qwen2:missing_arms"]
