@@ -129,11 +129,14 @@ def tables(report: dict[str, Any]) -> str:
         cells = [f"{r['tokens_per_s']:.0f} ({r.get('ratio_vs_full', float('nan')):.2f})" for r in per.values()]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if report["finish"]:
-        lines += ["", "| arm | model | benchmark | requests | generated tokens | batch | seconds |", "|---" * 7 + "|"]
+        full = next((r["seconds"] for r in report["finish"] if r["policy"] == "full"), None)
+        lines += ["", "| arm | model | benchmark | requests | generated tokens | best cap | seconds | ÷ full |",
+                  "|---" * 8 + "|"]  # fmt: skip
         for r in report["finish"]:
+            ratio = f"{r['seconds'] / full:.2f}" if full else "—"
             lines.append(
                 f"| {r['arm']} | {r['model']} | {r['benchmark']} | {r['requests']} | {r['generated_tokens']} "
-                f"| {r['batch']} | {r['seconds']:.2f} |"
+                f"| {r['batch']} | {r['seconds']:.2f} | {ratio} |"
             )
     return "\n".join(lines)
 
