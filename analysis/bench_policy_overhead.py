@@ -138,7 +138,7 @@ class Simulation:
             c.on_queries(layer, self.q)
             if c.wants_attention_weights(layer):
                 N = keys.shape[-2]
-                c.on_attention(layer, self.weights[..., :N] if N <= self.weights.shape[-1] else
+                c.on_attention(layer, self.weights[..., :N] if self.weights.shape[-1] >= N else
                                torch.full((*self.weights.shape[:-1], N), 1.0 / N, dtype=self.weights.dtype))  # fmt: skip
             c.after_attention(layer)
         c.end_step()
@@ -218,14 +218,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--q-heads", type=int, default=32)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--layers", type=int, default=1, help="layers simulated (cost is reported per layer)")
-    p.add_argument("--budget", type=int, default=1024, help="budget_rows of every budgeted policy (conf default)")
+    p.add_argument(
+        "--budget", type=int, default=1024, help="budget_rows of every budgeted policy (conf default)"
+    )
     p.add_argument("--steps", type=int, default=256, help="timed decode steps (cover compaction periods)")
     p.add_argument("--warmup", type=int, default=8)
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
-                   help="dtype of the simulated stores (CPU kernels are fastest in fp32; the projection uses bf16 bytes)")
+    p.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        default="float32",
+        help="dtype of the simulated stores (CPU kernels are fastest in fp32; the projection uses bf16 bytes)",
+    )
     p.add_argument("--policies", nargs="+", default=POLICIES)
     p.add_argument("--bandwidth-tbs", type=float, default=H100_BANDWIDTH / 1e12, help="HBM bandwidth, TB/s")
-    p.add_argument("--launch-us", type=float, default=5.0, help="GPU cost of one eager op (dispatch + launch)")
+    p.add_argument(
+        "--launch-us", type=float, default=5.0, help="GPU cost of one eager op (dispatch + launch)"
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
@@ -245,7 +253,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    out = Path(args.out) if args.out else Path.cwd() / "runs" / "bench_policy_overhead" / time.strftime("%Y%m%d-%H%M%S")
+    out = (
+        Path(args.out)
+        if args.out
+        else Path.cwd() / "runs" / "bench_policy_overhead" / time.strftime("%Y%m%d-%H%M%S")
+    )
     rows = [measure(name, args) for name in args.policies]
     report = {"args": vars(args), "weight_bytes": WEIGHT_BYTES_7B, "paper_layers": PAPER_LAYERS, "rows": rows}
     text = table(report)

@@ -97,7 +97,9 @@ def section_flex(args, tok) -> dict[str, Any]:
     from zoomr.abridge.layout import AbridgeLayout, add_pause_tokens
     from zoomr.abridge.mask import layer_masks
 
-    rows, _ = load_trace_rows(path=str(REPO_ROOT / "data_prep/data/traces/sky-t1-math-correct-5k-32b-ckpt140_aime24.jsonl"))
+    rows, _ = load_trace_rows(
+        path=str(REPO_ROOT / "data_prep/data/traces/sky-t1-math-correct-5k-32b-ckpt140_aime24.jsonl")
+    )
     model = random_model(args, args.flex_layers, len(tok))
     model.train()
     backend = "flex" if torch.cuda.is_available() else "dense"
@@ -115,12 +117,16 @@ def section_flex(args, tok) -> dict[str, Any]:
             return kv <= q
 
         if backend == "flex":
-            flex_causal = create_block_mask(causal, len(streams), None, L, L, device=args.device, _compile=True)
+            flex_causal = create_block_mask(
+                causal, len(streams), None, L, L, device=args.device, _compile=True
+            )
             causal_arm = [flex_causal] * len(quotas)
         else:
-            causal_arm = [torch.ones(L, L, dtype=torch.bool, device=args.device).tril()[None, None]] * len(quotas)
+            causal_arm = [torch.ones(L, L, dtype=torch.bool, device=args.device).tril()[None, None]] * len(
+                quotas
+            )
 
-        def step(masks_fn):
+        def step(masks_fn, batch=batch):
             def run():
                 model.zero_grad(set_to_none=True)
                 logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
@@ -131,8 +137,8 @@ def section_flex(args, tok) -> dict[str, Any]:
 
         with abridge_attention(model):
             t = lockstep({
-                "abridge_block_mask": step(lambda: layer_masks(batch_meta(batch), quotas, backend)),
-                "causal_block_mask": step(lambda: causal_arm),
+                "abridge_block_mask": step(lambda b=batch, q=quotas: layer_masks(batch_meta(b), q, backend)),
+                "causal_block_mask": step(lambda c=causal_arm: c),
                 "sdpa_is_causal": step(lambda: None),
             }, args.repeats)  # fmt: skip
         out.append({"block_size": C, "num_pause": C // 2, "quota": C // 4, "stream_tokens": L, "batch": len(streams),
@@ -140,7 +146,6 @@ def section_flex(args, tok) -> dict[str, Any]:
                     "ratio_vs_is_causal": t["abridge_block_mask"] / t["sdpa_is_causal"],
                     "ratio_vs_causal_block_mask": t["abridge_block_mask"] / t["causal_block_mask"]})  # fmt: skip
     model.zero_grad(set_to_none=True)
-    del model
     return {"layers": args.flex_layers or "all", "rows": out}
 
 
@@ -166,7 +171,9 @@ def section_zoomr_offload(args, tok) -> dict[str, Any]:
             c.end_step()
         for t in range(P, len(ids) - 1):
             for k, c in caches.items():
-                st = c.begin_step(torch.ones(1, 1, dtype=torch.bool, device=args.device), input_ids=x[:, t : t + 1])
+                st = c.begin_step(
+                    torch.ones(1, 1, dtype=torch.bool, device=args.device), input_ids=x[:, t : t + 1]
+                )
                 sync()
                 t0 = time.perf_counter()
                 model(x[:, t : t + 1], cache=c, use_cache=True, position_ids=st.positions)
@@ -183,7 +190,6 @@ def section_zoomr_offload(args, tok) -> dict[str, Any]:
     for r in rows:
         r["step_ratio_vs_full"] = r["step_ms"] / full["step_ms"]
         r["device_bytes_over_full"] = r["device_bytes"] / full["device_bytes"]
-    del model, caches
     return {"layers": args.zoomr_layers, "prompt": P, "generated": args.zoomr_gen, "rows": rows}
 
 
@@ -204,10 +210,12 @@ def section_memory(args, tok) -> dict[str, Any]:
     prompts, script = [stream[:P]] * B, [stream[P : P + G]] * B  # the environment writes the structured trace
     arms = {
         "full": lambda: build_policy({"policy": "full"}, model.config, tok),
-        "zoomr": lambda: build_policy({"policy": "zoomr", "top_k": 2, "consensus": 2, "window": 512,
-                                       "offload": True}, model.config, tok),  # fmt: skip
-        "abridge_4to1": lambda: AbridgeCache(AbridgeMethod(layout_from_checkpoint=False), model.config, tok,
-                                             layout=layout, quotas=[quota] * L),  # fmt: skip
+        "zoomr": lambda: build_policy(
+            {"policy": "zoomr", "top_k": 2, "consensus": 2, "window": 512, "offload": True}, model.config, tok
+        ),  # fmt: skip
+        "abridge_4to1": lambda: AbridgeCache(
+            AbridgeMethod(layout_from_checkpoint=False), model.config, tok, layout=layout, quotas=[quota] * L
+        ),  # fmt: skip
     }
     settings = DecodeSettings(max_new_tokens=G, stop_token_ids=[], progress=True, stats_every=max(1, G // 64))
     scale = R1_QWEN_7B["num_hidden_layers"] / L
@@ -227,7 +235,6 @@ def section_memory(args, tok) -> dict[str, Any]:
     full = rows[0]
     for r in rows:
         r["device_bytes_over_full"] = r["device_bytes_held"] / full["device_bytes_held"]
-    del model
     return {"layers_measured": L, "scaled_to_layers": R1_QWEN_7B["num_hidden_layers"], "batch": B,
             "generated_tokens": G, "prompt_tokens": P, "rows": rows}  # fmt: skip
 
@@ -244,10 +251,10 @@ def section_throughput(args, tok) -> dict[str, Any]:
         ids = torch.randint(200, 4000, (B, P), generator=torch.Generator().manual_seed(B)).to(args.device)
         settings = DecodeSettings(max_new_tokens=N, stop_token_ids=[], progress=False)
 
-        def ours():
+        def ours(ids=ids, settings=settings):
             generate(model, tok, ids.tolist(), {"policy": "full"}, settings)
 
-        def theirs():
+        def theirs(ids=ids):
             model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), cache=DynamicCache(config=model.config),
                            max_new_tokens=N, min_new_tokens=N, do_sample=False, pad_token_id=0)  # fmt: skip
 
@@ -257,7 +264,6 @@ def section_throughput(args, tok) -> dict[str, Any]:
                      "hf_tokens_per_s": B * N / t["hf_generate_dynamic"],
                      "engine_over_hf_time": t["engine_full"] / t["hf_generate_dynamic"]})  # fmt: skip
         print(f"  throughput B{B}: {rows[-1]}", flush=True)
-    del model
     return {"layers": model_layers(args), "rows": rows}
 
 
@@ -270,7 +276,9 @@ def model_layers(args) -> int:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--dry-run", action="store_true", help="tiny shapes and lengths (any device): checks the code")
+    p.add_argument(
+        "--dry-run", action="store_true", help="tiny shapes and lengths (any device): checks the code"
+    )
     p.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     p.add_argument("--out", default=str(REPO_ROOT / "analysis" / "results" / "gpu"))
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -304,7 +312,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def table(report: dict[str, Any]) -> str:
-    lines = [f"GPU check on {report['device']} ({report['gpu']}), torch {report['torch']}, dry run: {report['dry_run']}"]
+    lines = [
+        f"GPU check on {report['device']} ({report['gpu']}), torch {report['torch']}, dry run: {report['dry_run']}"
+    ]
     for name, sec in report["sections"].items():
         lines += ["", f"## {name}" + (f" ({sec['error']})" if "error" in sec else "")]
         rows = sec.get("rows", [])
@@ -312,7 +322,11 @@ def table(report: dict[str, Any]) -> str:
             keys = [k for k in rows[0] if not isinstance(rows[0][k], (dict, list))]
             lines += ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
             for r in rows:
-                lines.append("| " + " | ".join(f"{r[k]:.4g}" if isinstance(r[k], float) else str(r[k]) for k in keys) + " |")
+                lines.append(
+                    "| "
+                    + " | ".join(f"{r[k]:.4g}" if isinstance(r[k], float) else str(r[k]) for k in keys)
+                    + " |"
+                )
     return "\n".join(lines)
 
 

@@ -21,7 +21,15 @@ def test_bench_decode_writes_the_rows_under_the_working_directory(tmp_path, monk
     rows = json.loads(written[0].read_text())["rows"]
     assert rows == report["rows"] and len(rows) == 2 * 5  # 2 batches × (3 policies + 2 references)
     for r in rows:
-        for key in ("policy", "context", "batch", "step_ms", "ratio_vs_full", "ratio_vs_hf_dynamic", "rows_over_full"):
+        for key in (
+            "policy",
+            "context",
+            "batch",
+            "step_ms",
+            "ratio_vs_full",
+            "ratio_vs_hf_dynamic",
+            "rows_over_full",
+        ):
             assert key in r, key
         assert r["step_ms"] > 0 and r["context"] == 80
         assert ("ratio_vs_hf_sliding_window" in r) == (r["policy"] in ("streaming", "h2o"))

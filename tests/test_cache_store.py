@@ -78,7 +78,9 @@ def test_steady_state_eviction_reuses_the_buffers():
         store.retain(keep)
         for per in ref[0]:
             del per[4]
-        assert store.k.untyped_storage().data_ptr() == buffer  # compaction in place, front reclaimed in bursts
+        assert (
+            store.k.untyped_storage().data_ptr() == buffer
+        )  # compaction in place, front reclaimed in bursts
         _check(store, ref)
     assert int(store.n.max()) == 40 and store.k.numel() < 2 * 40 * 2 * 3
 
@@ -168,7 +170,9 @@ def test_random_operations_match_a_reference(seed):
 
 def test_streaming_span_path_equals_the_mask_path(cache_dir):
     """StreamingLLM's slice eviction (even rows) keeps exactly what its keep mask keeps."""
-    model, _ = load_model_and_tokenizer(tiny_spec("qwen2", num_hidden_layers=2), cache_dir, attn_implementation="zoomr")
+    model, _ = load_model_and_tokenizer(
+        tiny_spec("qwen2", num_hidden_layers=2), cache_dir, attn_implementation="zoomr"
+    )
     ids = torch.randint(0, 4000, (1, 50))
     fast = build_policy({"policy": "streaming", "budget_rows": 16, "n_sink": 4}, model.config)
     slow = build_policy({"policy": "streaming", "budget_rows": 16, "n_sink": 4}, model.config)

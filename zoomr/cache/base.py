@@ -477,7 +477,9 @@ class PolicyCache(Cache):
         for (role, slab, p, d, size), stores in groups.items():
             if slab and len(stores) > 1:  # one op for all these layers: pages = ceil(n / p) per (b, h)
                 n = torch.stack([s.n for s in stores])
-                b = (torch.div(n + p - 1, p, rounding_mode="floor").sum(dim=(0, 2)) * (2 * p * d * size)).cpu()
+                b = (
+                    torch.div(n + p - 1, p, rounding_mode="floor").sum(dim=(0, 2)) * (2 * p * d * size)
+                ).cpu()
             else:
                 b = sum(s.seq_kv_bytes().cpu() for s in stores)
             out[role] = out.get(role, 0) + b
