@@ -29,7 +29,7 @@ import torch
 
 SLAB_SLACK = 1.25  # slab layout while B*H*ceil(max n / p) <= SLAB_SLACK * sum ceil(n / p) pages
 GROWTH = 1.25  # geometric growth of a slab's capacity
-SHRINK_AT = 0.5  # reallocate at the exact size when the kept rows need at most this share of the capacity
+SHRINK_AT = 0.75  # reallocate at the exact size when the kept rows need at most this share of the capacity
 
 
 class _Source:
