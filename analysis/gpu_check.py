@@ -72,17 +72,9 @@ def tokenizer():
 
 def lockstep(fns: dict[str, Any], repeats: int) -> dict[str, float]:
     """Median seconds of every arm, arms interleaved round by round (after one warm-up round)."""
-    for fn in fns.values():
-        fn()
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            sync()
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
+    from analysis.bench_abridge import _timed_lockstep
+
+    return {k: statistics.median(v) for k, v in _timed_lockstep(fns, repeats).items()}
 
 
 # --------------------------------------------------------------------------------------------- sections
