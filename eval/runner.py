@@ -15,7 +15,7 @@ from tqdm import tqdm
 from eval.benchmarks import Problem
 from eval.generation import GenerateFn, Generation, sample_seed
 from eval.grading import Grade, Grader
-from eval.results import Key, ResultStore
+from eval.results import Key, ResultStore, is_grading_error
 
 
 def work_items(problems: list[Problem], n_samples: int, done: set[Key] | dict) -> list[tuple[Problem, int]]:
@@ -54,6 +54,22 @@ def make_row(
     return row
 
 
+def regrade_failed(problems: list[Problem], grader: Grader, store: ResultStore, scope: list[Key]) -> int:
+    """Grade again the rows whose grading failed in an earlier run (a worker died): their text is kept,
+    so nothing is generated again; the new row replaces the failed one (:meth:`ResultStore.load`)."""
+    by_id = {p.id: p for p in problems}
+    failed = [store.rows[k] for k in scope if k in store.rows and is_grading_error(store.rows[k])]
+    if not failed:
+        return 0
+    grades = grader.grade([(r["text"], by_id[r["problem_id"]].answer, by_id[r["problem_id"]].task) for r in failed])
+    for row, grade in zip(failed, grades):
+        store.append(
+            {**row, "extracted": grade.extracted, "correct": grade.correct, "grade_method": grade.method,
+             "grade_seconds": round(grade.seconds, 4)}
+        )  # fmt: skip
+    return len(failed)
+
+
 def evaluate(
     problems: list[Problem],
     generate: GenerateFn,
@@ -84,6 +100,7 @@ def evaluate(
     store.load()
     todo = work_items(problems, n_samples, store.rows)
     scope = [(p.id, s) for p in problems for s in range(n_samples)]
+    regrade_failed(problems, grader, store, scope)
     done_in_scope = [store.rows[k] for k in scope if k in store.rows]
     correct, graded = sum(r["correct"] for r in done_in_scope), len(done_in_scope)
     if graded:  # a resumed run: say what it skips

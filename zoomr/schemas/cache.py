@@ -180,6 +180,11 @@ class RKVConfig(PolicyConfig):
             raise ValueError(f"{type(self).__name__}: need budget_rows > window, got {self.budget_rows}")
         if not 0.0 <= self.lam <= 1.0:
             raise ValueError(f"{type(self).__name__}: lam must lie in [0, 1], got {self.lam}")
+        if not -1.0 <= self.similarity_threshold <= 1.0:  # a cosine similarity (1: no row is exempted)
+            raise ValueError(
+                f"{type(self).__name__}: similarity_threshold is a cosine similarity and must lie in [-1, 1], "
+                f"got {self.similarity_threshold}"
+            )
         if self.kernel % 2 == 0:
             raise ValueError(f"{type(self).__name__}: kernel must be odd, got {self.kernel}")
 
