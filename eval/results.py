@@ -140,6 +140,9 @@ def check_fingerprint(run_dir: str | Path, fingerprint: dict[str, Any]) -> None:
     previous = json.loads(path.read_text())
     if previous != current:
         diffs = _diff(previous, current)
+        if not diffs:  # only keys added since (a new setting at its null default): the same settings
+            path.write_text(json.dumps(current, indent=2, sort_keys=True))
+            return
         raise SystemExit(
             f"{run_dir} holds results of different settings:\n  "
             + "\n  ".join(diffs[:20])

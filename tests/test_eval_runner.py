@@ -91,6 +91,15 @@ def test_settings_guard(tmp_path):
         check_fingerprint(tmp_path, {"generation": {"temperature": 0.0}})
 
 
+def test_settings_guard_accepts_a_setting_added_at_its_null_default(tmp_path):
+    """A run made before a new method field existed resumes when the field is at its default (None);
+    the same field set to a value is a real difference and is refused."""
+    check_fingerprint(tmp_path, {"method": {"budget_rows": 64}})
+    check_fingerprint(tmp_path, {"method": {"budget_rows": 64, "budget_fraction": None}})
+    with pytest.raises(SystemExit, match="method.budget_match: was None, now 'runs/x'"):
+        check_fingerprint(tmp_path, {"method": {"budget_rows": 64, "budget_fraction": None, "budget_match": "runs/x"}})
+
+
 def _fake_run(run_dir, run_name, correct_rate, limit=6, samples=2, seed=0):
     """A run directory as `python -m eval` leaves it, on the first `limit` AIME 2025 problems."""
     run_dir.mkdir(parents=True)
