@@ -21,6 +21,13 @@ from zoomr.tokens import IM_END
 
 def prompt_response_ids(example: dict[str, Any], tokenizer) -> tuple[list[int], list[int]]:
     """Token ids of the prompt (chat template + generation prompt) and of the response (+ end of turn)."""
+    prompt, response = prompt_response_text(example, tokenizer)
+    enc = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    return list(enc), list(tokenizer(response, add_special_tokens=False)["input_ids"])
+
+
+def prompt_response_text(example: dict[str, Any], tokenizer) -> tuple[str, str]:
+    """The prompt text (chat template + generation prompt) and the response text (+ end of turn)."""
     if "messages" in example:
         msgs = example["messages"]
         if not msgs or msgs[-1]["role"] != "assistant":
@@ -31,8 +38,7 @@ def prompt_response_ids(example: dict[str, Any], tokenizer) -> tuple[list[int], 
         prompt, response = example["prompt"], example["completion"]
     else:
         raise ValueError(f"example needs 'messages' or 'prompt'+'completion', has {sorted(example)}")
-    enc = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    return list(enc), list(tokenizer(response, add_special_tokens=False)["input_ids"])
+    return prompt, response
 
 
 @dataclass

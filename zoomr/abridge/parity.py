@@ -22,9 +22,9 @@ from zoomr.abridge.layout import AbridgeLayout, interleave, pause_token_ids
 
 
 @torch.no_grad()
-def served_token_ce(model, tokenizer, prompt_ids: list[int], cache, max_new_tokens: int):
+def served_token_ce(model, tokenizer, prompt_ids: list[int], cache, max_new_tokens: int, script=None):
     """Greedy-decode one prompt with ``cache``; return (tokens, float64 CE of each token under the served
-    logits, the engine's output).
+    logits, the engine's output). ``script``: response tokens the environment writes (see the engine).
 
     A forward hook records the logits each forward ends with: for one sequence, the engine samples from
     exactly those (the prefill's last position, a decode token, or the last pause token).
@@ -35,7 +35,8 @@ def served_token_ce(model, tokenizer, prompt_ids: list[int], cache, max_new_toke
     hook = model.register_forward_hook(lambda mod, inp, out: seen.append(out.logits[0, -1].double()))
     try:
         settings = DecodeSettings(max_new_tokens=max_new_tokens, stop_token_ids=[], progress=False)
-        out = generate(model, tokenizer, [prompt_ids], cache, settings)[0]
+        scripts = None if script is None else [script]
+        out = generate(model, tokenizer, [prompt_ids], cache, settings, script=scripts)[0]
     finally:
         hook.remove()
     tokens = out.token_ids
