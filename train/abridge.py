@@ -40,7 +40,9 @@ log = logging.getLogger(__name__)
 class AbridgeTrainer(Trainer):
     """``Trainer`` whose loss is the block-masked response CE and whose schedule is the paper's."""
 
-    def __init__(self, *args, quotas: list[int], mask_backend: str, optim: AbridgeOptim, **kwargs):
+    def __init__(
+        self, *args, quotas: list[int] | None, mask_backend: str, optim: AbridgeOptim, **kwargs
+    ):
         super().__init__(*args, **kwargs)
         self.quotas = quotas
         self.mask_backend = mask_backend
@@ -50,8 +52,12 @@ class AbridgeTrainer(Trainer):
         self.model_accepts_loss_kwargs = True
         self.loss_is_scaled_for_ga = True
 
+    def build_masks(self, inputs) -> list:
+        """One mask per layer for this batch (LightThinker's trainer overrides it with its thought mask)."""
+        return layer_masks(batch_meta(inputs), self.quotas, self.mask_backend)
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        masks = layer_masks(batch_meta(inputs), self.quotas, self.mask_backend)
+        masks = self.build_masks(inputs)
         logits = model(
             input_ids=inputs["input_ids"],
             position_ids=inputs["position_ids"],
@@ -90,7 +96,7 @@ def stream_collator(pad_id: int):
 
 
 def training_args(
-    m: AbridgeMethod, output_dir: Path, seed: int, report_to: list[str], deepspeed: dict | None
+    m: AbridgeMethod | Any, output_dir: Path, seed: int, report_to: list[str], deepspeed: dict | None
 ) -> TrainingArguments:
     o = m.optim
     return TrainingArguments(
@@ -147,7 +153,8 @@ def guard_resume(run_dir: Path, layout: AbridgeLayout, quotas: list[int], resume
     save_abridge_config(run_dir, layout, quotas)
 
 
-def load_start_model(spec: ModelSpec, m: AbridgeMethod, cache_dir: str, device: torch.device):
+def load_start_model(spec: ModelSpec, m: AbridgeMethod | Any, cache_dir: str, device: torch.device):
+    """The model and tokenizer to fine-tune: ``m.init_from`` (a checkpoint directory) or the model config."""
     if m.init_from:
         start = ModelSpec(name=spec.name, arch=spec.arch, hf_id=m.init_from, dtype=spec.dtype)
         return load_model(start, cache_dir, device=device), load_tokenizer(start, cache_dir)

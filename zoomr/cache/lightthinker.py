@@ -69,8 +69,11 @@ class LightThinkerCache(PolicyCache):
 
     def _closing_now(self) -> bool:
         step = self.step
-        return self.splitter_at is not None and step is not None and not step.is_prefill and bool(
-            (self.splitter_at >= 0).any()
+        return (
+            self.splitter_at is not None
+            and step is not None
+            and not step.is_prefill
+            and bool((self.splitter_at >= 0).any())
         )
 
     def hidden_rows(self, layer: PolicyLayer) -> torch.Tensor | None:

@@ -40,7 +40,9 @@ def thought_mask_mod(meta: TokenMeta) -> Callable:
         own_thought = (kk == RAW) & (kt == qt) & ((qk == RAW) | (qk == CACHE))
         compressed = ((kk == CACHE) | (kk == CONTINUE)) & (kt <= qt)
         is_pad = qk == PAD
-        return ((kv_idx <= q_idx) & ~is_pad & (prompt | own_thought | compressed)) | (is_pad & (q_idx == kv_idx))
+        return ((kv_idx <= q_idx) & ~is_pad & (prompt | own_thought | compressed)) | (
+            is_pad & (q_idx == kv_idx)
+        )
 
     return mask_mod
 
@@ -59,7 +61,9 @@ def causal_mask_mod(meta: TokenMeta) -> Callable:
 MASKS = {"thought": thought_mask_mod, "causal": causal_mask_mod}
 
 
-def thought_masks(batch: dict[str, torch.Tensor], num_layers: int, backend: str = "auto", rule: str = "thought"):
+def thought_masks(
+    batch: dict[str, torch.Tensor], num_layers: int, backend: str = "auto", rule: str = "thought"
+):
     """One mask for every layer (``rule``: thought = LightThinker's, causal = the control)."""
     mask = build_mask(MASKS[rule](batch_meta(batch)), batch_meta(batch), backend)
     return [mask] * num_layers

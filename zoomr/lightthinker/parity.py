@@ -50,7 +50,9 @@ def parity_report(
     from zoomr.cache.lightthinker import LightThinkerCache
     from zoomr.schemas.lightthinker import LightThinkerMethod
 
-    cache = LightThinkerCache(LightThinkerMethod(), model.config, tokenizer, num_cache_tokens=num_cache_tokens)
+    cache = LightThinkerCache(
+        LightThinkerMethod(), model.config, tokenizer, num_cache_tokens=num_cache_tokens
+    )
     tokens, served, out = served_token_ce(model, tokenizer, prompt_ids, cache, max_new_tokens, script=script)
     device = next(model.parameters()).device
     tt = ThoughtTokens.from_tokenizer(tokenizer, num_cache_tokens)

@@ -23,7 +23,7 @@ class LightThinkerMethod:
     trainer: str = "lightthinker"
     policy: str = "lightthinker"  # the serving policy in zoomr.cache (python -m eval +method=lightthinker)
     page_size: int = 16  # serving: rows per storage page
-    layout_from_checkpoint: bool = True  # serving: a checkpoint's lightthinker.json wins over the fields below
+    layout_from_checkpoint: bool = True  # serving: the checkpoint's lightthinker.json wins
     num_cache_tokens: int | None = None
     min_thought_chars: int = 0
     mask_backend: str = "auto"
