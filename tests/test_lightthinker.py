@@ -231,3 +231,24 @@ def test_without_hiding_the_thought_from_continue_parity_breaks(model_tok, monke
     monkeypatch.setattr(LightThinkerCache, "hidden_rows", lambda self, layer: None)
     r = parity_report(model, tok, prompt, 4, max_new_tokens=30, script=splitter_script(tok, [9, 21], 30))
     assert r["thoughts_freed"] == 2 and r["max_abs_ce_diff"] > 1e-2, r
+
+
+@torch.no_grad()
+def test_splitter_accuracy_counts_the_data_splitters(model_tok):
+    from zoomr.lightthinker.mask import splitter_accuracy
+
+    model, tok = model_tok
+    tt = ThoughtTokens.from_tokenizer(tok, 4)
+    ids = [(i * 37) % 3000 + 50 for i in range(20)]
+    streams = [interleave([5, 6], ids[:6] + [tt.splitter] + ids[6:12] + [tt.splitter] + ids[12:], tt)]
+    r = splitter_accuracy(model, streams, 0, tt.splitter, "dense")
+    assert r["splitters"] == 2 and 0.0 <= r["recall"] <= 1.0 and 0.0 <= r["precision"] <= 1.0
+    # a model whose output layer always says <|splitter|> finds every splitter, with precision 2 / 22
+    bias = torch.zeros(model.config.vocab_size)
+    bias[tt.splitter] = 1e4
+    handle = model.lm_head.register_forward_hook(lambda mod, inp, out: out + bias)
+    try:
+        r = splitter_accuracy(model, streams, 0, tt.splitter, "dense")
+    finally:
+        handle.remove()
+    assert r["recall"] == 1.0 and r["precision"] == pytest.approx(2 / 22)

@@ -47,6 +47,7 @@ def test_train_on_traces_and_refuse_a_resume_with_another_layout(tmp_path, cache
     assert first["steps"] == 4 and first["resumed_from"] == "-"
     assert first["loss_end"] < first["loss_start"]
     assert first["heldout_ce_lightthinker"] > 0 and first["heldout_ce_full_kv"] > 0
+    assert first["heldout_splitter"].startswith("recall ")
     assert "thoughts" in first["thoughts"] and first["tokens_added"] == 0
     saved = json.loads((run_dir / "final" / "lightthinker.json").read_text())
     assert saved["num_cache_tokens"] == 4 and saved["data"] == "traces"

@@ -34,7 +34,7 @@ from zoomr.lightthinker.layout import (
     paper_cache_tokens,
     save_config,
 )
-from zoomr.lightthinker.mask import thought_masks
+from zoomr.lightthinker.mask import splitter_accuracy, thought_masks
 from zoomr.models import DTYPES
 from zoomr.schemas import to_dataclass
 from zoomr.schemas.lightthinker import LightThinkerMethod
@@ -90,24 +90,27 @@ def load_streams(data: dict[str, Any], tokenizer, tt: ThoughtTokens, m: LightThi
 
 
 @torch.no_grad()
-def served_sample(model, tokenizer, stream, tt: ThoughtTokens, max_new_tokens: int) -> dict[str, Any]:
-    """Greedy-decode one held-out prompt with the ``lightthinker`` policy and with full KV: splitters the
-    model wrote, thoughts freed, and rows held at the end of each."""
+def served_sample(model, tokenizer, streams, tt: ThoughtTokens, max_new_tokens: int) -> dict[str, Any]:
+    """Decode the held-out prompts as one batch with the ``lightthinker`` policy and with full KV at the
+    evaluation settings (T=0.6, top-p 0.95, top-k 20, seed 1234): splitters the model wrote, thoughts
+    freed, and mean rows held per (layer, KV head, sequence, step)."""
     from zoomr.cache.lightthinker import LightThinkerCache
-    from zoomr.engine import DecodeSettings, generate
+    from zoomr.engine import DecodeSettings, generate, mean_rows
     from zoomr.lightthinker.layout import PROMPT
 
-    prompt = [t for t, k in zip(stream.input_ids, stream.kind) if k == PROMPT]
-    settings = DecodeSettings(max_new_tokens=max_new_tokens, progress=False)
+    prompts = [[t for t, k in zip(s.input_ids, s.kind) if k == PROMPT] for s in streams]
+    settings = DecodeSettings(
+        max_new_tokens=max_new_tokens, temperature=0.6, top_p=0.95, top_k=20, seed=1234, progress=False
+    )
     cache = LightThinkerCache(LightThinkerMethod(), model.config, tokenizer, num_cache_tokens=tt.n)
-    out = generate(model, tokenizer, [prompt], cache, settings)[0]
-    full = generate(model, tokenizer, [prompt], {"policy": "full"}, settings)[0]
+    outs = generate(model, tokenizer, prompts, cache, settings)
+    full = generate(model, tokenizer, prompts, {"policy": "full"}, settings)
     return {
-        "served_tokens": out.n_tokens,
-        "served_splitters": out.token_ids.count(tt.splitter),
-        "served_thoughts_freed": int(cache.thoughts_freed[0]),
-        "served_mean_rows": round(out.stats.mean_rows, 1),
-        "full_kv_mean_rows": round(full.stats.mean_rows, 1),
+        "served": f"{len(outs)} held-out prompts x {max_new_tokens} tokens max, T=0.6",
+        "served_tokens": sum(o.n_tokens for o in outs),
+        "served_splitters": sum(o.token_ids.count(tt.splitter) for o in outs),
+        "served_mean_rows": round(mean_rows(outs), 1),
+        "full_kv_mean_rows": round(mean_rows(full), 1),
     }
 
 
@@ -171,11 +174,14 @@ def run(cfg) -> dict[str, Any]:
         model, heldout, pad_id, lambda b: thought_masks(b, layers, m.mask_backend), m.per_device_batch_size
     )
     ce_full = heldout_full_kv_ce(model, heldout, pad_id)
-    served = served_sample(model, tokenizer, heldout[0], tt, min(256, m.max_response_tokens))
+    split = splitter_accuracy(model, heldout, pad_id, tt.splitter, m.mask_backend, m.per_device_batch_size)
+    served = served_sample(model, tokenizer, heldout, tt, min(256, m.max_response_tokens))
     summary = summarize(cfg, m, n, streams, stats, trainer, result, elapsed, resume, added)
     summary |= {
         "heldout_ce_lightthinker": round(ce_masked, 4),
         "heldout_ce_full_kv": round(ce_full, 4),
+        "heldout_splitter": f"recall {split['recall']:.2f}, precision {split['precision']:.2f} "
+        f"(teacher-forced argmax at {split['splitters']} splitters)",
         **served,
         "checkpoint": str(final_dir),
         "run_dir": str(run_dir),

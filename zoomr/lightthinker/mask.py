@@ -75,3 +75,22 @@ def thought_response_ce(
     """Per-response-token CE (thought, splitter and tail tokens) under the mask, one vector per example."""
     logits = masked_logits(model, batch, thought_masks(batch, model.config.num_hidden_layers, backend, rule))
     return per_response_token(token_ce(logits, batch["labels"], dtype), batch["labels"])
+
+
+@torch.no_grad()
+def splitter_accuracy(model, streams, pad_id: int, splitter: int, backend: str = "auto", batch_size: int = 4):
+    """Teacher-forced, under the mask: the share of the data's splitter positions where the model's argmax
+    is ``<|splitter|>`` (recall), and the share of its splitter argmaxes that are right (precision)."""
+    from zoomr.abridge.data import collate
+
+    device = next(model.parameters()).device
+    hits = wanted = predicted = 0
+    for i in range(0, len(streams), batch_size):
+        batch = {k: v.to(device) for k, v in collate(streams[i : i + batch_size], pad_id).items()}
+        logits = masked_logits(model, batch, thought_masks(batch, model.config.num_hidden_layers, backend))
+        scored = batch["labels"] != -100
+        is_split, says_split = batch["labels"] == splitter, (logits.argmax(-1) == splitter) & scored
+        hits += int((is_split & says_split).sum())
+        wanted += int(is_split.sum())
+        predicted += int(says_split.sum())
+    return {"recall": hits / max(1, wanted), "precision": hits / max(1, predicted), "splitters": wanted}
