@@ -40,9 +40,7 @@ log = logging.getLogger(__name__)
 class AbridgeTrainer(Trainer):
     """``Trainer`` whose loss is the block-masked response CE and whose schedule is the paper's."""
 
-    def __init__(
-        self, *args, quotas: list[int] | None, mask_backend: str, optim: AbridgeOptim, **kwargs
-    ):
+    def __init__(self, *args, quotas: list[int] | None, mask_backend: str, optim: AbridgeOptim, **kwargs):
         super().__init__(*args, **kwargs)
         self.quotas = quotas
         self.mask_backend = mask_backend
@@ -182,32 +180,10 @@ def run(cfg) -> dict[str, Any]:
     ckpt_dir = run_dir / "checkpoints"
     resume = resolve_resume(cfg.resume, ckpt_dir)
     guard_resume(run_dir, layout, quotas, resume)
-    trainer = AbridgeTrainer(
-        model=model,
-        args=training_args(
-            m,
-            ckpt_dir,
-            cfg.seed,
-            ["wandb"] if logger.enabled else [],
-            to_plain(cfg.deepspeed.config) if cfg.deepspeed.config else None,
-        ),
-        train_dataset=train_set,
-        eval_dataset=heldout,
-        data_collator=stream_collator(pad_id),
-        processing_class=tokenizer,
-        quotas=quotas,
-        mask_backend=m.mask_backend,
-        optim=m.optim,
+    trainer = build_trainer(
+        AbridgeTrainer, cfg, m, model, tokenizer, (train_set, heldout), ckpt_dir, logger, quotas=quotas
     )
-    t0 = time.time()
-    result = trainer.train(resume_from_checkpoint=resume)
-    elapsed = time.time() - t0
-
-    model = trainer.model.eval()
-    model.set_attn_implementation(spec.attn_implementation)
-    final_dir = run_dir / "final"
-    trainer.save_model(str(final_dir))
-    tokenizer.save_pretrained(str(final_dir))
+    model, result, elapsed, final_dir = train_and_save(trainer, resume, spec, tokenizer, run_dir)
     save_abridge_config(
         final_dir,
         layout,
@@ -220,24 +196,74 @@ def run(cfg) -> dict[str, Any]:
     ce_abridge = heldout_ce(model, heldout, quotas, pad_id, m.per_device_batch_size, m.mask_backend)
     ce_full = heldout_full_kv_ce(model, heldout, pad_id)
     summary = summarize(cfg, m, layout, quotas, streams, trainer, result, elapsed, resume, added)
-    summary |= {
-        "heldout_ce_abridge": round(ce_abridge, 4),
-        "heldout_ce_full_kv": round(ce_full, 4),
-        "checkpoint": str(final_dir),
-        "run_dir": str(run_dir),
-    }
+    summary |= {"heldout_ce_abridge": round(ce_abridge, 4), "heldout_ce_full_kv": round(ce_full, 4)}
+    return finish_run(summary, final_dir, run_dir, logger, f"AbridgeKV training finished: {cfg.run_name}")
+
+
+def build_trainer(cls, cfg, m, model, tokenizer, datasets, ckpt_dir: Path, logger, **extra) -> Trainer:
+    """A masked-forward ``Trainer`` (``cls``) over ``datasets = (train streams, held-out streams)`` with the
+    method's loop settings, the run's seed, logger and DeepSpeed config; ``extra`` goes to ``cls``."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return cls(
+        model=model,
+        args=training_args(
+            m,
+            ckpt_dir,
+            cfg.seed,
+            ["wandb"] if logger.enabled else [],
+            to_plain(cfg.deepspeed.config) if cfg.deepspeed.config else None,
+        ),
+        train_dataset=datasets[0],
+        eval_dataset=datasets[1],
+        data_collator=stream_collator(pad_id),
+        processing_class=tokenizer,
+        mask_backend=m.mask_backend,
+        optim=m.optim,
+        **extra,
+    )
+
+
+def train_and_save(trainer: Trainer, resume: str | None, spec: ModelSpec, tokenizer, run_dir: Path):
+    """Train (resuming from ``resume``), switch the model back to eval mode and its own attention, and save
+    it with its tokenizer in ``<run_dir>/final``. Returns (model, train result, seconds, final dir)."""
+    t0 = time.time()
+    result = trainer.train(resume_from_checkpoint=resume)
+    elapsed = time.time() - t0
+    model = trainer.model.eval()
+    model.set_attn_implementation(spec.attn_implementation)
+    final_dir = run_dir / "final"
+    trainer.save_model(str(final_dir))
+    tokenizer.save_pretrained(str(final_dir))
+    return model, result, elapsed, final_dir
+
+
+def finish_run(summary: dict[str, Any], final_dir: Path, run_dir: Path, logger, title: str) -> dict[str, Any]:
+    """Print and write the summary (``summary.json``), log its numbers, close the logger."""
     from train.report import write_summary
 
-    write_summary(run_dir, summary, f"AbridgeKV training finished: {cfg.run_name}")
+    summary |= {"checkpoint": str(final_dir), "run_dir": str(run_dir)}
+    write_summary(run_dir, summary, title)
     logger.summary({k: v for k, v in summary.items() if isinstance(v, int | float)})
     logger.finish()
     return summary
 
 
-def summarize(cfg, m, layout, quotas, streams, trainer, result, elapsed, resume, added) -> dict[str, Any]:
+def loop_summary(trainer: Trainer, result, elapsed: float, resume: str | None) -> dict[str, Any]:
+    """The training loop's part of a summary: resume point, steps, loss curve ends, time."""
     from train.report import loss_curve
 
     curve = loss_curve(trainer.state.log_history)
+    return {
+        "resumed_from": resume or "-",
+        "steps": trainer.state.global_step,
+        "loss_start": curve[0][1] if curve else float("nan"),
+        "loss_end": curve[-1][1] if curve else float("nan"),
+        "train_loss": float(result.training_loss),
+        "seconds": round(elapsed, 1),
+    }
+
+
+def summarize(cfg, m, layout, quotas, streams, trainer, result, elapsed, resume, added) -> dict[str, Any]:
     mean_q = sum(quotas) / len(quotas)
     return {
         "method": m.name,
@@ -249,10 +275,5 @@ def summarize(cfg, m, layout, quotas, streams, trainer, result, elapsed, resume,
         else str(quotas),
         "pause_tokens_added": added,
         "mask_backend": m.mask_backend,
-        "resumed_from": resume or "-",
-        "steps": trainer.state.global_step,
-        "loss_start": curve[0][1] if curve else float("nan"),
-        "loss_end": curve[-1][1] if curve else float("nan"),
-        "train_loss": float(result.training_loss),
-        "seconds": round(elapsed, 1),
+        **loop_summary(trainer, result, elapsed, resume),
     }

@@ -14,13 +14,19 @@ summary table.
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from train.abridge import AbridgeTrainer, load_start_model, stream_collator, training_args
+from train.abridge import (
+    AbridgeTrainer,
+    build_trainer,
+    finish_run,
+    load_start_model,
+    loop_summary,
+    train_and_save,
+)
 from train.sft import load_sft_dataset, resolve_resume
 from zoomr.abridge.attention import use_abridge_attention
 from zoomr.abridge.data import StreamSet
@@ -134,32 +140,18 @@ def run(cfg) -> dict[str, Any]:
     ckpt_dir = run_dir / "checkpoints"
     resume = resolve_resume(cfg.resume, ckpt_dir)
     guard_resume(run_dir, n, m.min_thought_chars, resume)
-    trainer = LightThinkerTrainer(
-        model=model,
-        args=training_args(
-            m,
-            ckpt_dir,
-            cfg.seed,
-            ["wandb"] if logger.enabled else [],
-            to_plain(cfg.deepspeed.config) if cfg.deepspeed.config else None,
-        ),
-        train_dataset=train_set,
-        eval_dataset=heldout,
-        data_collator=stream_collator(pad_id),
-        processing_class=tokenizer,
+    trainer = build_trainer(
+        LightThinkerTrainer,
+        cfg,
+        m,
+        model,
+        tokenizer,
+        (train_set, heldout),
+        ckpt_dir,
+        logger,
         num_layers=model.config.num_hidden_layers,
-        mask_backend=m.mask_backend,
-        optim=m.optim,
     )
-    t0 = time.time()
-    result = trainer.train(resume_from_checkpoint=resume)
-    elapsed = time.time() - t0
-
-    model = trainer.model.eval()
-    model.set_attn_implementation(spec.attn_implementation)
-    final_dir = run_dir / "final"
-    trainer.save_model(str(final_dir))
-    tokenizer.save_pretrained(str(final_dir))
+    model, result, elapsed, final_dir = train_and_save(trainer, resume, spec, tokenizer, run_dir)
     save_config(
         final_dir,
         n,
@@ -183,21 +175,11 @@ def run(cfg) -> dict[str, Any]:
         "heldout_splitter": f"recall {split['recall']:.2f}, precision {split['precision']:.2f} "
         f"(teacher-forced argmax at {split['splitters']} splitters)",
         **served,
-        "checkpoint": str(final_dir),
-        "run_dir": str(run_dir),
     }
-    from train.report import write_summary
-
-    write_summary(run_dir, summary, f"LightThinker training finished: {cfg.run_name}")
-    logger.summary({k: v for k, v in summary.items() if isinstance(v, int | float)})
-    logger.finish()
-    return summary
+    return finish_run(summary, final_dir, run_dir, logger, f"LightThinker training finished: {cfg.run_name}")
 
 
 def summarize(cfg, m, n, streams, stats, trainer, result, elapsed, resume, added) -> dict[str, Any]:
-    from train.report import loss_curve
-
-    curve = loss_curve(trainer.state.log_history)
     return {
         "method": m.name,
         "model": f"{cfg.model.name} ({DTYPES[cfg.model.dtype]})",
@@ -206,10 +188,5 @@ def summarize(cfg, m, n, streams, stats, trainer, result, elapsed, resume, added
         "cache_tokens": f"n={n} <|o_i|> + <|continue|> per thought ({stats.forced_tokens} forced tokens)",
         "tokens_added": added,
         "mask_backend": m.mask_backend,
-        "resumed_from": resume or "-",
-        "steps": trainer.state.global_step,
-        "loss_start": curve[0][1] if curve else float("nan"),
-        "loss_end": curve[-1][1] if curve else float("nan"),
-        "train_loss": float(result.training_loss),
-        "seconds": round(elapsed, 1),
+        **loop_summary(trainer, result, elapsed, resume),
     }

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from zoomr.abridge.data import StreamSet, prompt_response_text
+from zoomr.abridge.data import StreamSet, collect_streams, prompt_response_text
 from zoomr.abridge.layout import PROMPT, RAW, Stream
 from zoomr.lightthinker.layout import CONTINUE, ThoughtTokens, interleave, response_ids, segment_response
 
@@ -45,21 +45,20 @@ def build_streams(
     max_response_tokens: int,
     min_thought_chars: int = 0,
 ) -> StreamSet:
-    """Segment, tokenise (a splitter after every thought), truncate, skip over-long prompts, interleave."""
-    out = StreamSet([])
-    for ex in examples:
-        prompt_text, response_text = prompt_response_text(ex, tokenizer)
-        prompt = list(tokenizer(prompt_text, add_special_tokens=False)["input_ids"])
-        if len(prompt) > max_prompt_tokens:
-            out.skipped["prompt_too_long"] += 1
-            continue
-        thoughts, tail = segment_response(response_text, min_thought_chars)
-        if not thoughts:
-            out.skipped["no_thoughts"] += 1
-            continue
-        response = response_ids(thoughts, tail, tokenizer, tt.splitter)
-        if len(response) > max_response_tokens:
-            response = response[:max_response_tokens]
-            out.truncated += 1
-        out.streams.append(interleave(prompt, response, tt))
-    return out
+    """Segment, tokenise (a splitter after every thought), truncate, skip over-long prompts and responses
+    without a thought (counted as ``no_thoughts``), interleave."""
+
+    def pairs():
+        for ex in examples:
+            prompt_text, response_text = prompt_response_text(ex, tokenizer)
+            prompt = list(tokenizer(prompt_text, add_special_tokens=False)["input_ids"])
+            thoughts, tail = segment_response(response_text, min_thought_chars)
+            yield prompt, response_ids(thoughts, tail, tokenizer, tt.splitter) if thoughts else []
+
+    return collect_streams(
+        pairs(),
+        lambda prompt, response: interleave(prompt, response, tt),
+        max_prompt_tokens,
+        max_response_tokens,
+        empty_reason="no_thoughts",
+    )

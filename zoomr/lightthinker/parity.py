@@ -21,7 +21,7 @@ import torch
 
 from zoomr.abridge.data import collate
 from zoomr.abridge.forward import full_kv_response_ce
-from zoomr.abridge.parity import served_token_ce
+from zoomr.abridge.parity import ce_checks, served_token_ce
 from zoomr.lightthinker.layout import ThoughtTokens, interleave
 from zoomr.lightthinker.mask import thought_response_ce
 
@@ -62,20 +62,11 @@ def parity_report(
     trainer = thought_response_ce(model, batch, "auto", f64)[0]
     wrong = thought_response_ce(model, batch, "auto", f64, rule="causal")[0]
     full = full_kv_response_ce(model, batch, f64)[0]
-    diff = (served - trainer).abs()
-    disagree = (full - trainer).abs() > margin
-    follows = (served - trainer).abs() < (served - full).abs()
     return {
         "tokens": len(tokens),
         "thoughts_freed": int(cache.thoughts_freed[0]) if cache.thoughts_freed is not None else 0,
         "forced_tokens_run": out.n_forced,
-        "max_abs_ce_diff": float(diff.max()),
-        "mean_abs_ce_diff": float(diff.mean()),
-        "wrong_mask_max_abs_ce_diff": float((served - wrong).abs().max()),
-        "wrong_over_parity": float((served - wrong).abs().max() / diff.max().clamp_min(1e-12)),
-        "full_history_max_abs_ce_diff": float((served - full).abs().max()),
-        "disagreeing_tokens": int(disagree.sum()),
-        "served_follows_compressing": int((disagree & follows).sum()),
+        **ce_checks(served, trainer, wrong, full, margin, "wrong_mask"),
         "final_rows": out.stats.rows[-1].tolist() if len(out.stats.rows) else [],
         "stream": stream,
     }
