@@ -2,6 +2,8 @@
 
 Every analysis is a module ``analysis/<module>.py`` with its own command line (``python -m analysis.<module>
 --help``); a task config names the module and its arguments, so sweeps and SLURM launchers work for them too.
+A module with typed task fields (e.g. ``paper_tables``: ``task.runs``, ``task.out``) defines
+``run_task(task: dict, logger: dict)`` and gets the resolved task and logger configs instead of argv.
 """
 
 from __future__ import annotations
@@ -17,6 +19,11 @@ def main(cfg) -> None:
     setup_logging()
     require_group(cfg, "task", "analysis")
     module = importlib.import_module(f"analysis.{cfg.task.module}")
+    if hasattr(module, "run_task"):
+        from zoomr.entry import to_plain
+
+        module.run_task(to_plain(cfg.task), to_plain(cfg.logger))
+        return
     sys.argv = [f"analysis.{cfg.task.module}", *cfg.task.args]
     module.main()
 

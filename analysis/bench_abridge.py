@@ -224,6 +224,24 @@ def bench_kv(args) -> dict:
     }
 
 
+PARITY_TOL = 4.5e-4  # nats: the paper's parity bar (appendix E, Table 10)
+WRONG_OVER_PARITY = 100  # a wrong schedule must differ at least this many times more
+
+
+def parity_verdict(reports: list[dict]) -> tuple[bool, str]:
+    """PASS when every prompt's served CE matches the trainer's within the paper's bar, a wrong schedule differs
+    >= 100x more, and the served model follows the compressed history wherever that differs from full KV."""
+    worst = max(r["max_abs_ce_diff"] for r in reports)
+    ratio = min(r["wrong_over_parity"] for r in reports)
+    follows = all(r["served_follows_compressing"] == r["disagreeing_tokens"] for r in reports)
+    ok = worst < PARITY_TOL and ratio >= WRONG_OVER_PARITY and follows
+    return ok, (
+        f"{'PASS' if ok else 'FAIL'}: max |ΔCE| {worst:.3g} nats (bar {PARITY_TOL:g}), wrong schedule "
+        f"{ratio:.3g}x larger (need >= {WRONG_OVER_PARITY}), served follows the compressed history on "
+        f"{'every' if follows else 'NOT every'} disagreeing token"
+    )
+
+
 def bench_parity(args) -> dict:
     from zoomr.abridge.parity import parity_report
 
@@ -253,8 +271,12 @@ def bench_parity(args) -> dict:
     print(" ".join(f"{k:>14.14}" for k in keys))
     for r in reports:
         print(" ".join(f"{r[k]:>14.3g}" if isinstance(r[k], float) else f"{r[k]:>14}" for k in keys))
+    passed, verdict = parity_verdict(reports)
+    print(verdict)
     return {
         "part": "parity",
+        "passed": passed,
+        "verdict": verdict,
         "model_dtype": str(next(model.parameters()).dtype),
         "checkpoint": args.checkpoint,
         "quotas": quotas,
@@ -276,13 +298,13 @@ def main() -> None:
     ap.add_argument("--response-tokens", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--backend", default="auto")
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=None, help="JSON file (default runs/bench/abridge_<part>.json)")
     args = ap.parse_args()
     result = {"step": bench_step, "kv": bench_kv, "parity": bench_parity}[args.part](args)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2))
-        print(f"wrote {args.out}")
+    out = args.out or Path("runs/bench") / f"abridge_{args.part}.json"  # like the other benches: runs/bench/
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ def main() -> None:
     p.add_argument("--out", default="runs/bench/zoomr_rows.json")
     args = p.parse_args()
     torch.manual_seed(0)
-    from tests.conftest import tiny_spec
+    from zoomr.models import tiny_spec
 
     model, tok = load_model_and_tokenizer(
         tiny_spec("qwen2", num_hidden_layers=args.layers), attn_implementation="zoomr"
@@ -129,9 +129,17 @@ def main() -> None:
             f"{r['step_ms']:>9.2f}{r['step_time_ratio']:>11.2f}{r['late_step_time_ratio']:>11.2f}"
         )
     summary = caches["zoomr_offload"].summary()
+    ag = summary["mean_agreeability"]
+    ag_text = (
+        f"{ag:.3f}"
+        if ag == ag  # NaN: no recompute had a summary to vote on
+        else "n/a (no recompute had a summary to vote on yet: generate more tokens or use shorter --para)"
+    )
+    gap = summary["tokens_between_recomputes"]
+    every = f", every {gap:.1f} tokens" if gap == gap else ""  # NaN: a single recompute
     print(
-        f"\nrecomputes {summary['recomputes']}, every {summary['tokens_between_recomputes']:.1f} tokens, "
-        f"mean AG {summary['mean_agreeability']:.3f}. At the last recompute (t = {last['position'] + 1}): "
+        f"\nrecomputes {summary['recomputes']}{every}, "
+        f"mean AG {ag_text}. At the last recompute (t = {last['position'] + 1}): "
         f"|I_all| = {formula['n_all']}, |I_f| = {measured['resident_rows']} rows (saving {measured['ms']:.2f}x); "
         f"the paper's formula with these inputs: {formula['resident_rows']:.0f} rows ({formula['ms']:.2f}x). "
         "Between recomputes the rows generated since are appended, hence 'rows final' above."
@@ -141,7 +149,8 @@ def main() -> None:
     meta = {**vars(args), "threads": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS")}
     out.write_text(
         json.dumps(
-            {"meta": meta, "results": results, "zoomr": summary, "formula": formula, "measured": measured},
+            {"meta": meta, "results": results, "zoomr": summary, "formula": formula, "measured": measured,
+             "agreeability": [r["agreeability"] for r in log]},  # per recompute (paper_tables: AG histogram)
             indent=2,
         )
     )

@@ -34,6 +34,8 @@ def trained_data(path: str | Path, **overrides: Any):
 
     file = Path(path) / DATA_FILE
     base = json.loads(file.read_text()) if file.exists() else {}
+    if base and "query_form" not in base:  # trained before issue 13: the "? k v" format
+        base["query_form"] = "inline"
     return TestbedData(**{**base, **{k: v for k, v in overrides.items() if v is not None}})
 
 

@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--n", type=int, default=256, help="test problems (fixed seed)")
     p.add_argument("--fractions", type=float, nargs="+", default=[0.5, 0.25])
     p.add_argument("--trace-tokens", type=int, default=None, help="default: the length the model was trained at")
+    p.add_argument("--test-seed", type=int, default=None, help="default: the data's test seed")
     p.add_argument("--n-sink", type=int, default=4)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--out", default="runs/testbed_table")
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     all_results: dict[str, dict[str, dict[str, Any]]] = {}
     tables = []
     for path in args.model:
-        data = trained_data(path, trace_tokens=args.trace_tokens)
+        data = trained_data(path, trace_tokens=args.trace_tokens, test_seed=args.test_seed)
         name = f"{Path(path).parent.name}{' (summaries)' if data.summaries else ''}"
         model, tok = load_testbed_model(path)
         records = test_records(data, args.n)

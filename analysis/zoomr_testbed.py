@@ -1,20 +1,30 @@
-"""ZoomR on the recall testbed: accuracy, resident rows, step time and agreeability vs full KV (table + JSON + plot).
+"""ZoomR on the recall testbed: accuracy, resident rows, selection hit rate and agreeability vs full KV (table + JSON + plots).
 
-    python -m analysis.zoomr_testbed --model <testbed checkpoint dir> --n 64 --window 64 --out runs/zoomr_testbed
+    python -m analysis.zoomr_testbed --model <testbed summaries checkpoint> --n 256 --window 64 --out runs/zoomr_testbed
 
-Arms (greedy, the project's engine, same batches): full KV; ZoomR (k, c, window); SumR (consensus 0, every
-summary); optionally ZoomR recomputing at every step; then StreamingLLM and H2O at ZoomR's measured mean
+Arms (greedy, the project's engine, same problems): full KV; ZoomR (k, c, window: the paper's rule); SumR
+(consensus 0, every summary); the same two with the model writing its own summaries (``*_writes``: the
+checkpoint must have been trained with ``data.model_writes_summaries=true``; the environment still feeds
+the facts); optionally ZoomR recomputing at every step; then StreamingLLM and H2O at ZoomR's measured mean
 budget (resident rows per layer and KV head, ZoomR paper §4). Grading: the testbed's exact grader (final
 ``\\boxed{}`` answer and per-fact recall by distance). Intervals: paired bootstrap over problems against
-full KV (eval/bootstrap.py, one shared index matrix). AG over recompute steps for correct vs incorrect
-answers is plotted (ZoomR Fig. 3d). Also reported: how faithfully each arm writes the summary blocks.
+full KV (eval/bootstrap.py, one shared index matrix).
+
+Measured for ZoomR (issue 13): the selection hit rate of the paper's rule at every query's boundary ``:``
+(is the defining paragraph in I_c after that recompute?), overall and for facts outside the recent window;
+agreeability AG at every recompute (histogram, correct vs incorrect answers); resident rows against
+generated length beside the MS formula (:mod:`zoomr.memory_model`) with the testbed's L̄_R and L̄_S; and
+how faithfully each arm writes the summary blocks. Finished arms are saved under ``<out>/arms/`` and
+reused (``--arms`` runs a subset, e.g. one arm per process).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +32,9 @@ import numpy as np
 import torch
 
 from zoomr import tokens
+
+BASE_ARMS = ("full", "zoomr", "sumr", "zoomr_writes", "sumr_writes", "zoomr_every")
+MATCHED = ("streaming", "h2o")
 
 
 def summary_blocks(text: str) -> list[str]:
@@ -52,145 +65,293 @@ def summary_emission(reference: str, generated: str) -> dict[str, float]:
     }
 
 
-def main() -> None:
+def cue_selections(record: dict[str, Any], log: list[dict[str, Any]], prompt_len: int, window: int) -> list[dict[str, Any]]:
+    """For every query of ``record``: the recompute at its boundary ``:`` (absolute position prompt_len +
+    cue_pos) and whether its I_c holds the paragraph that defined the fact (segment defined_in - 1).
+    ``far``: the definition lies outside the ``window`` most recent rows at that recompute."""
+    by_pos = {r["position"]: r for r in log}
+    out = []
+    for q in record["queries"]:
+        rec = by_pos.get(prompt_len + q["cue_pos"])
+        definition = q["answer_pos"] - q["distance"]
+        far = definition < q["cue_pos"] + 1 - window
+        if rec is None:  # no recompute at the cue (cannot happen at a boundary token)
+            out.append({"hit": False, "far": far, "recomputed": False, "n_summaries": 0})
+            continue
+        out.append(
+            {
+                "hit": (q["defined_in"] - 1) in rec["zoomed"],
+                "far": far,
+                "recomputed": True,
+                "n_summaries": rec["n_summaries"],
+                "final": q["final"],
+            }
+        )
+    return out
+
+
+def hit_rates(selections: list[list[dict[str, Any]]], consensus: int) -> dict[str, float]:
+    """Hit rate overall, for far facts and for the final answer's queries; chance = mean c / (summaries so far)."""
+    flat = [s for seq in selections for s in seq]
+
+    def rate(items):
+        return float(np.mean([s["hit"] for s in items])) if items else float("nan")
+
+    live = [s for s in flat if s["n_summaries"]]
+    return {
+        "hit_rate": rate(flat),
+        "hit_rate_far": rate([s for s in flat if s["far"]]),
+        "hit_rate_final": rate([s for s in flat if s.get("final")]),
+        "chance": float(np.mean([min(1.0, consensus / s["n_summaries"]) for s in live])) if live else float("nan"),
+        "cues": len(flat),
+        "cues_far": sum(s["far"] for s in flat),
+    }
+
+
+def segment_lengths(records: list[dict[str, Any]]) -> tuple[float, float]:
+    """(L̄_R, L̄_S) of the testbed traces as ZoomR's tracker counts them: R_i runs from the token after the
+    previous ``<|end_of_summary|>`` to ``<|begin_of_summary|>``; S_i holds both delimiters."""
+    reg, summ = [], []
+    for r in records:
+        start = 0
+        for a, b in r["summary_spans"]:
+            reg.append(a - 1 - start)
+            summ.append(b - a + 2)
+            start = b + 1
+    return float(np.mean(reg)), float(np.mean(summ))
+
+
+def rows_vs_length(
+    outs, logs: list[list[dict[str, Any]]], records, window: int, consensus: int, prompt_len: int, bin_tokens: int = 64
+) -> dict[str, Any]:
+    """Measured ZoomR resident rows per generated length beside the MS formula's |I_f| with the testbed's
+    L̄_R, L̄_S and the measured |I_all| (voted summaries) of the recomputes in that length bin."""
+    from zoomr.memory_model import ZoomRFootprint
+
+    lr, ls = segment_lengths(records)
+    width = max(len(o.stats.rows) for o in outs)
+    total, count = np.zeros(width), np.zeros(width)
+    for o in outs:
+        r = o.stats.rows.reshape(len(o.stats.rows), -1).mean(1)
+        total[: len(r)] += r
+        count[: len(r)] += 1
+    measured = total / np.maximum(count, 1)
+    bins = list(range(0, width, bin_tokens))
+    n_all: dict[int, list[int]] = {b: [] for b in bins}
+    for log in logs:
+        for rec in log:
+            g = rec["position"] - prompt_len
+            if 0 <= g < width:
+                n_all[(g // bin_tokens) * bin_tokens].append(len(rec["votes"]))
+    formula, full, meas = [], [], []
+    for b in bins:
+        sel = round(float(np.mean(n_all[b]))) if n_all[b] else consensus
+        fp = ZoomRFootprint(prompt_len, b + bin_tokens // 2, window, consensus, lr, ls, max(sel, consensus))
+        formula.append(fp.resident_rows)
+        full.append(fp.full_rows)
+        meas.append(float(measured[b : b + bin_tokens][count[b : b + bin_tokens] > 0].mean()))
+    return {
+        "generated": [b + bin_tokens // 2 for b in bins],
+        "zoomr_rows": meas,
+        "ms_formula_rows": formula,
+        "full_rows": full,
+        "mean_regular_len": lr,
+        "mean_summary_len": ls,
+        "prompt_len": prompt_len,
+    }
+
+
+def run_one(model, tok, records, cfg, batch: int, window: int, consensus: int, prompt_len: int, keep_rows: bool) -> dict[str, Any]:
+    from analysis.testbed_arms import run_arm
+    from zoomr.engine import mean_rows
+
+    t0 = time.perf_counter()
+    outs, grades, caches = run_arm(model, tok, records, cfg, batch)
+    logs = [getattr(c, "recompute_log", {}).get(j, []) for c, n in zip(caches, _chunk_sizes(len(records), batch)) for j in range(n)]
+    emission = [summary_emission(r["response"], o.text) for r, o in zip(records, outs)]
+    step_s = [float(np.mean(o.stats.step_s[1:])) for o in outs if len(o.stats.step_s) > 1]
+    out = {
+        "config": cfg,
+        "answer_accuracy": float(np.mean([g["correct"] for g in grades])),
+        "recall": float(np.mean([g["recall_accuracy"] for g in grades])),
+        "rows_mean": mean_rows(outs),
+        "step_ms": 1000 * float(np.mean(step_s)),
+        "summary_rate": float(np.mean([e["rate"] for e in emission])),
+        "summary_placement": float(np.mean([e["placement"] for e in emission])),
+        "summary_exact": float(np.mean([e["exact"] for e in emission])),
+        "seconds": round(time.perf_counter() - t0, 1),
+        "correct": [float(g["correct"]) for g in grades],
+        "recalls": [g["recall_accuracy"] for g in grades],
+        "ag": [[r["agreeability"] for r in log if r["agreeability"] is not None] for log in logs],
+    }
+    if cfg.get("policy") == "zoomr" and cfg.get("consensus", 0) > 0:
+        sel = [cue_selections(r, log, prompt_len, window) for r, log in zip(records, logs)]
+        out["selection"] = hit_rates(sel, consensus)
+        out["cue_ag"] = [
+            [rec["agreeability"] for rec in log if rec["position"] - prompt_len in {q["cue_pos"] for q in r["queries"]}]
+            for r, log in zip(records, logs)
+        ]
+        out["cue_hits"] = [[s["hit"] for s in seq] for seq in sel]
+        if keep_rows:
+            out["rows_vs_length"] = rows_vs_length(outs, logs, records, window, consensus, prompt_len)
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="a trained testbed checkpoint directory")
+    p.add_argument("--model", required=True, help="a trained testbed checkpoint directory (with summaries)")
     p.add_argument("--n", type=int, default=64)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--trace-tokens", type=int, default=None, help="default: the length the model was trained at")
+    p.add_argument("--test-seed", type=int, default=None, help="default: the data's test seed")
     p.add_argument("--window", type=int, default=64)
     p.add_argument("--top-k", type=int, default=2)
     p.add_argument("--consensus", type=int, default=2)
-    p.add_argument("--every", action="store_true", help="also run ZoomR recomputing at every step")
+    p.add_argument("--arms", nargs="+", default=None, choices=[*BASE_ARMS, *MATCHED],
+                   help="run only these arms (default: all but zoomr_every; *_writes only for a model trained to write summaries)")  # fmt: skip
     p.add_argument("--out", default="runs/zoomr_testbed")
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
-    from analysis.testbed_arms import load_testbed_model, run_arm, test_records, trained_data
+    from analysis.testbed_arms import load_testbed_model, test_records, trained_data
+    from analysis.testbed_table import cached
+    from data_prep import testbed_tokenizer as tt
     from eval.bootstrap import index_matrix, paired_bootstrap
     from zoomr.cache import match_budget
-    from zoomr.engine import mean_rows
 
     out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "arms").mkdir(parents=True, exist_ok=True)
     model, tok = load_testbed_model(args.model, attn_implementation="zoomr")
-    data = trained_data(args.model, trace_tokens=args.trace_tokens)
-    if not data.summaries:
+    trained = trained_data(args.model, trace_tokens=args.trace_tokens, test_seed=args.test_seed)
+    if not trained.summaries:
         raise SystemExit(f"{args.model} was trained without summaries: ZoomR needs the summaries model")
-    records = test_records(data, args.n)
+    writes = trained.model_writes_summaries
+    wanted = args.arms or [a for a in (*BASE_ARMS, *MATCHED) if a != "zoomr_every" and (writes or not a.endswith("_writes"))]
+    if not writes and any(a.endswith("_writes") for a in wanted):
+        raise SystemExit(f"{args.model} was not trained to write summaries (data.model_writes_summaries=false)")
+    env_data = replace(trained, model_writes_summaries=False)
+    records = {"env": test_records(env_data, args.n)}
+    if writes:
+        records["model"] = test_records(trained, args.n)
+    prompt_len = len(tt.FastEncoder(tok).prompt(records["env"][0]["prompt"].split()))
     zoomr_cfg = {"policy": "zoomr", "top_k": args.top_k, "consensus": args.consensus, "window": args.window}
-    arms: dict[str, dict] = {
-        "full": {"policy": "full"},
-        "zoomr": zoomr_cfg,
-        "sumr": {**zoomr_cfg, "consensus": 0, "summaries": "all"},
+    sumr_cfg = {**zoomr_cfg, "consensus": 0, "summaries": "all"}
+    plan = {
+        "full": ({"policy": "full"}, "env"),
+        "zoomr": (zoomr_cfg, "env"),
+        "sumr": (sumr_cfg, "env"),
+        "zoomr_writes": (zoomr_cfg, "model"),
+        "sumr_writes": (sumr_cfg, "model"),
+        "zoomr_every": ({**zoomr_cfg, "recompute": "every"}, "env"),
     }
-    if args.every:
-        arms["zoomr_every"] = {**zoomr_cfg, "recompute": "every"}
     results: dict[str, dict] = {}
-    for name, cfg in list(arms.items()) + [("streaming", None), ("h2o", None)]:
-        if cfg is None:  # baselines at ZoomR's measured mean budget
-            budget = results["zoomr"]["rows_mean"]
-            base = {"policy": name, "budget_rows": 1024, **({"n_sink": 4} if name == "streaming" else {})}
-            cfg = vars(match_budget(base, budget))
-        t0 = time.perf_counter()
-        outs, grades, caches = run_arm(model, tok, records, cfg, args.batch)
-        logs = [
-            getattr(c, "recompute_log", {}).get(j, []) for c, n in zip(caches, _chunk_sizes(len(records), args.batch))
-            for j in range(n)
-        ]
-        emission = [summary_emission(r["response"], o.text) for r, o in zip(records, outs)]
-        step_s = [float(np.mean(o.stats.step_s[1:])) for o in outs if len(o.stats.step_s) > 1]
-        results[name] = {
-            "config": cfg,
-            "answer_accuracy": float(np.mean([g["correct"] for g in grades])),
-            "recall": float(np.mean([g["recall_accuracy"] for g in grades])),
-            "rows_mean": mean_rows(outs),
-            "step_ms": 1000 * float(np.mean(step_s)),
-            "summary_rate": float(np.mean([e["rate"] for e in emission])),
-            "summary_placement": float(np.mean([e["placement"] for e in emission])),
-            "summary_exact": float(np.mean([e["exact"] for e in emission])),
-            "seconds": round(time.perf_counter() - t0, 1),
-            "_correct": [float(g["correct"]) for g in grades],
-            "_recall": [g["recall_accuracy"] for g in grades],
-            "_ag": [[r["agreeability"] for r in log if r["agreeability"] is not None] for log in logs],
-        }
-        print(name, {k: v for k, v in results[name].items() if not k.startswith("_")}, flush=True)
+    base = {"model": str(Path(args.model).resolve()), "data": asdict(env_data), "n": args.n}
 
-    idx = index_matrix(len(records))
+    def arm(name: str, cfg: dict[str, Any], which: str) -> dict[str, Any]:
+        key = {**base, "policy": cfg, "summaries_by": which}
+        compute = functools.partial(run_one, model, tok, records[which], cfg, args.batch, args.window, args.consensus,
+                                    prompt_len, name == "zoomr")  # fmt: skip
+        r = cached(out_dir / "arms" / f"{name}.json", key, compute)
+        print(name, {k: v for k, v in r.items() if isinstance(v, float | int) or k == "selection"}, flush=True)
+        return r
+
+    for name in [a for a in BASE_ARMS if a in wanted or a in ("full", "zoomr") and any(m in wanted for m in MATCHED)]:
+        results[name] = arm(name, *plan[name])
+    for name in [m for m in MATCHED if m in wanted]:  # baselines at ZoomR's measured mean budget
+        budget = results["zoomr"]["rows_mean"]
+        cfg = vars(match_budget({"policy": name, "budget_rows": 1024, **({"n_sink": 4} if name == "streaming" else {})}, budget))
+        results[name] = arm(name, cfg, "env")
+    if "full" not in results:
+        return results
+
+    idx = index_matrix(len(records["env"]))
     full = results["full"]
     for r in results.values():
-        for metric in ("correct", "recall"):
-            ci = paired_bootstrap(np.array(r[f"_{metric}"]), np.array(full[f"_{metric}"]), idx)
+        for metric, field in (("correct", "correct"), ("recall", "recalls")):
+            ci = paired_bootstrap(np.array(r[field]), np.array(full[field]), idx)
             r[f"{metric}_vs_full"] = {"delta": ci.delta, "low": ci.low, "high": ci.high}
-        r["rows_full_over_arm"] = full["rows_mean"] / r["rows_mean"]
+        r["rows_over_full"] = r["rows_mean"] / full["rows_mean"]
         r["step_time_ratio"] = r["step_ms"] / full["step_ms"]
+    text = table(results)
+    print("\n" + text)
+    figures = []
+    if "zoomr" in results:
+        plot_ag(results["zoomr"], out_dir / "ag_hist.png")
+        figures.append("ag_hist.png")
+        if "rows_vs_length" in results["zoomr"]:
+            plot_rows(results["zoomr"]["rows_vs_length"], out_dir / "rows_vs_length.png")
+            figures.append("rows_vs_length.png")
+    meta = {**vars(args), "threads": torch.get_num_threads(), "problems": len(records["env"]), "data": asdict(env_data)}
+    slim = {n: {k: v for k, v in r.items() if k not in ("ag", "cue_ag", "cue_hits", "key")} for n, r in results.items()}
+    (out_dir / "results.json").write_text(json.dumps({"meta": meta, "results": slim}, indent=2))
+    (out_dir / "table.md").write_text(text + "\n")
+    print(f"\nwritten {out_dir / 'results.json'}, {out_dir / 'table.md'}, " + ", ".join(str(out_dir / f) for f in figures))
+    return results
 
-    header = (
-        f"{'arm':<12}{'answer':>8}{'Δ vs full [95% CI]':>24}{'recall':>8}{'Δ recall [95% CI]':>24}"
-        f"{'rows':>8}{'full/arm':>9}{'step×':>7}{'summ rate':>10}"
-    )
-    print("\n" + header + "\n" + "-" * len(header))
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+    head = ("| arm | rows/full | answer acc | Δ vs full [95% CI] | recall | Δ recall [95% CI] | hit rate (far) "
+            "| summaries exact | step × |")  # fmt: skip
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for name, r in results.items():
         c, q = r["correct_vs_full"], r["recall_vs_full"]
-        print(
-            f"{name:<12}{r['answer_accuracy']:>8.3f}"
-            f"{c['delta']:>+8.3f} [{c['low']:+.3f},{c['high']:+.3f}]{r['recall']:>8.3f}"
-            f"{q['delta']:>+8.3f} [{q['low']:+.3f},{q['high']:+.3f}]"
-            f"{r['rows_mean']:>8.1f}{r['rows_full_over_arm']:>9.2f}{r['step_time_ratio']:>7.2f}{r['summary_rate']:>10.2f}"
+        sel = r.get("selection")
+        hit = f"{sel['hit_rate']:.3f} ({sel['hit_rate_far']:.3f}; chance {sel['chance']:.2f})" if sel else "–"
+        lines.append(
+            f"| {name} | {r['rows_over_full']:.3f} | {r['answer_accuracy']:.3f} | {c['delta']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}] "
+            f"| {r['recall']:.3f} | {q['delta']:+.3f} [{q['low']:+.3f}, {q['high']:+.3f}] | {hit} | {r['summary_exact']:.3f} "
+            f"| {r['step_time_ratio']:.2f} |"
         )
-    ag = ag_by_outcome(results["zoomr"])
-    plot_ag(ag, out_dir / "ag_correct_vs_incorrect.png")
-    meta = {**vars(args), "threads": torch.get_num_threads(), "problems": len(records)}
-    (out_dir / "results.json").write_text(json.dumps({"meta": meta, "results": results, "ag": ag}, indent=2))
-    print(f"\nwritten {out_dir / 'results.json'} and {out_dir / 'ag_correct_vs_incorrect.png'}")
+    return "\n".join(lines)
 
 
 def _chunk_sizes(n: int, batch: int) -> list[int]:
     return [min(batch, n - i) for i in range(0, n, batch)]
 
 
-def ag_by_outcome(arm: dict) -> dict[str, Any]:
-    """Mean and standard deviation of AG at each recompute index, for correct and incorrect answers."""
-    out: dict[str, Any] = {}
-    for label, want in (("correct", 1.0), ("incorrect", 0.0)):
-        seqs = [a for a, c in zip(arm["_ag"], arm["_correct"]) if c == want and a]
-        width = max((len(a) for a in seqs), default=0)
-        mean, std, count = [], [], []
-        for t in range(width):
-            vals = [a[t] for a in seqs if len(a) > t]
-            mean.append(float(np.mean(vals)))
-            std.append(float(np.std(vals)))
-            count.append(len(vals))
-        flat = [x for a in seqs for x in a]
-        out[label] = {
-            "sequences": len(seqs),
-            "mean": mean,
-            "std": std,
-            "count": count,
-            "overall_mean": float(np.mean(flat)) if flat else float("nan"),
-            "overall_std": float(np.std(flat)) if flat else float("nan"),
-        }
-    return out
-
-
-def plot_ag(ag: dict[str, Any], path: Path) -> None:
+def plot_ag(arm: dict[str, Any], path: Path) -> None:
+    """AG per recompute: histogram over every recompute (correct vs incorrect answers) and at the query cues."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for label, color in (("correct", "tab:green"), ("incorrect", "tab:red")):
-        d = ag[label]
-        if not d["mean"]:
-            continue
-        x = np.arange(1, len(d["mean"]) + 1)
-        m, s = np.array(d["mean"]), np.array(d["std"])
-        ax.plot(x, m, color=color, label=f"{label} ({d['sequences']} answers)")
-        ax.fill_between(x, m - s, m + s, color=color, alpha=0.15)
-    ax.set_xlabel("recompute step")
-    ax.set_ylabel("agreeability AG")
-    ax.set_title("ZoomR consensus on the recall testbed")
-    ax.legend()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    bins = np.linspace(0, 1, 21)
+    for label, want, color in (("correct", 1.0, "tab:green"), ("incorrect", 0.0, "tab:red")):
+        vals = [x for a, c in zip(arm["ag"], arm["correct"]) if c == want for x in a]
+        if vals:
+            axes[0].hist(vals, bins=bins, alpha=0.5, color=color, density=True, label=f"{label} answers ({len(vals)} recomputes)")
+    axes[0].set_title("every recompute")
+    if "cue_ag" in arm:
+        for label, want, color in (("hit", True, "tab:blue"), ("miss", False, "tab:orange")):
+            vals = [x for ag, hits in zip(arm["cue_ag"], arm["cue_hits"]) for x, h in zip(ag, hits) if h == want and x is not None]
+            if vals:
+                axes[1].hist(vals, bins=bins, alpha=0.5, color=color, density=True, label=f"{label} ({len(vals)} cues)")
+    axes[1].set_title("at the query boundaries ':'")
+    for ax in axes:
+        ax.set_xlabel("agreeability AG")
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("density")
+    fig.suptitle("ZoomR consensus on the recall testbed")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_rows(rv: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ax.plot(rv["generated"], rv["full_rows"], label="full KV", color="black")
+    ax.plot(rv["generated"], rv["zoomr_rows"], label="ZoomR measured |I_f|", color="tab:blue")
+    ax.plot(rv["generated"], rv["ms_formula_rows"], "--", color="tab:orange",
+            label=f"MS formula (L̄_R={rv['mean_regular_len']:.0f}, L̄_S={rv['mean_summary_len']:.1f})")  # fmt: skip
+    ax.set_xlabel("generated tokens")
+    ax.set_ylabel("resident rows per layer and KV head")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -92,8 +92,7 @@ def main() -> None:
     p.add_argument("--out", default="runs/bench/summarize.json")
     args = p.parse_args()
 
-    from tests.conftest import tiny_spec  # the tiny model the tests serve
-    from zoomr.models import build_tiny
+    from zoomr.models import build_tiny, tiny_spec  # the tiny model the tests serve
 
     rows, _ = load_trace_rows(source="local", path=TRACES, format="skythought_eval")
     rows = sorted((r for r in rows if "<|end_of_thought|>" in r.response), key=lambda r: len(r.response))

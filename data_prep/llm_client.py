@@ -2,7 +2,11 @@
 
 Retries with exponential backoff (full jitter, ``Retry-After`` honoured) on 429, 5xx, timeouts,
 connection errors, malformed JSON and answers the caller's validator rejects; other 4xx answers
-(bad model name, bad key) fail at once. The API key is read from the environment variable named in
+(bad model name, bad key) fail at once. A refused connection before the endpoint has ever answered
+(nothing listening: wrong port, server not started) fails at once too (:class:`EndpointUnreachable`);
+once it has answered, a refused connection is a transient error. When no answer has been accepted for
+``stall_timeout_s`` (a hanging or always-failing server) every request stops (:class:`EndpointStalled`),
+so a run's time is bounded by about ``stall_timeout_s + timeout_s``. The API key is read from the environment variable named in
 the settings, sent only in the ``Authorization`` header, and never logged or stored.
 """
 
@@ -12,6 +16,7 @@ import asyncio
 import logging
 import os
 import random
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,14 +41,17 @@ class EndpointSettings:
     max_retries: int = 8
     backoff_base_s: float = 1.0
     backoff_max_s: float = 60.0
+    stall_timeout_s: float = 600.0  # stop when no answer has been accepted for this long
     max_tokens: int = 128
     temperature: float = 0.0
     seed: int | None = None
     extra_body: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.concurrency < 1 or self.max_retries < 0 or self.timeout_s <= 0:
-            raise ValueError("endpoint: concurrency >= 1, max_retries >= 0, timeout_s > 0 required")
+        if self.concurrency < 1 or self.max_retries < 0 or self.timeout_s <= 0 or self.stall_timeout_s <= 0:
+            raise ValueError(
+                "endpoint: concurrency >= 1, max_retries >= 0, timeout_s > 0, stall_timeout_s > 0 required"
+            )
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"endpoint.base_url must be an http(s) URL, got {self.base_url!r}")
 
@@ -71,6 +79,14 @@ class FatalRequestError(RuntimeError):
     """An answer that retrying cannot fix (HTTP 4xx other than 408/409/425/429)."""
 
 
+class EndpointUnreachable(FatalRequestError):
+    """Nothing accepts connections at the endpoint (and it has not answered before in this run)."""
+
+
+class EndpointStalled(FatalRequestError):
+    """No answer was accepted for ``stall_timeout_s``: the server hangs or fails every request."""
+
+
 Validator = Callable[[str, str | None], str | None]  # (text, finish_reason) -> rejection reason or None
 
 
@@ -86,6 +102,8 @@ class ChatClient:
         self.stats: Counter = Counter()
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
+        self._answered = False  # any HTTP response seen: a refused connection is transient from then on
+        self._last_ok = time.monotonic()
 
     async def __aenter__(self) -> ChatClient:
         s = self.settings
@@ -101,6 +119,7 @@ class ChatClient:
             limits=limits,
             transport=self._transport,
         )
+        self._last_ok = time.monotonic()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -134,14 +153,24 @@ class ChatClient:
             raise RuntimeError("use ChatClient inside `async with`")
         last = "no attempt"
         for attempt in range(self.settings.max_retries + 1):
+            self._check_stalled(last)
             retry_after = None
             try:
                 resp = await self._client.post("/chat/completions", json=self._body(messages))
             except httpx.TimeoutException:
                 last = "timeout"
+            except httpx.ConnectError as e:
+                last = f"connect:{type(e).__name__}"
+                if not self._answered:
+                    self.stats["connect"] += 1
+                    raise EndpointUnreachable(
+                        f"{self.settings.base_url}: cannot connect ({e or type(e).__name__}); is the server "
+                        "running, and are the host and port right?"
+                    ) from None
             except httpx.TransportError as e:
                 last = f"connect:{type(e).__name__}"
             else:
+                self._answered = True
                 if resp.status_code != 200:
                     last = f"http_{resp.status_code}"
                     if resp.status_code not in RETRY_STATUS and not 500 <= resp.status_code < 600:
@@ -159,6 +188,7 @@ class ChatClient:
                         reason = validate(text, finish) if validate else None
                         if reason is None:
                             self.stats["ok"] += 1
+                            self._last_ok = time.monotonic()
                             return Completion(
                                 text,
                                 finish,
@@ -169,8 +199,18 @@ class ChatClient:
                         last = f"rejected:{reason}"
             self.stats[last.split(":")[0] if last.startswith("connect") else last] += 1
             if attempt < self.settings.max_retries:
-                await asyncio.sleep(self._backoff(attempt, retry_after))
+                left = self.settings.stall_timeout_s - (time.monotonic() - self._last_ok)
+                await asyncio.sleep(max(0.0, min(self._backoff(attempt, retry_after), left)))
         raise RequestFailed(f"gave up after {self.settings.max_retries + 1} attempts; last: {last}")
+
+
+    def _check_stalled(self, last: str) -> None:
+        quiet = time.monotonic() - self._last_ok
+        if quiet > self.settings.stall_timeout_s:
+            raise EndpointStalled(
+                f"{self.settings.base_url}: no answer accepted for {quiet:.0f} s "
+                f"(endpoint.stall_timeout_s={self.settings.stall_timeout_s:g}); last failure: {last}"
+            )
 
 
 def _retry_after(resp: httpx.Response) -> float | None:

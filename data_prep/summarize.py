@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from data_prep.llm_client import ChatClient, EndpointSettings, RequestFailed, Validator
+from data_prep.llm_client import ChatClient, EndpointSettings, FatalRequestError, RequestFailed, Validator
 from data_prep.summary_store import StoredSummary, SummaryStore, paragraph_hash
 from data_prep.traces import TraceRow
 from zoomr import tokens
@@ -96,6 +96,21 @@ class PlannedRow:
     keys: list[str]
 
 
+SKIP_REASONS = {
+    "no_thought": "no <|begin_of_thought|> section",
+    "truncated_thought": "trace cut before <|end_of_thought|>; keep them with pipeline.keep_truncated=true",
+    "already_summarized": "already carries summaries",
+    "empty_thought": "no paragraph to summarise (pipeline.min_paragraph_chars)",
+}
+
+
+def describe_skipped(skipped: dict[str, int]) -> str:
+    """The run summary's line on rows that were not summarised, with why (and how to keep them)."""
+    if not skipped:
+        return "none"
+    return "; ".join(f"{n} {SKIP_REASONS.get(k, k)}" for k, n in sorted(skipped.items()))
+
+
 def plan_rows(rows: list[TraceRow], settings: SummarizeSettings) -> tuple[list[PlannedRow], Counter]:
     """Split every usable row into paragraphs; count the rows skipped and why."""
     planned, skipped = [], Counter()
@@ -126,6 +141,7 @@ class FetchReport:
     failed: dict[str, str] = field(default_factory=dict)
     attempts: Counter = field(default_factory=Counter)
     seconds: float = 0.0
+    fatal: str | None = None  # why the whole fetch stopped (unreachable, stalled, bad key / model …)
 
     @property
     def throughput(self) -> float:
@@ -189,7 +205,10 @@ async def fetch_summaries(
             for t in pending:
                 t.cancel()
             for t in done:
-                t.result()  # re-raise a fatal error (bad model name, bad key …)
+                try:
+                    t.result()
+                except FatalRequestError as e:  # every request would fail the same way: stop them all
+                    report.fatal = str(e)
         finally:
             for t in tasks:
                 t.cancel()
@@ -197,6 +216,30 @@ async def fetch_summaries(
             report.seconds = time.perf_counter() - t0
             report.attempts = Counter(client.stats)
     return report
+
+
+class SummarizeFailed(RuntimeError):
+    """The summariser could not do its job (fatal endpoint error, or every request failed); the outputs
+    and ``stats.json`` of what did finish are written first and every finished summary stays stored."""
+
+    def __init__(self, message: str, stats: dict[str, Any]):
+        super().__init__(message)
+        self.stats = stats
+
+
+def failure_message(stats: dict[str, Any], endpoint: str, store: Path) -> str | None:
+    """Why the run failed, naming the endpoint and the failure counts (None: it did not)."""
+    requested, new, failed = stats["summaries_requested"], stats["summaries_new"], stats["summaries_failed"]
+    fatal = stats.get("fatal_error")
+    if fatal is None and not (requested and new == 0):
+        return None
+    attempts = ", ".join(f"{k}: {v}" for k, v in sorted(stats["attempts"].items())) or "none"
+    head = fatal or f"{endpoint}: every request failed"
+    return (
+        f"summaries failed: {head}\n  {new} of {requested} summaries done, {failed} failed after retries, "
+        f"{requested - new - failed} not finished; attempts by outcome: {attempts}\n"
+        f"  finished summaries are kept in {store}; a rerun asks only for the missing ones"
+    )
 
 
 def assemble(planned: list[PlannedRow], store: SummaryStore) -> tuple[list[dict[str, Any]], list[str], int]:
@@ -315,7 +358,12 @@ def summarize_traces(
     }
     if report.failed:
         stats["failure_examples"] = dict(list(report.failed.items())[:5])
+    if report.fatal:
+        stats["fatal_error"] = report.fatal
     write_outputs(out_dir, records, stats)
+    message = failure_message(stats, settings.endpoint.base_url, store_path)
+    if message:
+        raise SummarizeFailed(message, stats)
     return stats
 
 
@@ -325,7 +373,6 @@ def run(cfg) -> dict[str, Any]:
     from train.report import write_summary
     from zoomr.entry import model_spec, start_run, to_plain
     from zoomr.models import load_tokenizer
-    from zoomr.paths import resolve_repo_path
     from zoomr.schemas import to_dataclass
     from zoomr.schemas.zoomr import SummarizePipeline
 
@@ -344,16 +391,21 @@ def run(cfg) -> dict[str, Any]:
         max_samples=pipe.max_rows if pipe.max_rows is not None else data.get("max_samples"),
     )
     tokenizer = load_tokenizer(model_spec(cfg), cfg.cache_dir) if pipe.count_tokens else None
-    out_dir = resolve_repo_path(pipe.out_dir) if not Path(pipe.out_dir).is_absolute() else Path(pipe.out_dir)
-    stats = summarize_traces(
-        rows,
-        pipe.settings(),
-        out_dir,
-        store_path=pipe.store,
-        tokenizer=tokenizer,
-        load_report={"rows": load.rows, "kept": load.kept, **dict(load.defects)},
-    )
+    out_dir = Path(pipe.out_dir).expanduser().absolute()  # relative: the working directory, never the repo
+    try:
+        stats = summarize_traces(
+            rows,
+            pipe.settings(),
+            out_dir,
+            store_path=pipe.store,
+            tokenizer=tokenizer,
+            load_report={"rows": load.rows, "kept": load.kept, **dict(load.defects)},
+        )
+    except SummarizeFailed as e:
+        logger.finish()
+        raise SystemExit(str(e)) from None
     shown = {k: v for k, v in stats.items() if not isinstance(v, dict)}
+    shown["rows_skipped"] = describe_skipped(stats["rows_skipped"])
     shown["out_dir"] = str(out_dir)
     write_summary(run_dir, shown, f"summaries: {stats['rows_written']}/{stats['rows_in']} rows written")
     logger.summary({k: v for k, v in shown.items() if isinstance(v, int | float)})
@@ -363,4 +415,4 @@ def run(cfg) -> dict[str, Any]:
     return stats
 
 
-__all__ = ["PROMPT_VERSION", "SummarizeSettings", "asdict", "run", "summarize_traces"]
+__all__ = ["PROMPT_VERSION", "SummarizeFailed", "SummarizeSettings", "asdict", "run", "summarize_traces"]

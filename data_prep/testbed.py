@@ -8,8 +8,13 @@ Example (``summaries=true``; ``"\\n\\n"`` is one token, ``<bs>``/``<es>`` are th
 
     user:      recall
     assistant: w17 w3 … k55 v30 k9 v5 k201 v7 w40 … <bs> k55 k9 k201 <es> \\n\\n
-               w8 … k101 v12 k3 v30 k77 v1 w2 ? k9 [v5] <bs> k101 k3 k77 <es> \\n\\n
-               … \\boxed{ ? k55 [v30] ? k201 [v7] … }
+               w8 … k101 v12 k3 v30 k77 v1 w2 ? k9 : = [v5] <bs> k101 k3 k77 <es> \\n\\n
+               … \\boxed{ ? k55 : = [v30] ? k201 : = [v7] … }
+
+A query (``query_form=cue``, issue 13) is a cue ``? k``, then the semantic boundary ``:`` (ZoomR A.3), then
+one more token ``=`` and the value: a recompute at ``:`` sees the key, and the selection it makes applies
+from the next step, the one that predicts the value (a real trace says "recall the value of x: …", not
+the value on the token after the key). ``query_form=inline`` is the format before issue 13, ``? k v``.
 
 A paragraph is: filler words, 3-4 new facts ``k v`` (a fresh key, a uniformly random value), a little
 more filler, then 1-3 queries ``? k v`` about facts of EARLIER paragraphs (each fact is queried at most
@@ -59,6 +64,7 @@ class Query:
     fact: Fact
     paragraph: int  # paragraph that asks it; 0 = the final \boxed{} answer
     answer_pos: int = -1  # response position of the answer value token
+    cue_pos: int = -1  # response position of the cue's last token (the boundary ":"; the key when inline)
 
     @property
     def distance(self) -> int:
@@ -74,6 +80,8 @@ class Problem:
     queries: list[Query]  # in trace order; the final ones last
     n_paragraphs: int
     summaries: bool
+    summary_spans: list[tuple[int, int]] = field(default_factory=list)  # per paragraph: summary content [start, end)
+    query_form: str = "cue"
     prompt_words: list[str] = field(default_factory=lambda: list(PROMPT_WORDS))
 
     def record(self, problem_id: str) -> dict[str, Any]:
@@ -85,7 +93,7 @@ class Problem:
             "response": " ".join(self.response_words),
             "model_writes": list(self.model_writes),
             "messages": messages(self.prompt_words, self.response_words),
-            "answer": " ".join(w for q in final for w in (tt.QUERY, tt.key(q.fact.key), tt.value(q.fact.value))),
+            "answer": " ".join(w for q in final for w in query_words(q.fact, self.query_form)),
             "queries": [
                 {
                     "key": tt.key(q.fact.key),
@@ -94,6 +102,7 @@ class Problem:
                     "asked_in": q.paragraph,
                     "final": q.paragraph == 0,
                     "answer_pos": q.answer_pos,
+                    "cue_pos": q.cue_pos,
                     "distance": q.distance,
                 }
                 for q in self.queries
@@ -101,6 +110,8 @@ class Problem:
             "facts": [asdict(f) for f in self.facts],
             "n_paragraphs": self.n_paragraphs,
             "summaries": self.summaries,
+            "summary_spans": [list(s) for s in self.summary_spans],
+            "query_form": self.query_form,
             "response_tokens": len(self.response_words),
             "prompt_tokens": len(self.prompt_words),
         }
@@ -113,9 +124,22 @@ def messages(prompt_words: list[str], response_words: list[str]) -> list[dict[st
     ]
 
 
-def paragraph_cost(n_facts: int, n_queries: int, n_filler: int, summaries: bool) -> int:
-    """Response tokens of one paragraph: filler, 2 per fact, 3 per query, summary, break."""
-    return n_filler + 2 * n_facts + 3 * n_queries + (2 + n_facts if summaries else 0) + 1
+QUERY_FORMS = ("cue", "inline")
+
+
+def query_words(fact: Fact, form: str = "cue") -> list[str]:
+    """The words of one query and its answer: ``? k : = v`` (cue) or ``? k v`` (inline)."""
+    cue = [tt.QUERY, tt.key(fact.key)] + ([tt.QUERY_END, tt.ANSWER_MARK] if form == "cue" else [])
+    return [*cue, tt.value(fact.value)]
+
+
+def query_cost(form: str) -> int:
+    return 5 if form == "cue" else 3
+
+
+def paragraph_cost(n_facts: int, n_queries: int, n_filler: int, summaries: bool, form: str = "cue") -> int:
+    """Response tokens of one paragraph: filler, 2 per fact, 5 (cue; 3 inline) per query, summary, break."""
+    return n_filler + 2 * n_facts + query_cost(form) * n_queries + (2 + n_facts if summaries else 0) + 1
 
 
 def _range(r: list[int], what: str) -> tuple[int, int]:
@@ -135,9 +159,12 @@ def validate(cfg: TestbedData) -> None:
         raise ValueError("testbed.final_queries must be >= 1")
     if not 1 <= cfg.n_keys <= tt.N_KEYS:
         raise ValueError(f"testbed.n_keys must be in [1, {tt.N_KEYS}] (the tokenizer's keys), got {cfg.n_keys}")
+    if cfg.query_form not in QUERY_FORMS:
+        raise ValueError(f"testbed.query_form must be one of {QUERY_FORMS}, got {cfg.query_form!r}")
     if cfg.model_writes_summaries and not cfg.summaries:
         raise ValueError("testbed.model_writes_summaries needs testbed.summaries=true")
-    if cfg.trace_tokens < paragraph_cost(hi, 0, 0, cfg.summaries) + 2 + 3 * cfg.final_queries:
+    need = paragraph_cost(hi, 0, 0, cfg.summaries) + 2 + query_cost(cfg.query_form) * cfg.final_queries
+    if cfg.trace_tokens < need:
         raise ValueError(f"testbed.trace_tokens={cfg.trace_tokens} is too short for one paragraph and the answer")
 
 
@@ -169,23 +196,27 @@ def generate(cfg: TestbedData, rng: random.Random) -> Problem:
     """One problem. All randomness comes from ``rng``; the result depends on nothing else."""
     validate(cfg)
     keys = rng.sample(range(cfg.n_keys), cfg.n_keys)
-    reserve = 2 + 3 * cfg.final_queries  # \boxed{ ? k v … }
+    reserve = 2 + query_cost(cfg.query_form) * cfg.final_queries  # \boxed{ ? k : = v … }
     w = _Writer()
     facts: list[Fact] = []
     queries: list[Query] = []
     unqueried: list[Fact] = []  # facts of earlier paragraphs not yet queried, oldest first
     n_paragraphs = 0
+    spans: list[tuple[int, int]] = []
 
     def answer(q: Query) -> None:
-        w.env(tt.QUERY, tt.key(q.fact.key))
-        q.answer_pos = w.model(tt.value(q.fact.value))
+        *cue, value = query_words(q.fact, cfg.query_form)
+        w.env(*cue)
+        q.cue_pos = len(w.words) - (2 if cfg.query_form == "cue" else 1)
+        q.answer_pos = w.model(value)
         queries.append(q)
 
     while True:
         n_facts = rng.randint(*cfg.facts_per_paragraph)
         n_queries = min(rng.randint(*cfg.queries_per_paragraph), len(unqueried))
         before, after = rng.randint(*cfg.filler_before), rng.randint(*cfg.filler_after)
-        if len(w.words) + paragraph_cost(n_facts, n_queries, before + after, cfg.summaries) + reserve > cfg.trace_tokens:
+        cost = paragraph_cost(n_facts, n_queries, before + after, cfg.summaries, cfg.query_form)
+        if len(w.words) + cost + reserve > cfg.trace_tokens:
             break
         if len(facts) + n_facts > cfg.n_keys:
             raise ValueError(
@@ -211,6 +242,7 @@ def generate(cfg: TestbedData, rng: random.Random) -> Problem:
             answer(q)
         if cfg.summaries:
             w.env(tokens.BEGIN_SUMMARY)
+            spans.append((len(w.words), len(w.words) + len(new)))
             for f in new:
                 (w.model if cfg.model_writes_summaries else w.env)(tt.key(f.key))
             (w.model if cfg.model_writes_summaries else w.env)(tokens.END_SUMMARY)
@@ -222,7 +254,7 @@ def generate(cfg: TestbedData, rng: random.Random) -> Problem:
     for f in sorted(unqueried, key=lambda f: f.index)[: cfg.final_queries]:
         answer(Query(f, 0))
     w.env(tt.CLOSE)
-    return Problem(w.words, w.model_writes, facts, queries, n_paragraphs, cfg.summaries)
+    return Problem(w.words, w.model_writes, facts, queries, n_paragraphs, cfg.summaries, spans, cfg.query_form)
 
 
 def problems(cfg: TestbedData, n: int, seed: int, start: int = 0) -> list[Problem]:

@@ -28,6 +28,7 @@ import torch
 from data_prep import testbed_tokenizer as tt
 from data_prep.testbed import generate
 from zoomr.schemas.testbed import CurriculumSettings, TestbedData
+from zoomr.summary_pointer import Cue
 
 IGNORE = -100
 
@@ -40,6 +41,8 @@ class Batch:
     distances: torch.Tensor  # [B, T] reference distance of an answer label (-1 elsewhere)
     kind: str  # "trace" | "copy"
     trace_tokens: int  # the length bound this batch was generated at (0 for copy batches)
+    spans: list[list[tuple[int, int]]] | None = None  # per row: summary content rows [start, end) (traces)
+    cues: list[list[Cue]] | None = None  # per row: query boundaries and the summary that defined the fact
 
     @property
     def tokens(self) -> int:
@@ -66,8 +69,10 @@ def scaled_data(data: TestbedData, length: int, cur: CurriculumSettings) -> Test
     )
 
 
-def encode_problem(problem, enc: tt.FastEncoder) -> tuple[list[int], list[int], list[int]]:
-    """(ids, labels aligned to ids, per-position answer distance or -1). Labels only where the model writes."""
+def encode_problem(problem, enc: tt.FastEncoder, window: int = 64) -> tuple[list[int], list[int], list[int], dict]:
+    """(ids, labels aligned to ids, per-position answer distance or -1, summary spans and cues in ids
+    coordinates). Labels only where the model writes. A cue is ``far`` when its fact's definition lies
+    outside a recent ``window`` of rows at the cue's boundary (ZoomR's N_w)."""
     ids, start = enc.chat(problem.prompt_words, problem.response_words)
     labels = [IGNORE] * len(ids)
     for pos in problem.model_writes:
@@ -75,19 +80,27 @@ def encode_problem(problem, enc: tt.FastEncoder) -> tuple[list[int], list[int], 
     dist = [-1] * len(ids)
     for q in problem.queries:
         dist[start + q.answer_pos - 1] = q.distance  # position whose next token is the answer
-    return ids, labels, dist
+    spans = [(start + a, start + b) for a, b in problem.summary_spans]
+    cues = [
+        Cue(start + q.cue_pos, q.fact.paragraph - 1, q.fact.definition_pos < q.cue_pos + 1 - window)
+        for q in problem.queries
+    ] if spans else []
+    return ids, labels, dist, {"spans": spans, "cues": cues}
 
 
-def collate(rows: list[tuple[list[int], list[int], list[int]]], pad_id: int, kind: str, length: int) -> Batch:
+def collate(rows: list[tuple], pad_id: int, kind: str, length: int) -> Batch:
     width = max(len(r[0]) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     labels = torch.full((len(rows), width), IGNORE, dtype=torch.long)
     dist = torch.full((len(rows), width), -1, dtype=torch.long)
-    for b, (i, lab, d) in enumerate(rows):
+    for b, (i, lab, d, *_) in enumerate(rows):
         ids[b, : len(i)] = torch.tensor(i)
         labels[b, : len(lab)] = torch.tensor(lab)
         dist[b, : len(d)] = torch.tensor(d)
-    return Batch(ids, labels, dist >= 0, dist, kind, length)
+    meta = [r[3] for r in rows if len(r) > 3]
+    spans = [m["spans"] for m in meta] if len(meta) == len(rows) else None
+    cues = [m["cues"] for m in meta] if len(meta) == len(rows) else None
+    return Batch(ids, labels, dist >= 0, dist, kind, length, spans, cues)
 
 
 def trace_batch(data: TestbedData, length: int, tokens_per_step: int, rng: random.Random, enc, pad_id: int) -> Batch:
@@ -126,13 +139,17 @@ def copy_batch(cur: CurriculumSettings, tokens_per_step: int, rng: random.Random
     return collate(rows, pad_id, "copy", 0)
 
 
-def recall_batch(cur: CurriculumSettings, tokens_per_step: int, rng: random.Random, enc, pad_id: int) -> Batch:
+def recall_batch(
+    cur: CurriculumSettings, tokens_per_step: int, rng: random.Random, enc, pad_id: int, form: str = "cue"
+) -> Batch:
     """Bare associative recall in the chat format (MQAR, Arora et al. 2023): ``n`` facts ``k v``, then every
-    key queried once in random order, ``? k v``; loss on the answers. The bridge from copying to the trace."""
+    key queried once in random order, in the data's query form (``? k : = v``); loss on the answers. The
+    bridge from copying to the trace."""
     from data_prep.testbed import PROMPT_WORDS
 
     head = enc.prompt(PROMPT_WORDS)
     query = enc.ids[tt.QUERY]
+    gap = enc.words([tt.QUERY_END, tt.ANSWER_MARK]) if form == "cue" else []
     rows, total = [], 0
     while total < tokens_per_step:
         n = rng.randint(*cur.recall_facts)
@@ -141,8 +158,8 @@ def recall_batch(cur: CurriculumSettings, tokens_per_step: int, rng: random.Rand
         seq = head + [i for k, v in zip(keys, values) for i in enc.words([tt.key(k), tt.value(v)])]
         labels = [IGNORE] * len(seq)
         for j in rng.sample(range(n), n):
-            seq += [query, *enc.words([tt.key(keys[j]), tt.value(values[j])])]
-            labels += [IGNORE, seq[-1], IGNORE]
+            seq += [query, *enc.words([tt.key(keys[j])]), *gap, *enc.words([tt.value(values[j])])]
+            labels += [IGNORE] * (1 + len(gap)) + [seq[-1], IGNORE]
         rows.append((seq, labels, [-1] * len(seq)))
         total += len(seq)
     return collate(rows, pad_id, "recall", 0)
@@ -175,7 +192,7 @@ class Curriculum:
         if step < cur.copy_steps:
             return copy_batch(cur, cur.copy_tokens_per_step, rng, self.enc, self.pad_id)
         if step < cur.copy_steps + cur.recall_steps:
-            return recall_batch(cur, cur.copy_tokens_per_step, rng, self.enc, self.pad_id)
+            return recall_batch(cur, cur.copy_tokens_per_step, rng, self.enc, self.pad_id, self.data.query_form)
         trace_step = step - cur.copy_steps - cur.recall_steps
         if trace_step < cur.copy_warmup_fraction * self.trace_steps and trace_step % 2 == 1:
             return copy_batch(cur, cur.copy_tokens_per_step, rng, self.enc, self.pad_id)

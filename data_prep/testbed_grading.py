@@ -2,13 +2,13 @@
 
 Grading compares the model's output with the problem's truth, never with anything the model wrote:
 
-* ``correct``: the last ``\\boxed{…}`` holds exactly the gold ``? k v`` triples (the final answer).
+* ``correct``: the last ``\\boxed{…}`` holds exactly the gold queries and answers (the final answer).
 * per-fact recall: for every query of the problem (paragraph queries and the final ones), the value
-  the model wrote right after the first ``? k`` of the response, with the reference distance (tokens
-  from the definition's value to the answer).
+  the model wrote after the first ``? k`` of the response (``? k : = v`` or ``? k v``), with the
+  reference distance (tokens from the definition's value to the answer).
 * ``summaries_exact`` (traces with summaries): fraction of summary blocks equal to the reference's.
 
-Parsing is positional only within a ``? k v`` triple, so a response decoded with or without the
+Parsing is positional only within one query, so a response decoded with or without the
 environment's script (:func:`script_ids`) is graded the same way.
 """
 
@@ -72,12 +72,17 @@ def _boxed(words: list[str]) -> list[str] | None:
 
 
 def _first_answers(words: Iterable[str]) -> dict[str, str]:
-    """key word → the word written right after the first ``? <key>``."""
+    """key word → the answer written after the first ``? <key>`` (after ``: =`` in the cue form)."""
     out: dict[str, str] = {}
     words = list(words)
-    for a, k, v in zip(words, words[1:], words[2:]):
-        if a == tt.QUERY:
-            out.setdefault(k, v)
+    for i, a in enumerate(words[:-2]):
+        if a != tt.QUERY:
+            continue
+        j = i + 2
+        if words[j : j + 2] == [tt.QUERY_END, tt.ANSWER_MARK]:
+            j += 2
+        if j < len(words):
+            out.setdefault(words[i + 1], words[j])
     return out
 
 
@@ -95,7 +100,7 @@ def _summary_blocks(words: list[str]) -> list[list[str]]:
 
 
 def grade_answer(generated_text: str, gold: str) -> tuple[str | None, bool]:
-    """(the last ``\\boxed{}`` content, whether it is exactly the gold ``? k v`` triples)."""
+    """(the last ``\\boxed{}`` content, whether it is exactly the gold queries and answers)."""
     boxed = _boxed(_words(generated_text))
     return (" ".join(boxed) if boxed is not None else None), boxed == gold.split()
 

@@ -23,7 +23,7 @@ from zoomr import tokens
 from zoomr.tokenizer import wrap_tokenizer
 
 # Bump when the vocabulary changes: tiny models built on the tokenizer are keyed on it.
-TOKENIZER_VERSION = "testbed-v2"
+TOKENIZER_VERSION = "testbed-v3"
 
 N_KEYS = 256  # distinct keys; a key is defined at most once per trace
 N_VALUES = 32
@@ -33,7 +33,9 @@ UNK = "[UNK]"
 BREAK = "\n\n"  # paragraph break (ZoomR segments; a semantic boundary)
 BOXED = "\\boxed{"
 CLOSE = "}"
-QUERY = "?"  # "? k v": a query of key k, answered by its value
+QUERY = "?"  # "? k : = v": a query of key k (the cue), answered by its value
+QUERY_END = ":"  # ends the cue: a semantic boundary (ZoomR A.3) placed after the key, so a recompute sees it
+ANSWER_MARK = "="  # one step between the boundary and the value (a selection applies from the next step)
 PROMPT_WORD = "recall"
 ROLE_WORDS = ["system", "user", "assistant"]
 
@@ -57,6 +59,7 @@ def vocabulary() -> list[str]:
     words += [value(i) for i in range(N_VALUES)]
     words += [filler(n) for n in range(N_FILLER)]
     words += list(tokens.ALL_SPECIAL_TOKENS)
+    words += [QUERY_END, ANSWER_MARK]  # added in testbed-v3, last: earlier ids unchanged
     if len(set(words)) != len(words):
         raise AssertionError("testbed vocabulary has duplicate words")
     return words

@@ -6,16 +6,18 @@ rows. :func:`load_trace_rows` keeps every usable row, counts each defect, and ne
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from zoomr import tokens
+from zoomr.jsonl import JsonlReader
 from zoomr.paths import resolve_repo_path
 
 log = logging.getLogger(__name__)
+
+MALFORMED = "__malformed__"  # marker row for an unreadable JSONL line: {MALFORMED: reason, "line": n}
 
 
 @dataclass
@@ -77,8 +79,11 @@ def _from_bespoke(row: dict[str, Any], i: int) -> TraceRow | str:
     conv = row.get("conversations")
     if not isinstance(conv, list) or len(conv) < 2:
         return "no_conversations"
-    user = next((c.get("value") for c in conv if c.get("from") in ("user", "human")), None)
-    assistant = next((c.get("value") for c in conv if c.get("from") in ("assistant", "gpt")), None)
+    turns = [c for c in conv if isinstance(c, dict)]
+    if len(turns) < len(conv):
+        return "turn_not_an_object"
+    user = next((c.get("value") for c in turns if c.get("from") in ("user", "human")), None)
+    assistant = next((c.get("value") for c in turns if c.get("from") in ("assistant", "gpt")), None)
     if not isinstance(user, str) or not user.strip():
         return "no_question"
     if not isinstance(assistant, str) or not assistant.strip():
@@ -106,14 +111,13 @@ def iter_raw_rows(source: str, path: str | None, hub_id: str | None, split: str)
 
             yield from datasets.load_from_disk(str(p))
             return
-        with p.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError:
-                    yield {"__malformed__": lineno}
+        reader = JsonlReader(p, on_bad="skip")  # not UTF-8 / not JSON / not an object: counted, logged
+        seen = 0
+        for _, row in reader:
+            yield from ({MALFORMED: b.reason, "line": b.line} for b in reader.bad[seen:])
+            seen = len(reader.bad)
+            yield row
+        yield from ({MALFORMED: b.reason, "line": b.line} for b in reader.bad[seen:])
     elif source == "hub":
         import datasets
 
@@ -138,8 +142,9 @@ def load_trace_rows(
     rows: list[TraceRow] = []
     for i, raw in enumerate(iter_raw_rows(source, path, hub_id, split)):
         report.rows += 1
-        if "__malformed__" in raw:
-            report.defects["malformed_json"] += 1
+        if MALFORMED in raw:  # a line the JSONL reader could not read (logged there with file and line)
+            reason = raw[MALFORMED].split(" (")[0]
+            report.defects["malformed_json" if reason == "bad_json" else reason] += 1
             continue
         parsed = parse(raw, i)
         if isinstance(parsed, str):

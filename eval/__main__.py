@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from zoomr.entry import hydra_entry, model_spec, pick_device, setup_logging, start_run, to_plain
-from zoomr.schemas import to_dataclass
-from zoomr.schemas.eval import BenchmarkConfig, GenerationConfig, GradingConfig
+from zoomr.schemas.eval import BenchmarkConfig
 
 log = logging.getLogger("eval")
 
@@ -44,19 +43,16 @@ def fingerprint(cfg: Any) -> dict[str, Any]:
     }
 
 
-def policy_config(cfg: Any, model: Any, tokenizer: Any) -> dict[str, Any] | None:
-    """The ``+method=`` cache-policy config (None: full KV), checked by building it once."""
-    if cfg.get("method") is None:
-        return None
-    method = to_plain(cfg.method)
-    if not method.get("policy"):
-        raise SystemExit(
-            f"method {method.get('name')!r} is not a cache policy (no 'policy' field): "
-            "evaluate a trained model with model.hf_id=<checkpoint> and the policy it was trained for"
-        )
-    from zoomr.cache import build_policy
+def check_policy(method: dict[str, Any] | None, model: Any, tokenizer: Any) -> dict[str, Any] | None:
+    """Build the ``+method=`` cache policy once on the loaded model (None: full KV): a setting that only
+    the model can reject (e.g. a budget its layers cannot hold) fails here, before any state is written."""
+    if method is not None:
+        from zoomr.cache import build_policy
 
-    build_policy(method, model.config, tokenizer)  # fail on a bad config before any decoding
+        try:
+            build_policy(method, model.config, tokenizer)
+        except (ValueError, TypeError, KeyError) as e:
+            raise SystemExit(f"invalid eval settings (nothing was written):\n  method: {e}") from None
     return method
 
 
@@ -82,53 +78,89 @@ def testbed_hooks(bench: BenchmarkConfig, tokenizer: Any, problems: list, max_ne
 
 def run(cfg: Any) -> dict[str, Any]:
     from eval.benchmarks import load_benchmark
+    from eval.budget import resolve_budget
     from eval.generation import engine_generator
-    from eval.grading import Grader
-    from eval.metrics import compute_metrics, format_table
+    from eval.grading import Grader, GraderBroken
     from eval.prompts import render
-    from eval.results import ResultStore, check_fingerprint
+    from eval.results import ResultStore, RunLock, check_fingerprint
     from eval.runner import evaluate
+    from eval.settings import validate
+    from eval.tasks import check_budget, hooks, task_plugin
     from zoomr.models import load_model, load_tokenizer
 
-    bench: BenchmarkConfig = to_dataclass(BenchmarkConfig, cfg.benchmark)
-    gen: GenerationConfig = to_dataclass(GenerationConfig, cfg.generation)
-    grading: GradingConfig = to_dataclass(GradingConfig, cfg.grading)
-    problems = load_benchmark(bench)
-    check_fingerprint(cfg.run_dir, fingerprint(cfg))  # before start_run rewrites config.json
-    run_dir, logger = start_run(cfg, job_type="eval")
+    # everything that can reject the settings runs before the lock, the fingerprint and config.json
+    budget = resolve_budget(cfg)  # a relative budget (fraction / match) becomes budget_rows before the fingerprint
+    settings = validate(cfg)
+    bench, gen, grading = settings.bench, settings.gen, settings.grading
+    plugin = task_plugin(bench.task)  # RULER / LongBench bring problems, prompts and scores (eval/tasks.py)
     spec = model_spec(cfg)
+    tokenizer = load_tokenizer(spec, cfg.cache_dir)  # before the problems: RULER counts the model's tokens
+    try:
+        problems = plugin.load(bench, tokenizer, gen) if plugin else load_benchmark(bench)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        raise SystemExit(f"benchmark {bench.name!r}: {e}") from None
+    if plugin:
+        check_budget(problems, gen.max_new_tokens)
     device = pick_device(cfg.device)
-    tokenizer = load_tokenizer(spec, cfg.cache_dir)
     model = load_model(spec, cfg.cache_dir, device=device)
-    generate = engine_generator(model, tokenizer, policy_config(cfg, model, tokenizer), gen)
-    log.info(
-        "%s: %d problems x %d samples, %s on %s, method %s -> %s",
-        bench.name, len(problems), gen.n_samples, spec.name, device, cfg.run_name, run_dir,
-    )  # fmt: skip
-    store = ResultStore(run_dir)
-    with Grader(
-        grading.workers, grading.timeout_s, grading.start_method, grading.math_verify, grading.strip_reasoning
-    ) as grader:
-        rows = evaluate(
-            problems,
-            generate,
-            grader,
-            store,
-            lambda p: render(p, tokenizer, gen.system_prompt, gen.enable_thinking),
-            benchmark=bench.name,
-            n_samples=gen.n_samples,
-            batch_size=gen.batch_size,
-            seed=gen.seed,
-            save_token_ids=gen.save_token_ids,
-            **testbed_hooks(bench, tokenizer, problems, gen.max_new_tokens),
-        )
-        timeouts = grader.timeouts
+    generate = engine_generator(model, tokenizer, check_policy(settings.method, model, tokenizer), gen)
+    task_hooks = hooks(plugin, tokenizer) if plugin else testbed_hooks(bench, tokenizer, problems, gen.max_new_tokens)
+    prompt = (lambda p: p.meta["prompt"]) if plugin else (lambda p: render(p, tokenizer, gen.system_prompt, gen.enable_thinking))
+    with RunLock(cfg.run_dir):
+        check_fingerprint(cfg.run_dir, fingerprint(cfg))  # before start_run rewrites config.json
+        run_dir, logger = start_run(cfg, job_type="eval")
+        log.info(
+            "%s: %d problems x %d samples, %s on %s, method %s -> %s",
+            bench.name, len(problems), gen.n_samples, spec.name, device, cfg.run_name, run_dir,
+        )  # fmt: skip
+        store = ResultStore(run_dir)
+        with Grader(
+            grading.workers, grading.timeout_s, grading.start_method, grading.math_verify, grading.strip_reasoning
+        ) as grader:
+            try:
+                rows = evaluate(
+                    problems,
+                    generate,
+                    grader,
+                    store,
+                    prompt,
+                    benchmark=bench.name,
+                    n_samples=gen.n_samples,
+                    batch_size=gen.batch_size,
+                    seed=gen.seed,
+                    save_token_ids=gen.save_token_ids,
+                    **task_hooks,
+                )
+            except GraderBroken as e:
+                raise SystemExit(f"{run_dir}: grading failed, finished rows are kept: {e}") from None
+            counts = grader.counts()
+        return _finish(cfg, run_dir, logger, bench, spec, rows, counts, grading.max_error_rate, plugin, budget)
+
+
+def grading_report(counts: dict[str, int], max_error_rate: float) -> dict[str, Any]:
+    """``metrics.json["grading_this_run"]``: the grader's counters and the share of samples it failed."""
+    failed = counts["errors"] + counts["worker_deaths"]
+    rate = failed / counts["graded"] if counts["graded"] else 0.0
+    return {**counts, "failed": failed, "failure_rate": rate, "max_error_rate": max_error_rate}
+
+
+def _finish(cfg, run_dir, logger, bench, spec, rows, counts, max_error_rate, plugin, budget) -> dict[str, Any]:
+    """Metrics, summary, console table and tracker; fails the run when grading failed too often."""
+    from eval.metrics import compute_metrics
+    from eval.summary import console_table, eviction_report
+    from eval.tasks import format_subset_table, subset_metrics
+
     metrics = compute_metrics(rows)
     if bench.task == "testbed":  # per-fact recall by reference distance, pooled over rows
         from data_prep.testbed_grading import summarize
 
         metrics["testbed"] = {k: v for k, v in summarize(rows).items() if k.startswith("recall")}
-    metrics["grading_timeouts_this_run"] = timeouts
+    metrics["grading_timeouts_this_run"] = counts["timeouts"]
+    grading_this_run = metrics["grading_this_run"] = grading_report(counts, max_error_rate)
+    if plugin:  # per-subset scores and achieved compression, averaged
+        metrics[plugin.name] = subset_metrics(plugin, rows)
+    metrics["eviction"] = eviction_report(rows, to_plain(cfg.method) if cfg.get("method") else None)
+    metrics["budget"] = budget
     (Path(run_dir) / "metrics.json").write_text(json.dumps(metrics, indent=2))
     pooled = metrics["pooled"]
     summary = {
@@ -136,10 +168,13 @@ def run(cfg: Any) -> dict[str, Any]:
         "model": spec.name,
         "method": cfg.run_name,
         **{k: v for k, v in pooled.items() if isinstance(v, int | float | str)},
+        **{k: v for k, v in metrics["eviction"].items() if k != "samples"},
         "run_dir": str(run_dir),
     }
     (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
-    table = format_table(metrics)
+    table = console_table(metrics)
+    if plugin:
+        table = format_subset_table(plugin.name, metrics[plugin.name]) + "\n" + table
     if "testbed" in metrics:
         table += "\n" + "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics["testbed"].items())
     print(
@@ -156,6 +191,13 @@ def run(cfg: Any) -> dict[str, Any]:
         ],
     )
     logger.finish()
+    if grading_this_run["failure_rate"] > max_error_rate:
+        raise SystemExit(
+            f"{run_dir}: grading failed for {grading_this_run['failed']} of {counts['graded']} samples "
+            f"({counts['errors']} math-verify errors, {counts['worker_deaths']} worker deaths, "
+            f"{counts['worker_restarts']} restarts) > grading.max_error_rate={max_error_rate}; "
+            "the rows are kept and a rerun grades those samples again"
+        )
     return metrics
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zoomr.jsonl import BadRowError, JsonlReader
 from zoomr.paths import resolve_repo_path
 
 LETTERS = "ABCD"
@@ -62,9 +63,15 @@ class Source:
 
 
 def _answer_str(value: Any) -> str:
+    """The gold answer as a string; a missing, null or empty answer is an error, never a gold ``"None"``/``""``."""
+    if value is None or isinstance(value, bool | dict | list):
+        raise ValueError(f"the answer is {json.dumps(value)}, not a gold answer")
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    return str(value).strip()
+    text = str(value).strip()
+    if not text:
+        raise ValueError("the answer is empty")
+    return text
 
 
 _AOPS_AIME = re.compile(r"(\d{4})_AIME_(I{1,2})_Problems/Problem_(\d+)")
@@ -201,9 +208,19 @@ def testbed_problems(options: dict[str, Any]) -> list[Problem]:
 GENERATED: dict[str, Callable[[dict[str, Any]], list[Problem]]] = {"testbed": testbed_problems}
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+def _parse_rows(
+    rows: Iterable[tuple[str, dict[str, Any]]], parse: Callable[[dict[str, Any]], Problem]
+) -> list[Problem]:
+    """Parse ``(where, row)`` pairs; a row the parser cannot use refuses the source, naming the row."""
+    problems = []
+    for where, row in rows:
+        try:
+            problems.append(parse(row))
+        except KeyError as e:
+            raise BadRowError(f"{where}: no field {e.args[0]!r}; a benchmark row needs it") from None
+        except (ValueError, TypeError) as e:
+            raise BadRowError(f"{where}: {e}") from None
+    return problems
 
 
 def read_gpqa_zip(path: Path, member: str = GPQA_MEMBER) -> list[dict[str, Any]]:
@@ -244,15 +261,16 @@ def load_source(
         path = resolve_repo_path(data_dir) / src.path
         if not path.exists():
             raise FileNotFoundError(f"benchmark source {name!r}: {path} not found")
-        rows = read_gpqa_zip(path) if src.task == "gpqa" else _read_jsonl(path)
+        if src.task == "gpqa":
+            rows = [(f"{path} row {i}", r) for i, r in enumerate(read_gpqa_zip(path), 2)]  # row 1: header
+        else:
+            rows = [(f"{path} line {n}", r) for n, r in JsonlReader(path, on_bad="refuse")]
     elif source == "hub":
-        rows = _hub_rows(src)
+        rows = [(f"{src.hub_id} row {i}", r) for i, r in enumerate(_hub_rows(src))]
     else:
         raise ValueError(f"benchmark.source must be local|hub, got {source!r}")
-    if src.task == "gpqa":
-        problems = [gpqa_problem(row, option_seed) for row in rows]
-    else:
-        problems = [src.parse(row) for row in rows]
+    parse = (lambda row: gpqa_problem(row, option_seed)) if src.task == "gpqa" else src.parse
+    problems = _parse_rows(rows, parse)
     return sorted(problems, key=lambda p: p.id) if src.sort else problems
 
 
@@ -265,6 +283,8 @@ def load_problems(
     options: dict[str, Any] | None = None,
 ) -> list[Problem]:
     """Problems of several sources in order; duplicate ids across sources are an error."""
+    if limit is not None and limit < 1:
+        raise ValueError(f"problem limit must be >= 1 (or None for every problem), got {limit}")
     problems: list[Problem] = []
     seen: dict[str, str] = {}
     for name in sources:

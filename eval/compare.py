@@ -4,9 +4,13 @@ One row per arm (the first arm is the reference), per benchmark its accuracy (av
 paired difference to the reference in points with its 95% paired-bootstrap interval, then KV/512,
 mean resident KV, truncation % and mean generated tokens on the first benchmark. Run directories of
 one arm on several benchmarks (same model and run_name) share a row. Arms must cover the same problems of a
-benchmark; anything else is an error that names the differing problems.
+benchmark; anything else is an error that names the differing problems. Arms must also have run with the
+same settings: every run directory's ``fingerprint.json`` (sampling, token cap, prompt, grading, benchmark
+options) is diffed against the reference's, model and method aside (those are what the arms compare); a
+difference is refused, naming each field, unless ``--allow-different-settings`` (then the table says so).
 
-Writes ``table.md``, ``table.csv`` and ``table.json`` to ``--out`` and prints the Markdown table.
+Writes ``table.md``, ``table.csv`` and ``table.json`` to ``--out`` (default ``runs/compare/<arm>_vs_<arm>…``
+under the working directory) and prints the Markdown table.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ import numpy as np
 
 from eval.bootstrap import index_matrix, paired_bootstrap
 from eval.metrics import per_problem_accuracy, summarize
-from eval.results import ResultStore
+from eval.results import FINGERPRINT_FILE, ResultStore, _diff
+
+ARM_FIELDS = ("model", "method")  # what arms are meant to differ in
 
 
 @dataclass
@@ -35,6 +41,7 @@ class Run:
     benchmark: str
     rows: list[dict[str, Any]]
     samples: int
+    settings: dict[str, Any] | None = None  # fingerprint.json without model/method (None: none written)
 
 
 class CompareError(ValueError):
@@ -63,7 +70,22 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
             f"(first missing {missing[0]}); rerun the same command to finish it"
         )
     arm = label or f"{config['model']['name']}/{config['run_name']}"
-    return Run(path, arm, bench.name, [rows[k] for k in scope], n)
+    fingerprint = path / FINGERPRINT_FILE
+    settings = None
+    if fingerprint.is_file():
+        settings = {k: v for k, v in json.loads(fingerprint.read_text()).items() if k not in ARM_FIELDS}
+    return Run(path, arm, bench.name, [rows[k] for k in scope], n, settings)
+
+
+def setting_differences(runs: list[Run]) -> list[str]:
+    """Each field in which an arm's settings differ from the reference arm's on the same benchmark."""
+    out = []
+    for run in runs[1:]:
+        ref = runs[0]
+        if ref.settings is None or run.settings is None:
+            continue
+        out += [f"{run.arm} vs {ref.arm} ({run.benchmark}): {d}" for d in _diff(ref.settings, run.settings)]
+    return out
 
 
 def check_same_problems(runs: list[Run]) -> list[str]:
@@ -84,9 +106,16 @@ def check_same_problems(runs: list[Run]) -> list[str]:
 
 
 def compare(
-    runs: list[Run], n_resamples: int = 2000, seed: int = 1234, confidence: float = 0.95
+    runs: list[Run],
+    n_resamples: int = 2000,
+    seed: int = 1234,
+    confidence: float = 0.95,
+    allow_different_settings: bool = False,
 ) -> dict[str, Any]:
-    """Per arm and benchmark: accuracy, Δ vs the first arm with its paired-bootstrap interval, KV, length."""
+    """Per arm and benchmark: accuracy, Δ vs the first arm with its paired-bootstrap interval, KV, length.
+
+    Arms run with different settings (e.g. 48 vs 160 new tokens) are refused unless
+    ``allow_different_settings``; the differences are listed in ``result["setting_differences"]``."""
     arms = list(dict.fromkeys(r.arm for r in runs))
     benchmarks = list(dict.fromkeys(r.benchmark for r in runs))
     by_key: dict[tuple[str, str], Run] = {}
@@ -103,6 +132,7 @@ def compare(
         "n_resamples": n_resamples,
         "seed": seed,
         "confidence": confidence,
+        "setting_differences": [],
         "arms": {},
     }
     for arm in arms:
@@ -111,6 +141,16 @@ def compare(
         present = [by_key[a, bench] for a in arms if (a, bench) in by_key]
         ref_run = by_key.get((reference, bench))
         ids = check_same_problems(present)
+        if ref_run is not None:
+            diffs = setting_differences([ref_run, *[r for r in present if r is not ref_run]])
+            if diffs and not allow_different_settings:
+                raise CompareError(
+                    "arms ran with different settings, so their accuracies are not comparable:\n  "
+                    + "\n  ".join(diffs[:20])
+                    + "\nRerun the arm with the reference's settings, or pass --allow-different-settings "
+                    "(the table then lists these differences)"
+                )
+            out["setting_differences"] += diffs
         indices = index_matrix(len(ids), n_resamples, seed) if ref_run is not None and len(ids) > 1 else None
         ref_acc = per_problem_accuracy(ref_run.rows) if ref_run is not None else None
         for run in present:
@@ -200,6 +240,10 @@ def write_outputs(result: dict[str, Any], out_dir: Path) -> str:
         "percentile interval. KV/512: persistent KV rows per 512 generated tokens per KV head; Mean KV: resident "
         "K/V bytes of one sequence averaged over its decode steps; both on the first benchmark."
     )
+    if result.get("setting_differences"):
+        note += "\n\nWARNING: arms ran with different settings:\n" + "\n".join(
+            f"- {d}" for d in result["setting_differences"]
+        )
     (out_dir / "table.md").write_text(md + "\n\n" + note + "\n")
     with open(out_dir / "table.csv", "w", newline="") as f:
         csv.writer(f).writerows([header, *rows])
@@ -211,7 +255,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m eval.compare", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", help="run directories; the first arm is the reference")
     ap.add_argument("--labels", nargs="+", help="arm label per run directory (default model/run_name)")
-    ap.add_argument("--out", default=None, help="output directory (default runs/compare/<arms>)")
+    ap.add_argument(
+        "--out", default=None, help="output directory (default runs/compare/<arm>_vs_<arm>... in the working directory)"
+    )
+    ap.add_argument(
+        "--allow-different-settings",
+        action="store_true",
+        help="compare arms whose fingerprints differ beyond model/method (listed in the table) instead of refusing",
+    )
     ap.add_argument("--n-resamples", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--confidence", type=float, default=0.95)
@@ -220,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--labels needs one label per run ({len(args.runs)}), got {len(args.labels)}")
     try:
         runs = [load_run(p, args.labels[i] if args.labels else None) for i, p in enumerate(args.runs)]
-        result = compare(runs, args.n_resamples, args.seed, args.confidence)
+        result = compare(runs, args.n_resamples, args.seed, args.confidence, args.allow_different_settings)
     except CompareError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

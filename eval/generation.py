@@ -51,7 +51,9 @@ def kv_stats(stats: Any, prompt_tokens: int, n_tokens: int) -> dict[str, float]:
     512 for full KV; for a compressing policy it also counts the open block and its code (pause) rows.
     It assumes the prompt stays whole (full, AbridgeKV, ZoomR, LightThinker); for policies that also evict
     prompt rows, ``kv_per_512_all`` = 512 x final rows / (prompt + cached generated tokens) is the
-    resident share of the whole sequence.
+    resident share of the whole sequence. ``compression`` = 1 - final rows / (prompt + cached generated
+    tokens) and ``prefill_compression`` = 1 - rows after the prefill step / prompt tokens are the fraction
+    of KV pairs removed (kvpress's and the KVzap paper's compression ratio), per sequence.
     """
     rows = np.asarray(stats.rows, dtype=float)
     if rows.size == 0:
@@ -69,6 +71,9 @@ def kv_stats(stats: Any, prompt_tokens: int, n_tokens: int) -> dict[str, float]:
         "bytes_peak": float(kv_bytes.max()) if kv_bytes.size else 0.0,
         "kv_per_512": 512.0 * max(final - prompt_tokens, 0.0) / max(n_tokens - 1, 1),
         "kv_per_512_all": 512.0 * final / max(prompt_tokens + n_tokens - 1, 1),
+        # fraction of KV pairs removed (kvpress / KVzap): at the end, and right after prefill
+        "compression": 1.0 - final / max(prompt_tokens + n_tokens - 1, 1),
+        "prefill_compression": 1.0 - float(per_step[0]) / max(prompt_tokens, 1),
     }
 
 

@@ -15,13 +15,14 @@ extraction are linear-time scans and run in the parent.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import multiprocessing as mp
 import re
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -102,8 +103,9 @@ def normalize(answer: str) -> str:
     s = s.rstrip(".")
     if _THOUSANDS.fullmatch(s):
         s = s.replace(",", "")
-    if _INTEGER.fullmatch(s):
-        s = str(int(s))
+    if _INTEGER.fullmatch(s):  # leading zeros and "+" dropped by string edits: no int() (4,300-digit limit)
+        digits = s.lstrip("+-").lstrip("0") or "0"
+        s = "-" + digits if s.startswith("-") and digits != "0" else digits
     return s
 
 
@@ -148,13 +150,23 @@ def grade_letter(text: str, gold: str) -> Grade:
 # math-verify stage (runs inside a worker process)
 
 
+@functools.lru_cache(maxsize=4096)
+def parse_gold(gold: str, inner_timeout: int) -> tuple:
+    """math-verify's parse of a gold answer (``\\boxed{gold}``, else ``$gold$``), kept per worker process:
+    a run grades every problem's samples against the same gold (sympy expressions are immutable)."""
+    from math_verify import parse
+
+    parsed = parse(f"\\boxed{{{gold}}}", parsing_timeout=inner_timeout)
+    if not parsed:
+        parsed = parse(f"${gold}$", parsing_timeout=inner_timeout)
+    return tuple(parsed)
+
+
 def math_verify_equal(text: str, gold: str, inner_timeout: int = 3) -> tuple[str | None, bool]:
     """``verify(parse(gold), parse(text))`` with math-verify's own signal timeouts (main thread only)."""
     from math_verify import parse, verify
 
-    gold_parsed = parse(f"\\boxed{{{gold}}}", parsing_timeout=inner_timeout)
-    if not gold_parsed:
-        gold_parsed = parse(f"${gold}$", parsing_timeout=inner_timeout)
+    gold_parsed = list(parse_gold(gold, inner_timeout))
     pred_parsed = parse(text, parsing_timeout=inner_timeout)
     extracted = str(pred_parsed[-1]) if pred_parsed else None
     if not gold_parsed or not pred_parsed:
@@ -162,42 +174,91 @@ def math_verify_equal(text: str, gold: str, inner_timeout: int = 3) -> tuple[str
     return extracted, bool(verify(gold_parsed, pred_parsed, timeout_seconds=inner_timeout))
 
 
+IDLE = -1.0
+
+
+FLUSH_S = 0.05  # a worker sends its finished grades at least this often
+
+
 def _worker_loop(
-    conn: Any, inner_timeout: int, check: Callable[[str, str, int], tuple[str | None, bool]]
+    conn: Any,
+    inner_timeout: int,
+    check: Callable[[str, str, int], tuple[str | None, bool]],
+    status: Any,
+    flush_s: float = FLUSH_S,
 ) -> None:
-    """Serve (index, text, gold) requests until the pipe closes."""
+    """Serve batches of ``(index, text, gold)`` requests until the pipe closes or ``None`` arrives.
+
+    ``status`` (shared memory, ``[index or IDLE, since]``) always says which sample runs since when, so the
+    parent times every sample on its own without a message per sample; answers ``[(index, Grade), ...]``
+    are sent every ``flush_s`` seconds and before the worker waits for more work.
+    """
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # it logs whole texts on timeouts
+    conn.send(READY)  # deadlines count from here: a slow start is not a slow sample
+    done: list[tuple[int, Grade]] = []
+    last_flush = time.monotonic()
     while True:
         try:
-            msg = conn.recv()
+            batch = conn.recv()
         except (EOFError, OSError):
             return
-        if msg is None:
+        if batch is None:
             return
-        index, text, gold = msg
-        t0 = time.perf_counter()
-        try:
-            extracted, ok = check(text, gold, inner_timeout)
-            result = Grade(extracted, ok, "math_verify" if ok else "none")
-        except Exception as e:  # noqa: BLE001 - a parse failure is an incorrect answer, not a crash
-            result = Grade(None, False, "error")
-            log.debug("math-verify failed: %s", e)
-        result.seconds = time.perf_counter() - t0
-        conn.send((index, result))
+        for k, (index, text, gold) in enumerate(batch):
+            t0 = time.perf_counter()
+            status[1] = time.monotonic()  # the start first, then the index (the parent reads the index first)
+            status[0] = index
+            try:
+                extracted, ok = check(text, gold, inner_timeout)
+                result = Grade(extracted, ok, "math_verify" if ok else "none")
+            except Exception as e:  # noqa: BLE001 - counted by the parent (Grader.errors), regraded on rerun
+                result = Grade(None, False, "error")
+                log.debug("math-verify failed: %s", e)
+            status[1] = time.monotonic()
+            status[0] = IDLE
+            result.seconds = time.perf_counter() - t0
+            done.append((index, result))
+            now = time.monotonic()
+            if now - last_flush >= flush_s or (k == len(batch) - 1 and not conn.poll()):
+                conn.send(done)
+                done, last_flush = [], now
 
 
 @dataclass
 class _Worker:
     proc: Any
     conn: Any
-    job: int | None = None
-    started: float = 0.0
+    status: Any  # shared [index of the running sample or IDLE, since when (monotonic clock)]
+    jobs: deque = field(default_factory=deque)  # indices sent and not answered yet, in order
+    sent_at: float = 0.0  # when the parent last sent a batch
+
+    def running(self) -> tuple[int | None, float]:
+        """The sample the worker is grading and since when (None: between samples, since the later of
+        its last sample and the last batch sent, so a worker that is sent work and never starts it times out)."""
+        index = self.status[0]  # the index first: the worker writes the time before the index
+        since = self.status[1]
+        return (None, max(since, self.sent_at)) if index == IDLE else (int(index), since)
+
+
+READY = "ready"
+PRELOAD = ["math_verify", "sympy", "eval.grading", "eval.grading_warm"]  # forkserver: imported (and warmed) once
+START_TIMEOUT_S = 120.0  # a worker that has not started by then (a machine thrashing) is a broken pool
+
+
+class GraderBroken(RuntimeError):
+    """The math-verify workers keep dying before they grade anything."""
 
 
 class Grader:
     """Grades batches of samples; a pool of math-verify workers with a per-sample wall-clock limit.
 
-    Use as a context manager (workers start lazily on the first sample that needs math-verify).
+    Workers start once (lazily, or with :meth:`start`) and are reused for every call; each worker is
+    kept ``depth`` samples ahead, sent in batches, and answers sample by sample, so every sample still
+    has its own deadline: past it the worker is killed and replaced, the sample is graded ``timeout``
+    and the samples queued behind it go to the next free worker. Counters (:meth:`counts`): timeouts,
+    errors (math-verify raised), worker deaths (a worker died mid-sample; graded ``error``), restarts.
+    ``GraderBroken`` is raised when the workers die ``2 x workers + 1`` times in a row without an answer
+    (e.g. a grading script without an ``if __name__ == "__main__":`` guard).
     """
 
     def __init__(
@@ -209,44 +270,85 @@ class Grader:
         strip_reasoning: bool = False,
         exact_first: bool = True,
         check: Callable[[str, str, int], tuple[str | None, bool]] = math_verify_equal,
+        depth: int = 8,
     ):
-        if workers < 1:
-            raise ValueError(f"grading.workers must be >= 1, got {workers}")
-        if timeout_s <= 0:
-            raise ValueError(f"grading.timeout_s must be > 0, got {timeout_s}")
-        if start_method not in ("forkserver", "spawn"):
-            raise ValueError(f"grading.start_method must be forkserver|spawn, got {start_method!r}")
+        check_grading_settings(workers, timeout_s, start_method)
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}")
         self.n_workers = workers
         self.timeout_s = timeout_s
         self.inner_timeout = max(1, int(timeout_s / 3))
         self.math_verify = math_verify
         self.strip_reasoning = strip_reasoning
-        self.exact_first = (
-            exact_first  # False: every math sample goes through math-verify (tests, benchmarks)
-        )
-        self.check = (
-            check  # the worker-side equivalence test (a module-level function: it is pickled by name)
-        )
+        self.exact_first = exact_first  # False: every math sample goes through math-verify (tests, benchmarks)
+        self.check = check  # the worker-side equivalence test (a module-level function: it is pickled by name)
+        self.depth = depth
         self._ctx = mp.get_context(start_method)
         if start_method == "forkserver":
-            self._ctx.set_forkserver_preload(["math_verify", "sympy", "eval.grading"])
+            self._ctx.set_forkserver_preload(PRELOAD)
         self._workers: list[_Worker] = []
+        self.graded = 0  # samples graded (any stage)
         self.timeouts = 0
+        self.errors = 0
+        self.deaths = 0
         self.restarts = 0
+        self._deaths_in_a_row = 0
+        self._last_exitcode: int | None = None
+
+    def counts(self) -> dict[str, int]:
+        """What ``metrics.json`` reports under ``grading``: samples graded and what went wrong."""
+        return {
+            "graded": self.graded,
+            "timeouts": self.timeouts,
+            "errors": self.errors,
+            "worker_deaths": self.deaths,
+            "worker_restarts": self.restarts,
+        }
+
+    @property
+    def failures(self) -> int:
+        """Samples whose grading did not finish (graded ``error``: math-verify raised or the worker died)."""
+        return self.errors + self.deaths
 
     # -- pool management
+    def start(self, n: int | None = None) -> Grader:
+        """Start the workers now (e.g. while the model loads) instead of on the first math-verify sample."""
+        while len(self._workers) < min(self.n_workers, n or self.n_workers):
+            self._workers.append(self._spawn())
+        return self
+
     def _spawn(self) -> _Worker:
-        parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(
-            target=_worker_loop, args=(child, self.inner_timeout, self.check), daemon=True
-        )
-        proc.start()
-        child.close()
-        return _Worker(proc, parent)
+        """A started worker that has said it is ready (one that dies on start counts towards GraderBroken)."""
+        while True:
+            parent, child = self._ctx.Pipe()
+            status = self._ctx.Array("d", [IDLE, 0.0], lock=False)
+            proc = self._ctx.Process(
+                target=_worker_loop, args=(child, self.inner_timeout, self.check, status), daemon=True
+            )
+            proc.start()
+            child.close()
+            w = _Worker(proc, parent, status, sent_at=time.monotonic())
+            try:
+                if parent.poll(START_TIMEOUT_S) and parent.recv() == READY:
+                    return w
+            except (EOFError, OSError):
+                pass
+            self._kill(w)
+            self._count_death_in_a_row()
+
+    def _count_death_in_a_row(self) -> None:
+        self._deaths_in_a_row += 1
+        if self._deaths_in_a_row > 2 * self.n_workers:
+            raise GraderBroken(
+                f"the math-verify workers died {self._deaths_in_a_row} times in a row without grading a sample "
+                f"(last exit code {self._last_exitcode}); a grading script must guard its entry with "
+                '`if __name__ == "__main__":`'
+            )
 
     def _kill(self, w: _Worker) -> None:
         w.proc.kill()
         w.proc.join(5)
+        self._last_exitcode = w.proc.exitcode
         w.conn.close()
 
     def close(self) -> None:
@@ -287,6 +389,7 @@ class Grader:
 
         def done(i: int, g: Grade) -> None:
             results[i] = g
+            self.graded += 1
             if on_result:
                 on_result(i, g)
 
@@ -315,51 +418,97 @@ class Grader:
             self._run_workers(prepared, pending, done)
         return results  # type: ignore[return-value]
 
+    def _send(self, w: _Worker, samples: Sequence[tuple[str, str, str]], pending: deque[int], done) -> None:
+        """Top ``w`` up to ``depth`` queued samples with one message, once half of its queue is done."""
+        # smaller batches as the work runs out, so no worker sits on a long queue while another idles
+        n = min(self.depth - len(w.jobs), max(1, -(-len(pending) // (2 * self.n_workers))))
+        if not pending or len(w.jobs) > self.depth // 2:
+            return
+        batch = [pending.popleft() for _ in range(n)]
+        try:
+            w.conn.send([(i, samples[i][0], samples[i][1]) for i in batch])
+        except OSError:  # the worker died: this batch goes back to pending, its queue is handled in _died
+            pending.extendleft(reversed(batch))
+            self._died(w, samples, pending, done)
+            return
+        w.sent_at = time.monotonic()
+        w.jobs.extend(batch)
+
+    def _died(self, w: _Worker, samples, pending: deque[int], done: Callable) -> None:
+        """A worker died: the sample it was grading is graded ``error``, the rest of its queue is requeued."""
+        index, started = w.running()
+        self._kill(w)
+        self._requeue(w, pending, index)
+        self._count_death_in_a_row()
+        self._replace(w, killed=True)
+        if index is not None:
+            self.deaths += 1
+            done(index, Grade(last_boxed(samples[index][0]), False, "error", time.monotonic() - started))
+
+    def _requeue(self, w: _Worker, pending: deque[int], running: int | None) -> None:
+        """Put a killed worker's unanswered samples (its answers not yet sent included) back in front."""
+        pending.extendleft(reversed([i for i in w.jobs if i != running]))
+        w.jobs.clear()
+
+    def _receive(self, w: _Worker, samples, done: Callable) -> bool:
+        """Take one message of answers from ``w``; False if the worker died."""
+        try:
+            answers = w.conn.recv()
+        except (EOFError, OSError):  # the worker died (e.g. recursion overflow in C code)
+            return False
+        self._deaths_in_a_row = 0
+        for index, grade in answers:
+            w.jobs.remove(index)
+            self.errors += grade.method == "error"
+            boxed = last_boxed(samples[index][0])  # the boxed answer is the more readable record
+            grade.extracted = boxed if boxed is not None else grade.extracted
+            done(index, grade)
+        return True
+
     def _run_workers(
         self, samples: Sequence[tuple[str, str, str]], pending: deque[int], done: Callable
     ) -> None:
-        while len(self._workers) < min(self.n_workers, len(pending)):
-            self._workers.append(self._spawn())
-        busy: dict[Any, _Worker] = {}
-        while pending or busy:
+        self.start(len(pending))
+        while pending or any(w.jobs for w in self._workers):
             for w in self._workers:
-                if w.job is None and pending:
-                    i = pending.popleft()
-                    text, gold, _ = samples[i]
-                    try:
-                        w.conn.send((i, text, gold))
-                    except OSError:  # the idle worker died (e.g. killed from outside): replace, retry
-                        self._replace(w)
-                        w.conn.send((i, text, gold))
-                    w.job, w.started = i, time.monotonic()
-                    busy[w.conn] = w
+                self._send(w, samples, pending, done)
+            busy = {w.conn: w for w in self._workers if w.jobs}
+            if not busy:
+                continue
+            next_deadline = min(w.running()[1] + self.timeout_s for w in busy.values())
+            for conn in wait(list(busy), timeout=min(1.0, max(0.0, next_deadline - time.monotonic()))):
+                if not self._receive(busy[conn], samples, done):
+                    self._died(busy[conn], samples, pending, done)
             now = time.monotonic()
-            next_deadline = min(w.started + self.timeout_s for w in busy.values())
-            for conn in wait(list(busy), timeout=max(0.0, next_deadline - now)):
-                w = busy.pop(conn)
-                try:
-                    index, grade = conn.recv()
-                except (EOFError, OSError):  # the worker died (e.g. recursion overflow in C code)
-                    index, grade = w.job, Grade(None, False, "error", time.monotonic() - w.started)
-                    self._replace(w)
-                # the boxed answer is the more readable record of what the model answered
-                boxed = last_boxed(samples[index][0])
-                grade.extracted = boxed if boxed is not None else grade.extracted
-                w.job = None
-                done(index, grade)
-            now = time.monotonic()
-            for conn, w in list(busy.items()):
-                if now - w.started >= self.timeout_s:
-                    busy.pop(conn)
-                    index = w.job
+            for w in busy.values():
+                index, started = w.running()
+                if w.jobs and now - started >= self.timeout_s:
+                    if index is None:  # answers sent but not read yet, or a silent worker: read first
+                        if w.conn.poll(0):
+                            continue
+                        index = w.jobs[0]
+                    self._kill(w)
                     self.timeouts += 1
-                    self._replace(w)
-                    w.job = None
-                    done(index, Grade(last_boxed(samples[index][0]), False, "timeout", now - w.started))
+                    self._requeue(w, pending, index)
+                    self._replace(w, killed=True)
+                    done(index, Grade(last_boxed(samples[index][0]), False, "timeout", now - started))
 
-    def _replace(self, w: _Worker) -> None:
+    def _replace(self, w: _Worker, killed: bool = False) -> None:
         """Kill a stuck or dead worker and start a fresh one in its slot."""
-        self._kill(w)
+        if not killed:
+            self._kill(w)
         fresh = self._spawn()
-        w.proc, w.conn = fresh.proc, fresh.conn
+        w.proc, w.conn, w.status, w.sent_at = fresh.proc, fresh.conn, fresh.status, fresh.sent_at
         self.restarts += 1
+
+
+def check_grading_settings(workers: int, timeout_s: float, start_method: str, max_error_rate: float = 0.0) -> None:
+    """The grader's settings, checked before any state is written (``eval`` validates them up front)."""
+    if workers < 1:
+        raise ValueError(f"grading.workers must be >= 1, got {workers}")
+    if not timeout_s > 0:
+        raise ValueError(f"grading.timeout_s must be > 0, got {timeout_s}")
+    if start_method not in ("forkserver", "spawn"):
+        raise ValueError(f"grading.start_method must be forkserver|spawn, got {start_method!r}")
+    if not 0.0 <= max_error_rate <= 1.0:
+        raise ValueError(f"grading.max_error_rate must lie in [0, 1], got {max_error_rate}")

@@ -107,25 +107,3 @@ def compute_metrics(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "by_competition": {name: summarize(g) for name, g in sorted(groups.items())},
     }
 
-
-def format_table(metrics: dict[str, Any]) -> str:
-    """Readable per-competition table (accuracy in %), pooled last."""
-    pooled = metrics["pooled"]
-    k = pooled.get("samples_per_problem", 1)
-    head = f"{'competition':<16} {'problems':>8} {'avg@' + str(k):>8} {'pass@' + str(k):>8} {'trunc %':>8} {'tokens':>8}"
-    lines = [head, "-" * len(head)]
-
-    def line(name: str, m: dict[str, Any]) -> str:
-        if not m.get("problems"):
-            return f"{name:<16} {0:>8}"
-        pk = m.get(f"pass@{k}", float("nan"))
-        return (
-            f"{name:<16} {m['problems']:>8} {100 * m['accuracy']:>8.1f} {100 * pk:>8.1f} "
-            f"{100 * m['truncation_rate']:>8.1f} {m['mean_tokens']:>8.0f}"
-        )
-
-    if len(metrics["by_competition"]) > 1:
-        lines += [line(name, m) for name, m in metrics["by_competition"].items()]
-        lines.append("-" * len(head))
-    lines.append(line("pooled", pooled))
-    return "\n".join(lines)

@@ -33,22 +33,33 @@ def user_message(problem: Problem) -> str:
 
 
 def messages(problem: Problem, system_prompt: str | None = None) -> list[dict[str, str]]:
+    return chat_messages(user_message(problem), system_prompt)
+
+
+def chat_messages(content: str, system_prompt: str | None = None) -> list[dict[str, str]]:
     out = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    return [*out, {"role": "user", "content": user_message(problem)}]
+    return [*out, {"role": "user", "content": content}]
 
 
-def render(
-    problem: Problem, tokenizer: Any, system_prompt: str | None = None, enable_thinking: bool | None = None
+def chat_text(
+    content: str, tokenizer: Any, system_prompt: str | None = None, enable_thinking: bool | None = None
 ) -> str:
-    """The prompt text: the tokenizer's chat template with the generation prompt appended."""
+    """A user message through the tokenizer's chat template, with the generation prompt appended."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
             "the tokenizer has no chat template: evaluation prompts use the model's own template"
         )
     kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
     return tokenizer.apply_chat_template(
-        messages(problem, system_prompt), tokenize=False, add_generation_prompt=True, **kwargs
+        chat_messages(content, system_prompt), tokenize=False, add_generation_prompt=True, **kwargs
     )
+
+
+def render(
+    problem: Problem, tokenizer: Any, system_prompt: str | None = None, enable_thinking: bool | None = None
+) -> str:
+    """The prompt text: the tokenizer's chat template with the generation prompt appended."""
+    return chat_text(user_message(problem), tokenizer, system_prompt, enable_thinking)
 
 
 # A closed reasoning block: R1/Qwen3 <think>…</think> (the opening tag may sit in the prompt) or the

@@ -15,16 +15,32 @@ import os
 from pathlib import Path
 from typing import Any
 
+from zoomr.jsonl import JsonlReader
+
 log = logging.getLogger(__name__)
 
 RESULTS_FILE = "results.jsonl"
 FINGERPRINT_FILE = "fingerprint.json"
+LOCK_FILE = ".lock"
 
 Key = tuple[str, int]
 
 
 def row_key(row: dict[str, Any]) -> Key:
     return (row["problem_id"], int(row["sample"]))
+
+
+def is_grading_error(row: dict[str, Any]) -> bool:
+    """A row whose grading did not finish (a grader worker died or failed): regraded on the next run."""
+    return row.get("grade_method") == "error"
+
+
+def _row_problem(row: dict[str, Any]) -> str | None:
+    if not isinstance(row.get("problem_id"), str) or type(row.get("sample")) is not int:
+        return "not a result row (needs a string problem_id and an integer sample)"
+    if not isinstance(row.get("correct"), bool):
+        return "not a result row (needs a boolean correct)"
+    return None
 
 
 class ResultStore:
@@ -36,46 +52,36 @@ class ResultStore:
         self.rows: dict[Key, dict[str, Any]] = {}
         self.duplicates = 0
         self.torn = 0
+        self.bad = 0
 
     def load(self) -> dict[Key, dict[str, Any]]:
-        """Read existing rows; repair a torn last line so later appends start on a clean line."""
+        """Read existing rows; repair a torn last line so later appends start on a clean line.
+
+        Unreadable lines (not UTF-8, not JSON, not a row of this file) are skipped with their line number
+        (counted in ``bad``); their keys, if any, are regenerated. A later row of a key replaces a row whose
+        grading failed (``grade_method == "error"``, see :mod:`eval.grading`); otherwise the first row wins.
+        """
         self.rows = {}
         if not self.path.exists():
             return self.rows
-        data = self.path.read_bytes()
-        good_end = 0
-        pos = 0
-        while pos < len(data):
-            nl = data.find(b"\n", pos)
-            if nl < 0:  # last line without newline: the write in flight when the run was killed
-                self.torn += 1
-                break
-            line = data[pos:nl].strip()
-            if line:
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    self.torn += 1
-                    log.warning("%s: skipping an unreadable line at byte %d", self.path, pos)
-                    pos = nl + 1
-                    good_end = pos
-                    continue
-                key = row_key(row)
-                if key in self.rows:
-                    self.duplicates += 1
-                else:
-                    self.rows[key] = row
-            pos = nl + 1
-            good_end = pos
-        if good_end < len(data):
-            log.warning("%s: dropping a torn last line (%d bytes)", self.path, len(data) - good_end)
+        reader = JsonlReader(self.path, check=_row_problem, torn_tail=True)
+        for _, row in reader:
+            key = row_key(row)
+            if key in self.rows and not is_grading_error(self.rows[key]):
+                self.duplicates += 1
+            else:
+                self.rows[key] = row
+        self.bad = len(reader.bad)
+        if reader.torn:
+            self.torn += 1
+            log.warning("%s: dropping a torn last line (%d bytes)", self.path, reader.torn)
             with open(self.path, "r+b") as f:
-                f.truncate(good_end)
+                f.truncate(reader.clean_end)
         return self.rows
 
     def append(self, row: dict[str, Any]) -> None:
         key = row_key(row)
-        if key in self.rows:
+        if key in self.rows and not is_grading_error(self.rows[key]):
             raise ValueError(f"result for {key} already written")
         line = json.dumps(row, ensure_ascii=False) + "\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -85,6 +91,42 @@ class ResultStore:
             if self.fsync:
                 os.fsync(f.fileno())
         self.rows[key] = row
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``run_dir/.lock`` for as long as one eval writes the directory.
+
+    A second eval on the same directory is refused at once with a clear message instead of appending
+    duplicate rows; the lock is the kernel's, so it is released when its holder exits or is killed.
+    """
+
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir) / LOCK_FILE
+        self._fd: int | None = None
+
+    def __enter__(self) -> RunLock:
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise SystemExit(
+                f"{self.path.parent} is being written by another eval (pid {holder}); wait for it to finish, "
+                "or use another run_name / run_dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the lock
+            self._fd = None
 
 
 def check_fingerprint(run_dir: str | Path, fingerprint: dict[str, Any]) -> None:

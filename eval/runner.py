@@ -15,7 +15,7 @@ from tqdm import tqdm
 from eval.benchmarks import Problem
 from eval.generation import GenerateFn, Generation, sample_seed
 from eval.grading import Grade, Grader
-from eval.results import Key, ResultStore
+from eval.results import Key, ResultStore, is_grading_error
 
 
 def work_items(problems: list[Problem], n_samples: int, done: set[Key] | dict) -> list[tuple[Problem, int]]:
@@ -54,6 +54,22 @@ def make_row(
     return row
 
 
+def regrade_failed(problems: list[Problem], grader: Grader, store: ResultStore, scope: list[Key]) -> int:
+    """Grade again the rows whose grading failed in an earlier run (a worker died): their text is kept,
+    so nothing is generated again; the new row replaces the failed one (:meth:`ResultStore.load`)."""
+    by_id = {p.id: p for p in problems}
+    failed = [store.rows[k] for k in scope if k in store.rows and is_grading_error(store.rows[k])]
+    if not failed:
+        return 0
+    grades = grader.grade([(r["text"], by_id[r["problem_id"]].answer, by_id[r["problem_id"]].task) for r in failed])
+    for row, grade in zip(failed, grades):
+        store.append(
+            {**row, "extracted": grade.extracted, "correct": grade.correct, "grade_method": grade.method,
+             "grade_seconds": round(grade.seconds, 4)}
+        )  # fmt: skip
+    return len(failed)
+
+
 def evaluate(
     problems: list[Problem],
     generate: GenerateFn,
@@ -70,20 +86,25 @@ def evaluate(
     on_row: Callable[[dict[str, Any]], None] | None = None,
     script: Callable[[Problem], list[int | None]] | None = None,
     details: Callable[[Problem, Generation], dict[str, Any]] | None = None,
+    grade: Callable[[Problem, Generation], Grade] | None = None,
 ) -> list[dict[str, Any]]:
     """Run every missing (problem, sample) and return the rows of all keys in scope, in order.
 
     ``script(problem)``: the environment's tokens for the generator (``zoomr.engine.generate(script=…)``;
     the testbed's facts). ``details(problem, generation)``: extra fields for the row (the testbed's
-    per-fact recall).
+    per-fact recall). ``grade(problem, generation)``: the task's own grader in place of ``grader``
+    (task plugins, :mod:`eval.tasks`).
     """
     if n_samples < 1 or batch_size < 1:
         raise ValueError(f"n_samples and batch_size must be >= 1, got {n_samples}, {batch_size}")
     store.load()
     todo = work_items(problems, n_samples, store.rows)
     scope = [(p.id, s) for p in problems for s in range(n_samples)]
+    regrade_failed(problems, grader, store, scope)
     done_in_scope = [store.rows[k] for k in scope if k in store.rows]
     correct, graded = sum(r["correct"] for r in done_in_scope), len(done_in_scope)
+    if graded:  # a resumed run: say what it skips
+        tqdm.write(f"resuming {store.path}: {graded} of {len(scope)} samples already done, skipped; {len(todo)} to run")
     bar = tqdm(
         total=len(scope), initial=graded, desc=f"eval {benchmark}", disable=not progress, dynamic_ncols=True
     )
@@ -112,6 +133,10 @@ def evaluate(
             if on_row:
                 on_row(row)
 
-        grader.grade([(g.text, p.answer, p.task) for (p, _), g in zip(batch, gens)], on_result=write)
+        if grade is not None:
+            for i, ((p, _), g) in enumerate(zip(batch, gens)):
+                write(i, grade(p, g))
+        else:
+            grader.grade([(g.text, p.answer, p.task) for (p, _), g in zip(batch, gens)], on_result=write)
     bar.close()
     return [store.rows[k] for k in scope]

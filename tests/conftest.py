@@ -14,21 +14,9 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
+from zoomr.models import tiny_spec  # noqa: E402,F401  (re-exported for the tests)
+
 TINY_ARCHS = ("qwen2", "llama", "qwen3")
-
-
-def tiny_spec(arch: str = "qwen2", **tiny_overrides):
-    from zoomr.models import ModelSpec
-
-    tiny = {
-        "hidden_size": 256,
-        "intermediate_size": 512,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-    }
-    tiny.update(tiny_overrides)
-    return ModelSpec(name=f"tiny-{arch}", arch=arch, tiny=tiny)
 
 
 @pytest.fixture(scope="session")

@@ -87,7 +87,9 @@ def test_serving_roles_equal_the_training_layout():
 
 def test_policy_builds_from_the_method_config_and_reads_checkpoints(model_tok, tmp_path):
     model, tok = model_tok
-    cache = build_policy({"name": "abridge"}, model.config, tok)
+    with pytest.raises(ValueError, match="has no abridge.json.*method.allow_untrained=true"):
+        build_policy({"name": "abridge"}, model.config, tok)  # an untrained model: refused
+    cache = build_policy({"name": "abridge", "allow_untrained": True}, model.config, tok)
     assert isinstance(cache, AbridgeCache) and cache.quotas == [8] * 4 and cache.layout.block_size == 64
     save_abridge_config(tmp_path, AbridgeLayout(32, 8, "tail"), [4, 4, 8, 0])
     config = model.config.__class__.from_dict(model.config.to_dict())
@@ -95,4 +97,4 @@ def test_policy_builds_from_the_method_config_and_reads_checkpoints(model_tok, t
     cache = build_policy({"name": "abridge"}, config, tok)
     assert cache.quotas == [4, 4, 8, 0] and cache.layout == AbridgeLayout(32, 8, "tail")
     with pytest.raises(ValueError, match="tokenizer"):
-        build_policy({"name": "abridge"}, model.config, None)
+        build_policy({"name": "abridge"}, config, None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -67,8 +68,17 @@ def test_train_resume_and_allocate(tmp_path, cache_dir):
     more = [*TINY_RUN, "method.max_steps=6", "method.gradient_checkpointing=true", f"cache_dir={cache_dir}"]
     second = recipe.run(_compose("abridge", more, run_dir))
     assert second["resumed_from"].endswith("checkpoint-4") and second["steps"] == 6
-    with pytest.raises(SystemExit, match="quotas"):  # same run dir, another schedule: refuse to resume
-        recipe.run(_compose("abridge", [*more, "method.quota=1"], run_dir))
+    # killed after its last checkpoint (no summary yet): the rerun restores checkpoint-6, trains nothing
+    shutil.rmtree(run_dir / "final")
+    (run_dir / "summary.json").unlink()
+    third = recipe.run(_compose("abridge", more, run_dir))
+    assert third["resumed_from"].endswith("checkpoint-6") and third["steps"] == 6
+    assert third["heldout_ce_abridge"] == pytest.approx(second["heldout_ce_abridge"], abs=1e-4)
+    assert third["train_loss"] == pytest.approx(second["train_loss"], rel=1e-6)
+    config = (run_dir / "config.json").read_bytes()
+    with pytest.raises(SystemExit, match=r"derived\.quotas: was \[2, 2, 2, 2\], now \[1, 1, 1, 1\]"):
+        recipe.run(_compose("abridge", [*more, "method.quota=1"], run_dir))  # another schedule: refused
+    assert (run_dir / "config.json").read_bytes() == config  # ... before the run's config is rewritten
 
     alloc_dir = tmp_path / "alloc"
     acfg = _compose(
@@ -86,3 +96,5 @@ def test_train_resume_and_allocate(tmp_path, cache_dir):
     assert sorted(schedule["quotas"]) == [1, 1, 2, 4] and len(schedule["costs"]) == 4
     assert (alloc_dir / "layer_costs.png").stat().st_size > 0
     assert "method.schedule=" in summary["next"]
+    written = (alloc_dir / "schedule.json").stat().st_mtime_ns
+    assert allocate.run(acfg) == summary and (alloc_dir / "schedule.json").stat().st_mtime_ns == written

@@ -42,6 +42,7 @@ def _lines(run_dir: Path) -> list[str]:
 def _metrics(run_dir: Path) -> dict:
     m = json.loads((run_dir / "metrics.json").read_text())
     m.pop("grading_timeouts_this_run")
+    m.pop("grading_this_run")  # what this process graded: differs between a resumed and a whole run
     return m
 
 

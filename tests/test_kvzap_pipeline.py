@@ -48,12 +48,16 @@ def pairs_and_fit(tmp_path, cache_dir, pipeline: list[str], fit: list[str]):
         ],
     )
     pairs = make_pairs(cfg)
-    cfg = _compose(
-        "train",
-        ["+method=kvzap", f"run_dir={tmp_path}/fit", f"method.pairs_dir={tmp_path}/pairs",
-         f"method.surrogate_dir={tmp_path}/surrogates", *fit, *common],
-    )  # fmt: skip
+    cfg = _compose("train", [*cfg_overrides(tmp_path, cache_dir), *fit])
     return pairs, run_fit(cfg), cfg
+
+
+def cfg_overrides(tmp_path, cache_dir) -> list[str]:
+    return [
+        "+method=kvzap", f"run_dir={tmp_path}/fit", f"method.pairs_dir={tmp_path}/pairs",
+        f"method.surrogate_dir={tmp_path}/surrogates", f"cache_dir={cache_dir}", "logger.mode=disabled",
+        "model=tiny-qwen2",
+    ]  # fmt: skip
 
 
 def layer_means(run_dir, metric: str) -> dict[tuple[str, int], float]:
@@ -84,6 +88,13 @@ def test_pairs_then_fit_through_the_configs(tmp_path, cache_dir):
     for kind in ("linear", "mlp"):
         assert det[(kind, 0)] > const[(kind, 0)] + 0.05, (kind, det, const)
     assert (tmp_path / "fit" / "r2_per_layer.png").stat().st_size > 1000
+    # a rerun returns the finished fit untouched; another setting in the same run directory is refused
+    from train.kvzap import run as run_fit
+
+    written = (tmp_path / "fit" / "r2.csv").stat().st_mtime_ns
+    assert run_fit(cfg) == summary and (tmp_path / "fit" / "r2.csv").stat().st_mtime_ns == written
+    with pytest.raises(SystemExit, match="method.fit.ridge_alpha: was"):
+        run_fit(_compose("train", [*cfg_overrides(tmp_path, cache_dir), "method.fit.ridge_alpha=7"]))
     # the fitted surrogate's checkpoint drives the policy through the method config
     from zoomr.cache import build_policy
 

@@ -86,7 +86,7 @@ def test_build_is_cached_and_keyed_on_config(cache_dir):
 def test_gqa_requirement_and_spec_validation():
     with pytest.raises(ValueError, match="GQA"):
         tiny_config("llama", 100, num_attention_heads=4, num_key_value_heads=4)
-    with pytest.raises(ValueError, match="exactly one"):
+    with pytest.raises(ValueError, match="set model.hf_id"):
         ModelSpec(name="x", arch="qwen2")
     with pytest.raises(ValueError, match="arch"):
         ModelSpec(name="x", arch="gpt2", tiny={})

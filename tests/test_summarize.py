@@ -18,6 +18,7 @@ import pytest
 from data_prep.fake_llm_server import FakeServer, FaultPlan, fake_summary
 from data_prep.llm_client import ChatClient, EndpointSettings, FatalRequestError, RequestFailed
 from data_prep.summarize import (
+    SummarizeFailed,
     SummarizeSettings,
     clean_summary,
     plan_rows,
@@ -56,6 +57,7 @@ def settings(url: str, concurrency: int = 4, **kw) -> SummarizeSettings:
         max_retries=kw.pop("max_retries", 40),
         backoff_base_s=0.001,
         backoff_max_s=0.01,
+        stall_timeout_s=kw.pop("stall_timeout_s", 600.0),
         max_tokens=32,
     )
     return SummarizeSettings(
@@ -193,10 +195,12 @@ def test_fatal_http_errors_stop_at_once(tmp_path):
     os.environ.pop("ZOOMR_TEST_KEY", None)
     with (
         FakeServer(FaultPlan(expected_key="right-key")) as server,
-        pytest.raises(FatalRequestError, match="401"),
+        pytest.raises(SummarizeFailed, match="401") as e,
     ):
         run_pipeline(tmp_path, server.base_url)
     assert server.log.requests <= 4  # at most one per worker, no retries
+    assert isinstance(e.value.__context__, FatalRequestError) or "HTTP 401" in str(e.value)
+    assert json.loads((tmp_path / "stats.json").read_text())["fatal_error"].count("401") == 1
 
 
 async def _complete(url: str, **kw):

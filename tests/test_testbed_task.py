@@ -72,7 +72,9 @@ def test_structure_and_lengths(long_problems):
             assert w[f.definition_pos - 1 : f.definition_pos + 1] == [tt.key(f.key), tt.value(f.value)]
         for q in p.queries:
             assert q.paragraph == 0 or q.fact.paragraph < q.paragraph  # only facts of earlier paragraphs
-            assert w[q.answer_pos - 2 : q.answer_pos + 1] == [tt.QUERY, tt.key(q.fact.key), tt.value(q.fact.value)]
+            # the cue "? k", the boundary ":", one more step "=", then the value
+            assert w[q.answer_pos - 4 : q.answer_pos + 1] == [tt.QUERY, tt.key(q.fact.key), ":", "=", tt.value(q.fact.value)]
+            assert w[q.cue_pos] == ":" and q.cue_pos == q.answer_pos - 2
             assert q.distance == q.answer_pos - q.fact.definition_pos > 0
         final = [q.fact.index for q in p.queries if q.paragraph == 0]
         unasked = sorted(set(f.index for f in p.facts) - set(asked[: len(asked) - len(final)]))
@@ -144,7 +146,28 @@ def test_paragraph_cost_matches_rendering():
         shapes.append((facts, queries, filler))
         start = end + 1
     assert para_tokens == sum(paragraph_cost(f, q, fl, True) for f, q, fl in shapes)
-    assert len(w) - para_tokens == 2 + 3 * sum(q.paragraph == 0 for q in p.queries)
+    assert len(w) - para_tokens == 2 + 5 * sum(q.paragraph == 0 for q in p.queries)
+    # the summary spans are the content rows (the keys) of each paragraph's summary
+    assert [w[a:b] for a, b in p.summary_spans] == [[tt.key(f.key) for f in p.facts if f.paragraph == n] for n in range(1, p.n_paragraphs + 1)]
+    assert all(w[a - 1] == tokens.BEGIN_SUMMARY and w[b] == tokens.END_SUMMARY for a, b in p.summary_spans)
+
+
+def test_the_cue_boundary_is_the_only_new_boundary_and_the_inline_form_is_kept(tokenizer):
+    """":" must be a ZoomR semantic boundary (A.3) and "=" must not: the recompute at ":" sees the key and its
+    selection applies at "=", the step that predicts the value. ``query_form=inline`` is the old "? k v"."""
+    from zoomr.segments import boundary_table
+
+    table = boundary_table(tokenizer)
+    vocab = tokenizer.get_vocab()
+    assert table[vocab[":"]] and not table[vocab["="]]
+    assert sorted(w for w, i in vocab.items() if table[i]) == sorted([":", "?", tt.BREAK])
+    old = generate(TestbedData(trace_tokens=300, query_form="inline"), random.Random(4))
+    for q in old.queries:
+        assert old.response_words[q.answer_pos - 2 : q.answer_pos + 1] == [tt.QUERY, tt.key(q.fact.key), tt.value(q.fact.value)]
+    rec = old.record("x")
+    assert grade(rec, rec["response"])["correct"] and rec["answer"].split()[:1] == [tt.QUERY]
+    with pytest.raises(ValueError, match="query_form"):
+        generate(TestbedData(query_form="prose"), random.Random(0))
 
 
 def test_invalid_configs_fail_clearly():
@@ -215,9 +238,10 @@ def test_curriculum_lengths_and_batches(tokenizer):
     r = stream.batch(4 + 1)
     for row, lab in zip(r.input_ids.tolist(), r.labels.tolist()):
         for t, y in enumerate(lab):
-            if y != -100:  # "? k v": the label at k is the value defined right after k's first occurrence
-                assert row[t - 1] == enc.ids[tt.QUERY] and row[t + 1] == y
-                assert row[row.index(row[t]) + 1] == y and row.index(row[t]) < t - 1
+            if y != -100:  # "? k : = v": the label at "=" is the value defined right after k's first occurrence
+                k = row[t - 2]
+                assert row[t - 3] == enc.ids[tt.QUERY] and row[t - 1 : t + 2] == [enc.ids[":"], enc.ids["="], y]
+                assert row[row.index(k) + 1] == y and row.index(k) < t - 3
     b = stream.batch(14)
     assert b.kind == "trace" and (b.input_ids == stream.batch(14).input_ids).all()
     # labels are the next input token wherever they are set, and set exactly at the answers

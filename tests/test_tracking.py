@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from zoomr.tracking import RunLogger, init_run, resolve_mode, scrub_secrets
+from zoomr.tracking import RunLogger, init_run, is_secret_name, resolve_mode, run_identity, scrub_secrets
 
 
 def test_mode_resolution(monkeypatch):
@@ -46,3 +46,65 @@ def test_offline_run_writes_locally_without_the_key(tmp_path, monkeypatch):
     for f in files:
         if f.is_file() and f.suffix in (".yaml", ".json", ".log", ".txt"):
             assert "secret-key" not in f.read_text(errors="ignore")
+
+
+def test_secret_names_are_real_secret_patterns_not_token_counts():
+    for name in ("api_key", "apiKey", "WANDB_API_KEY", "hf_token", "api_token", "token", "password", "client_secret"):
+        assert is_secret_name(name), name
+    for name in ("max_new_tokens", "trace_tokens", "num_key_value_heads", "pad_token", "api_key_env", "n_keys",
+                 "save_token_ids", "max_tokens", "tokens_per_doc"):  # fmt: skip
+        assert not is_secret_name(name), name
+
+
+def test_token_count_settings_reach_wandb_unchanged(tmp_path, monkeypatch):
+    """Regression: every key containing "token" was scrubbed, so max_new_tokens arrived as '***'."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    config = {"generation": {"max_new_tokens": 31744}, "data": {"trace_tokens": 1024},
+              "model": {"num_key_value_heads": 2}, "summarizer": {"hf_token": "hf_SECRETVALUE", "api_key_env": "K"}}  # fmt: skip
+    logger = init_run(project="p", name="n", group="g", config=config, mode="offline", dir=tmp_path)
+    uploaded = dict(logger.run.config)  # the config of the real (offline) run, as it will sync
+    logger.finish()
+    assert uploaded["generation"] == {"max_new_tokens": 31744}
+    assert uploaded["data"] == {"trace_tokens": 1024}
+    assert uploaded["model"] == {"num_key_value_heads": 2}
+    assert uploaded["summarizer"] == {"hf_token": "***", "api_key_env": "K"}
+    for f in (tmp_path / "wandb").rglob("*"):
+        assert not f.is_file() or b"hf_SECRETVALUE" not in f.read_bytes()
+
+
+def test_logger_none_wins_over_wandb_mode(tmp_path, monkeypatch):
+    """Regression: ``logger=none`` (mode disabled) was overridden by WANDB_MODE=offline."""
+    from hydra import compose, initialize_config_dir
+
+    from zoomr.entry import CONF_DIR, start_run
+    from zoomr.schemas import register_with_hydra
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert resolve_mode("disabled") == "disabled" and resolve_mode("auto") == "offline"
+    register_with_hydra()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("eval", overrides=["logger=none", f"run_dir={tmp_path / 'run'}"])
+    _, logger = start_run(cfg, job_type="eval")
+    assert not logger.enabled
+    assert not (tmp_path / "run" / "wandb").exists()
+
+
+def test_run_identity_key_scheme():
+    eval_cfg = {"run_name": "abridge", "method": {"name": "abridge"}, "model": {"name": "r1-7b"},
+                "benchmark": {"name": "suite"}, "logger": {"group": None}}  # fmt: skip
+    ident = run_identity(eval_cfg, "eval")
+    assert (ident.name, ident.group, ident.job_type) == ("abridge-r1-7b-suite", "r1-7b/suite", "eval")
+    train_cfg = {"run_name": "abridge-tiny-qwen2-traces", "method": {"name": "abridge"}, "model": {"name": "tiny-qwen2"},
+                 "data": {"name": "traces"}, "logger": {"group": "paper-table1"}}  # fmt: skip
+    ident = run_identity(train_cfg, "train")
+    assert (ident.name, ident.group) == ("abridge-tiny-qwen2-traces", "paper-table1")
+    assert run_identity({"model": {"name": "m"}, "benchmark": {"name": "b"}}, "eval").name == "full-m-b"
+
+
+def test_summary_keys_are_namespaced_by_job_type(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    logger = init_run(project="p", name="n", group="g", config={}, mode="offline", dir=tmp_path, job_type="eval")
+    logger.summary({"accuracy": 0.25, "kv_per_512": 64.0})
+    data = dict(logger.run.summary)
+    logger.finish()
+    assert data["eval/accuracy"] == 0.25 and data["eval/kv_per_512"] == 64.0 and "accuracy" not in data

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,6 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import Trainer, TrainingArguments
 
-from train.sft import load_sft_dataset, resolve_resume
 from zoomr.abridge.artifacts import save_abridge_config
 from zoomr.abridge.attention import use_abridge_attention
 from zoomr.abridge.data import StreamSet, batch_meta, build_streams, collate
@@ -31,8 +29,10 @@ from zoomr.abridge.optim import lr_factor
 from zoomr.abridge.quotas import resolve_quotas
 from zoomr.entry import model_spec, start_run, to_plain
 from zoomr.models import DTYPES, ModelSpec, load_model, load_tokenizer
+from zoomr.rundir import prepare_run
 from zoomr.schemas import to_dataclass
 from zoomr.schemas.abridge import AbridgeMethod, AbridgeOptim
+from zoomr.training import LogAtSave, load_sft_dataset, train_or_restore, trainer_arguments, whole_run_loss
 
 log = logging.getLogger(__name__)
 
@@ -96,32 +96,15 @@ def stream_collator(pad_id: int):
 def training_args(
     m: AbridgeMethod | Any, output_dir: Path, seed: int, report_to: list[str], deepspeed: dict | None
 ) -> TrainingArguments:
-    o = m.optim
     return TrainingArguments(
-        output_dir=str(output_dir),
-        per_device_train_batch_size=m.per_device_batch_size,
+        **trainer_arguments(m, m.optim, output_dir, seed, report_to, deepspeed),
         per_device_eval_batch_size=m.per_device_batch_size,
-        gradient_accumulation_steps=m.gradient_accumulation_steps,
-        learning_rate=o.learning_rate,
-        adam_beta1=o.adam_beta1,
-        adam_beta2=o.adam_beta2,
-        weight_decay=o.weight_decay,
-        max_grad_norm=o.max_grad_norm,
-        max_steps=m.max_steps,
-        logging_steps=m.logging_steps,
+        adam_beta1=m.optim.adam_beta1,
+        adam_beta2=m.optim.adam_beta2,
         eval_strategy="steps" if m.eval_steps else "no",
         eval_steps=m.eval_steps or None,
-        save_steps=m.save_steps,
-        save_total_limit=m.save_total_limit,
-        bf16=m.bf16,
-        activation_checkpointing=m.gradient_checkpointing,
-        report_to=report_to,
-        seed=seed,
-        deepspeed=deepspeed,
         remove_unused_columns=False,
         prediction_loss_only=True,
-        disable_tqdm=False,
-        save_only_model=False,
         dataloader_pin_memory=torch.cuda.is_available(),
     )
 
@@ -137,20 +120,6 @@ def load_streams(
     return streams
 
 
-def guard_resume(run_dir: Path, layout: AbridgeLayout, quotas: list[int], resume: str | None) -> None:
-    """Record the run's layout and quotas; refuse to resume a run that was trained with others."""
-    from zoomr.abridge.artifacts import load_abridge_config
-
-    if resume and (run_dir / "abridge.json").exists():
-        old_layout, old_quotas, _ = load_abridge_config(run_dir)
-        if (old_layout, old_quotas) != (layout, quotas):
-            raise SystemExit(
-                f"{run_dir} was trained with {old_layout}, quotas {old_quotas}; this run asks for {layout}, "
-                f"quotas {quotas}. Pick another run_name=… (or resume=never to start over there)."
-            )
-    save_abridge_config(run_dir, layout, quotas)
-
-
 def load_start_model(spec: ModelSpec, m: AbridgeMethod | Any, cache_dir: str, device: torch.device):
     """The model and tokenizer to fine-tune: ``m.init_from`` (a checkpoint directory) or the model config."""
     if m.init_from:
@@ -162,12 +131,17 @@ def load_start_model(spec: ModelSpec, m: AbridgeMethod | Any, cache_dir: str, de
 def run(cfg) -> dict[str, Any]:
     m: AbridgeMethod = to_dataclass(AbridgeMethod, cfg.method)
     spec = model_spec(cfg)
-    run_dir, logger = start_run(cfg, job_type="train")
     layout = AbridgeLayout(m.block_size, m.num_pause, m.code_positions)
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.device != "cpu" else "cpu")
     model, tokenizer = load_start_model(spec, m, cfg.cache_dir, device)
-    added = add_pause_tokens(model, tokenizer, layout.num_pause)
     quotas = resolve_quotas(model.config.num_hidden_layers, layout.num_pause, m.quota, m.schedule)
+    # the guard compares the resolved quotas too (a schedule file may change under the same name)
+    plan = prepare_run(cfg.run_dir, to_plain(cfg), cfg.resume, derived={"quotas": quotas}, title="AbridgeKV training")
+    if plan.finished:
+        return plan.finished
+    run_dir, logger = start_run(cfg, job_type="train")
+    save_abridge_config(run_dir, layout, quotas)
+    added = add_pause_tokens(model, tokenizer, layout.num_pause)
     streams = load_streams(
         to_plain(cfg.data), tokenizer, layout, m.max_prompt_tokens, m.max_response_tokens, m.heldout_examples
     )
@@ -178,12 +152,31 @@ def run(cfg) -> dict[str, Any]:
     model.train()
     use_abridge_attention(model)
     ckpt_dir = run_dir / "checkpoints"
-    resume = resolve_resume(cfg.resume, ckpt_dir)
-    guard_resume(run_dir, layout, quotas, resume)
-    trainer = build_trainer(
-        AbridgeTrainer, cfg, m, model, tokenizer, (train_set, heldout), ckpt_dir, logger, quotas=quotas
+    trainer = AbridgeTrainer(
+        model=model,
+        args=training_args(
+            m,
+            ckpt_dir,
+            cfg.seed,
+            ["wandb"] if logger.enabled else [],
+            to_plain(cfg.deepspeed.config) if cfg.deepspeed.config else None,
+        ),
+        train_dataset=train_set,
+        eval_dataset=heldout,
+        data_collator=stream_collator(pad_id),
+        processing_class=tokenizer,
+        quotas=quotas,
+        mask_backend=m.mask_backend,
+        optim=m.optim,
+        callbacks=[LogAtSave()],
     )
-    model, result, elapsed, final_dir = train_and_save(trainer, resume, spec, tokenizer, run_dir)
+    elapsed = train_or_restore(trainer, plan, m.max_steps)
+
+    model = trainer.model.eval()
+    model.set_attn_implementation(spec.attn_implementation)
+    final_dir = run_dir / "final"
+    trainer.save_model(str(final_dir))
+    tokenizer.save_pretrained(str(final_dir))
     save_abridge_config(
         final_dir,
         layout,
@@ -195,75 +188,25 @@ def run(cfg) -> dict[str, Any]:
     )
     ce_abridge = heldout_ce(model, heldout, quotas, pad_id, m.per_device_batch_size, m.mask_backend)
     ce_full = heldout_full_kv_ce(model, heldout, pad_id)
-    summary = summarize(cfg, m, layout, quotas, streams, trainer, result, elapsed, resume, added)
-    summary |= {"heldout_ce_abridge": round(ce_abridge, 4), "heldout_ce_full_kv": round(ce_full, 4)}
-    return finish_run(summary, final_dir, run_dir, logger, f"AbridgeKV training finished: {cfg.run_name}")
-
-
-def build_trainer(cls, cfg, m, model, tokenizer, datasets, ckpt_dir: Path, logger, **extra) -> Trainer:
-    """A masked-forward ``Trainer`` (``cls``) over ``datasets = (train streams, held-out streams)`` with the
-    method's loop settings, the run's seed, logger and DeepSpeed config; ``extra`` goes to ``cls``."""
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    return cls(
-        model=model,
-        args=training_args(
-            m,
-            ckpt_dir,
-            cfg.seed,
-            ["wandb"] if logger.enabled else [],
-            to_plain(cfg.deepspeed.config) if cfg.deepspeed.config else None,
-        ),
-        train_dataset=datasets[0],
-        eval_dataset=datasets[1],
-        data_collator=stream_collator(pad_id),
-        processing_class=tokenizer,
-        mask_backend=m.mask_backend,
-        optim=m.optim,
-        **extra,
-    )
-
-
-def train_and_save(trainer: Trainer, resume: str | None, spec: ModelSpec, tokenizer, run_dir: Path):
-    """Train (resuming from ``resume``), switch the model back to eval mode and its own attention, and save
-    it with its tokenizer in ``<run_dir>/final``. Returns (model, train result, seconds, final dir)."""
-    t0 = time.time()
-    result = trainer.train(resume_from_checkpoint=resume)
-    elapsed = time.time() - t0
-    model = trainer.model.eval()
-    model.set_attn_implementation(spec.attn_implementation)
-    final_dir = run_dir / "final"
-    trainer.save_model(str(final_dir))
-    tokenizer.save_pretrained(str(final_dir))
-    return model, result, elapsed, final_dir
-
-
-def finish_run(summary: dict[str, Any], final_dir: Path, run_dir: Path, logger, title: str) -> dict[str, Any]:
-    """Print and write the summary (``summary.json``), log its numbers, close the logger."""
+    summary = summarize(cfg, m, layout, quotas, streams, trainer, elapsed, plan.resume_from, added)
+    summary |= {
+        "heldout_ce_abridge": round(ce_abridge, 4),
+        "heldout_ce_full_kv": round(ce_full, 4),
+        "checkpoint": str(final_dir),
+        "run_dir": str(run_dir),
+    }
     from train.report import write_summary
 
-    summary |= {"checkpoint": str(final_dir), "run_dir": str(run_dir)}
-    write_summary(run_dir, summary, title)
+    write_summary(plan, summary, f"AbridgeKV training finished: {cfg.run_name}")
     logger.summary({k: v for k, v in summary.items() if isinstance(v, int | float)})
     logger.finish()
     return summary
 
 
-def loop_summary(trainer: Trainer, result, elapsed: float, resume: str | None) -> dict[str, Any]:
-    """The training loop's part of a summary: resume point, steps, loss curve ends, time."""
+def summarize(cfg, m, layout, quotas, streams, trainer, elapsed, resume, added) -> dict[str, Any]:
     from train.report import loss_curve
 
     curve = loss_curve(trainer.state.log_history)
-    return {
-        "resumed_from": resume or "-",
-        "steps": trainer.state.global_step,
-        "loss_start": curve[0][1] if curve else float("nan"),
-        "loss_end": curve[-1][1] if curve else float("nan"),
-        "train_loss": float(result.training_loss),
-        "seconds": round(elapsed, 1),
-    }
-
-
-def summarize(cfg, m, layout, quotas, streams, trainer, result, elapsed, resume, added) -> dict[str, Any]:
     mean_q = sum(quotas) / len(quotas)
     return {
         "method": m.name,
@@ -275,5 +218,10 @@ def summarize(cfg, m, layout, quotas, streams, trainer, result, elapsed, resume,
         else str(quotas),
         "pause_tokens_added": added,
         "mask_backend": m.mask_backend,
-        **loop_summary(trainer, result, elapsed, resume),
+        "resumed_from": resume or "-",
+        "steps": trainer.state.global_step,
+        "loss_start": curve[0][1] if curve else float("nan"),
+        "loss_end": curve[-1][1] if curve else float("nan"),
+        "train_loss": whole_run_loss(trainer.state.log_history),  # the whole run, across resumes
+        "seconds": round(elapsed, 1),
     }

@@ -22,6 +22,7 @@ from zoomr.abridge.quotas import halve_layer, save_schedule, three_level_schedul
 from zoomr.entry import model_spec, start_run, to_plain
 from zoomr.models import ModelSpec, load_model, load_tokenizer
 from zoomr.paths import resolve_repo_path
+from zoomr.rundir import prepare_run
 from zoomr.schemas import to_dataclass
 from zoomr.schemas.abridge import AbridgeAllocateMethod
 
@@ -56,15 +57,29 @@ def plot_costs(path: Path, costs: list[float], schedule: list[int], base: int) -
     return path
 
 
+def next_command(model: str, data: str, schedule: Path | str) -> str:
+    """The per-layer training run on ``schedule``: its own ``run_name``, since ``resume=auto`` refuses to
+    continue the uniform run's directory (``abridge-<model>-<data>``) with other settings."""
+    return (
+        f"python -m train +method=abridge model={model} data={data} method.schedule={schedule} "
+        f"run_name=abridge_perlayer-{model}-{data}"
+    )
+
+
 def run(cfg) -> dict[str, Any]:
     m: AbridgeAllocateMethod = to_dataclass(AbridgeAllocateMethod, cfg.method)
-    run_dir, logger = start_run(cfg, job_type="allocate")
     ckpt = resolve_repo_path(m.checkpoint)
     layout, quotas, info = load_abridge_config(ckpt)
     if len(set(quotas)) != 1:
         raise SystemExit(
             f"{ckpt} was trained with a non-uniform schedule {quotas}: allocate from a uniform model"
         )
+    # a rerun on the same weights returns the finished allocation; retrained weights at that path are refused
+    weights = {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(ckpt.glob("*.safetensors"))}
+    plan = prepare_run(cfg.run_dir, to_plain(cfg), cfg.resume, derived={"weights": weights}, title="allocation")
+    if plan.finished:
+        return plan.finished
+    run_dir, logger = start_run(cfg, job_type="allocate")
     spec = model_spec(cfg)
     trained = ModelSpec(name=f"{spec.name}-abridge", arch=spec.arch, hf_id=str(ckpt), dtype=spec.dtype)
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.device != "cpu" else "cpu")
@@ -109,8 +124,8 @@ def run(cfg) -> dict[str, Any]:
         "schedule": f"{schedule} (mean {sum(schedule) / len(schedule):g})",
         "schedule_file": str(out),
         "plot": str(plot),
-        "next": f"python -m train +method=abridge method.schedule={out}",
+        "next": next_command(cfg.model.name, cfg.data.name, out),
     }
-    write_summary(run_dir, summary, f"AbridgeKV allocation: {cfg.run_name}")
+    write_summary(plan, summary, f"AbridgeKV allocation: {cfg.run_name}")
     logger.finish()
     return summary

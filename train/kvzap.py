@@ -8,11 +8,15 @@ KVzap-Linear (ridge) and KVzap-MLP surrogates, and writes:
   (kind, layer, head), with the constant predictor's determination;
 - ``<run_dir>/r2_per_layer.png``: mean R² per layer, linear and MLP side by side;
 - a printed table (per layer, linear vs MLP) and ``summary.json``.
+
+A rerun of a finished fit prints its summary and returns; other settings, or regenerated pairs, in the same
+run directory are refused (:mod:`zoomr.rundir`).
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import logging
 import time
@@ -80,7 +84,8 @@ def format_table(cols: list[str], table: list[list[Any]]) -> str:
 
 def run(cfg) -> dict[str, Any]:
     from train.report import write_summary
-    from zoomr.entry import pick_device, start_run
+    from zoomr.entry import pick_device, start_run, to_plain
+    from zoomr.rundir import prepare_run
 
     method: KVzapMethod = to_dataclass(KVzapMethod, cfg.method)
     fit = method.fit
@@ -90,6 +95,12 @@ def run(cfg) -> dict[str, Any]:
             f"pairs in {method.pairs_dir} come from model {manifest['model']['name']!r}, "
             f"not {cfg.model.name!r}: pass the matching model= or method.pairs_dir="
         )
+    # a rerun of a finished fit returns its summary; other settings (or regenerated pairs) are refused
+    pairs = {k: v for k, v in manifest.items() if k != "seconds"}
+    digest = hashlib.sha256(json.dumps(pairs, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    plan = prepare_run(cfg.run_dir, to_plain(cfg), cfg.resume, derived={"pairs": digest}, title="KVzap fit")
+    if plan.finished:
+        return plan.finished
     run_dir, logger = start_run(cfg, job_type="train")
     kinds = list(fit.models)
     t0 = time.time()
@@ -128,7 +139,7 @@ def run(cfg) -> dict[str, Any]:
             "run_dir": str(run_dir),
         }
     )
-    write_summary(run_dir, summary, f"KVzap fit finished: {cfg.run_name}")
+    write_summary(plan, summary, f"KVzap fit finished: {cfg.run_name}")
     logger.table("r2_per_layer", cols, table)
     logger.image("r2_per_layer_plot", run_dir / "r2_per_layer.png")
     logger.summary({k: v for k, v in summary.items() if isinstance(v, int | float)})

@@ -14,36 +14,23 @@ summary table.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from train.abridge import (
-    AbridgeTrainer,
-    build_trainer,
-    finish_run,
-    load_start_model,
-    loop_summary,
-    train_and_save,
-)
-from train.sft import load_sft_dataset, resolve_resume
+from train.abridge import AbridgeTrainer, load_start_model, stream_collator, training_args
 from zoomr.abridge.attention import use_abridge_attention
 from zoomr.abridge.data import StreamSet
 from zoomr.abridge.forward import heldout_full_kv_ce, heldout_masked_ce
 from zoomr.entry import model_spec, start_run, to_plain
 from zoomr.lightthinker.data import ThoughtStats, build_streams
-from zoomr.lightthinker.layout import (
-    FILENAME,
-    ThoughtTokens,
-    add_lightthinker_tokens,
-    paper_cache_tokens,
-    save_config,
-)
+from zoomr.lightthinker.layout import ThoughtTokens, add_lightthinker_tokens, paper_cache_tokens, save_config
 from zoomr.lightthinker.mask import splitter_accuracy, thought_masks
 from zoomr.models import DTYPES
+from zoomr.rundir import prepare_run
 from zoomr.schemas import to_dataclass
 from zoomr.schemas.lightthinker import LightThinkerMethod
+from zoomr.training import LogAtSave, load_sft_dataset, train_or_restore, whole_run_loss
 
 log = logging.getLogger(__name__)
 
@@ -64,22 +51,6 @@ def cache_token_count(m: LightThinkerMethod, model_config) -> int:
     return (
         m.num_cache_tokens if m.num_cache_tokens is not None else paper_cache_tokens(model_config.model_type)
     )
-
-
-def guard_resume(run_dir: Path, n: int, min_chars: int, resume: str | None) -> None:
-    """Record the run's n and segmentation; refuse to resume a run trained with others."""
-    import json
-
-    path = run_dir / FILENAME
-    if resume and path.exists():
-        old = json.loads(path.read_text())
-        if (old["num_cache_tokens"], old.get("min_thought_chars", 0)) != (n, min_chars):
-            raise SystemExit(
-                f"{run_dir} was trained with num_cache_tokens={old['num_cache_tokens']}, "
-                f"min_thought_chars={old.get('min_thought_chars', 0)}; this run asks for {n}, {min_chars}. "
-                "Pick another run_name=… (or resume=never to start over there)."
-            )
-    save_config(run_dir, n, min_thought_chars=min_chars)
 
 
 def load_streams(data: dict[str, Any], tokenizer, tt: ThoughtTokens, m: LightThinkerMethod) -> StreamSet:
@@ -123,10 +94,17 @@ def served_sample(model, tokenizer, streams, tt: ThoughtTokens, max_new_tokens: 
 def run(cfg) -> dict[str, Any]:
     m: LightThinkerMethod = to_dataclass(LightThinkerMethod, cfg.method)
     spec = model_spec(cfg)
-    run_dir, logger = start_run(cfg, job_type="train")
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.device != "cpu" else "cpu")
     model, tokenizer = load_start_model(spec, m, cfg.cache_dir, device)
     n = cache_token_count(m, model.config)
+    # the guard compares the resolved n too (null resolves by architecture)
+    plan = prepare_run(
+        cfg.run_dir, to_plain(cfg), cfg.resume, derived={"num_cache_tokens": n}, title="LightThinker training"
+    )
+    if plan.finished:
+        return plan.finished
+    run_dir, logger = start_run(cfg, job_type="train")
+    save_config(run_dir, n, min_thought_chars=m.min_thought_chars)
     added = add_lightthinker_tokens(model, tokenizer, n)
     tt = ThoughtTokens.from_tokenizer(tokenizer, n)
     streams = load_streams(to_plain(cfg.data), tokenizer, tt, m)
@@ -137,21 +115,31 @@ def run(cfg) -> dict[str, Any]:
 
     model.train()
     use_abridge_attention(model)
-    ckpt_dir = run_dir / "checkpoints"
-    resume = resolve_resume(cfg.resume, ckpt_dir)
-    guard_resume(run_dir, n, m.min_thought_chars, resume)
-    trainer = build_trainer(
-        LightThinkerTrainer,
-        cfg,
-        m,
-        model,
-        tokenizer,
-        (train_set, heldout),
-        ckpt_dir,
-        logger,
+    trainer = LightThinkerTrainer(
+        model=model,
+        args=training_args(
+            m,
+            run_dir / "checkpoints",
+            cfg.seed,
+            ["wandb"] if logger.enabled else [],
+            to_plain(cfg.deepspeed.config) if cfg.deepspeed.config else None,
+        ),
+        train_dataset=train_set,
+        eval_dataset=heldout,
+        data_collator=stream_collator(pad_id),
+        processing_class=tokenizer,
         num_layers=model.config.num_hidden_layers,
+        mask_backend=m.mask_backend,
+        optim=m.optim,
+        callbacks=[LogAtSave()],
     )
-    model, result, elapsed, final_dir = train_and_save(trainer, resume, spec, tokenizer, run_dir)
+    elapsed = train_or_restore(trainer, plan, m.max_steps)
+
+    model = trainer.model.eval()
+    model.set_attn_implementation(spec.attn_implementation)
+    final_dir = run_dir / "final"
+    trainer.save_model(str(final_dir))
+    tokenizer.save_pretrained(str(final_dir))
     save_config(
         final_dir,
         n,
@@ -168,18 +156,28 @@ def run(cfg) -> dict[str, Any]:
     ce_full = heldout_full_kv_ce(model, heldout, pad_id)
     split = splitter_accuracy(model, heldout, pad_id, tt.splitter, m.mask_backend, m.per_device_batch_size)
     served = served_sample(model, tokenizer, heldout, tt, min(256, m.max_response_tokens))
-    summary = summarize(cfg, m, n, streams, stats, trainer, result, elapsed, resume, added)
+    summary = summarize(cfg, m, n, streams, stats, trainer, elapsed, plan.resume_from, added)
     summary |= {
         "heldout_ce_lightthinker": round(ce_masked, 4),
         "heldout_ce_full_kv": round(ce_full, 4),
         "heldout_splitter": f"recall {split['recall']:.2f}, precision {split['precision']:.2f} "
         f"(teacher-forced argmax at {split['splitters']} splitters)",
         **served,
+        "checkpoint": str(final_dir),
+        "run_dir": str(run_dir),
     }
-    return finish_run(summary, final_dir, run_dir, logger, f"LightThinker training finished: {cfg.run_name}")
+    from train.report import write_summary
+
+    write_summary(plan, summary, f"LightThinker training finished: {cfg.run_name}")
+    logger.summary({k: v for k, v in summary.items() if isinstance(v, int | float)})
+    logger.finish()
+    return summary
 
 
-def summarize(cfg, m, n, streams, stats, trainer, result, elapsed, resume, added) -> dict[str, Any]:
+def summarize(cfg, m, n, streams, stats, trainer, elapsed, resume, added) -> dict[str, Any]:
+    from train.report import loss_curve
+
+    curve = loss_curve(trainer.state.log_history)
     return {
         "method": m.name,
         "model": f"{cfg.model.name} ({DTYPES[cfg.model.dtype]})",
@@ -188,5 +186,10 @@ def summarize(cfg, m, n, streams, stats, trainer, result, elapsed, resume, added
         "cache_tokens": f"n={n} <|o_i|> + <|continue|> per thought ({stats.forced_tokens} forced tokens)",
         "tokens_added": added,
         "mask_backend": m.mask_backend,
-        **loop_summary(trainer, result, elapsed, resume),
+        "resumed_from": resume or "-",
+        "steps": trainer.state.global_step,
+        "loss_start": curve[0][1] if curve else float("nan"),
+        "loss_end": curve[-1][1] if curve else float("nan"),
+        "train_loss": whole_run_loss(trainer.state.log_history),  # the whole run, across resumes
+        "seconds": round(elapsed, 1),
     }

@@ -2,26 +2,23 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from zoomr.rundir import SUMMARY_FILE, RunPlan, format_block, write_json
 
 
 def loss_curve(log_history: list[dict[str, Any]], key: str = "loss") -> list[tuple[int, float]]:
     return [(int(h["step"]), float(h[key])) for h in log_history if key in h and "step" in h]
 
 
-def write_summary(run_dir: Path, summary: dict[str, Any], title: str) -> str:
-    """Write ``summary.json`` and return a readable block (also printed by the caller)."""
-    (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    width = max(len(k) for k in summary)
-    lines = [f"== {title} ==", *(f"{k:<{width}}  {_fmt(v)}" for k, v in summary.items())]
-    text = "\n".join(lines)
+def write_summary(run: RunPlan | Path, summary: dict[str, Any], title: str) -> str:
+    """Write ``summary.json`` atomically (through the run's plan, which also records that the run finished,
+    when given one) and print and return a readable block."""
+    if isinstance(run, RunPlan):
+        run.finish(summary)
+    else:
+        write_json(Path(run) / SUMMARY_FILE, summary)
+    text = format_block(summary, title)
     print(text, flush=True)
     return text
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)

@@ -1,47 +1,31 @@
 """Supervised fine-tuning recipe (``+method=sft``): TRL SFTTrainer, full or LoRA, assistant-only loss.
 
-Checkpoints go to ``<run_dir>/checkpoints``; ``resume=auto`` continues from the newest one, so a
-requeued SLURM job picks up where it stopped. DeepSpeed ZeRO-2/3 via ``deepspeed=zero2|zero3``.
+Checkpoints go to ``<run_dir>/checkpoints``; ``resume=auto`` continues from the newest complete one, so a
+requeued SLURM job picks up where it stopped; a rerun with other settings is refused and a rerun of a finished
+run does nothing (:mod:`zoomr.rundir`). DeepSpeed ZeRO-2/3 via ``deepspeed=zero2|zero3``.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from zoomr.entry import model_spec, start_run, to_plain
 from zoomr.models import load_model, load_tokenizer
+from zoomr.rundir import hf_checkpoint_problems, pick_resume, prepare_run
 from zoomr.schemas import to_dataclass
 from zoomr.schemas.sft import SFTMethod
+from zoomr.training import LogAtSave, load_sft_dataset, train_or_restore, trainer_arguments, whole_run_loss
 
 log = logging.getLogger(__name__)
 
 
-def latest_checkpoint(checkpoint_dir: Path) -> str | None:
-    from transformers.trainer_utils import get_last_checkpoint
-
-    return get_last_checkpoint(str(checkpoint_dir)) if checkpoint_dir.is_dir() else None
-
-
 def resolve_resume(resume: str, checkpoint_dir: Path) -> str | None:
-    if resume == "never":
-        return None
-    if resume == "auto":
-        return latest_checkpoint(checkpoint_dir)
-    if not Path(resume).exists():
-        raise FileNotFoundError(f"resume={resume!r}: no such checkpoint")
-    return resume
-
-
-def load_sft_dataset(data: dict[str, Any], tokenizer):
-    loader = data.get("loader")
-    if not loader:
-        raise ValueError(f"data config {data.get('name')!r} has no loader module")
-    return importlib.import_module(loader).sft_dataset(data, tokenizer)
+    """Only the checkpoint choice of :func:`zoomr.rundir.prepare_run` (newest *complete* one for ``auto``), kept
+    for recipes not yet moved to ``prepare_run`` (settings guard, finished runs); new code calls that."""
+    return pick_resume(Path(checkpoint_dir), resume, hf_checkpoint_problems)
 
 
 def lora_config(method: SFTMethod):
@@ -60,29 +44,13 @@ def sft_args(method: SFTMethod, output_dir: Path, seed: int, report_to: list[str
     from trl import SFTConfig
 
     return SFTConfig(
-        output_dir=str(output_dir),
+        **trainer_arguments(method, method, output_dir, seed, report_to, deepspeed),
         max_length=method.max_length,
         assistant_only_loss=method.assistant_only_loss,
-        per_device_train_batch_size=method.per_device_batch_size,
-        gradient_accumulation_steps=method.gradient_accumulation_steps,
-        learning_rate=method.learning_rate,
-        weight_decay=method.weight_decay,
         warmup_steps=method.warmup_ratio,  # a float < 1 is a fraction of the steps (transformers 5)
         lr_scheduler_type=method.lr_scheduler,
-        max_grad_norm=method.max_grad_norm,
-        max_steps=method.max_steps,
         num_train_epochs=method.epochs,
-        logging_steps=method.logging_steps,
-        save_steps=method.save_steps,
-        save_total_limit=method.save_total_limit,
-        bf16=method.bf16,
-        activation_checkpointing=method.gradient_checkpointing,
-        report_to=report_to,
-        seed=seed,
-        deepspeed=deepspeed,
         dataset_num_proc=None,
-        disable_tqdm=False,
-        save_only_model=False,
     )
 
 
@@ -94,6 +62,9 @@ def run(cfg, schema: type = SFTMethod, prepare: Callable | None = None) -> dict[
 
     method: SFTMethod = to_dataclass(schema, cfg.method)
     spec = model_spec(cfg)
+    plan = prepare_run(cfg.run_dir, to_plain(cfg), cfg.resume, title="SFT")
+    if plan.finished:
+        return plan.finished
     run_dir, logger = start_run(cfg, job_type="train")
     tokenizer = load_tokenizer(spec, cfg.cache_dir)
     model = load_model(spec, cfg.cache_dir)
@@ -103,7 +74,6 @@ def run(cfg, schema: type = SFTMethod, prepare: Callable | None = None) -> dict[
         model, peft_config, extra = prepare(model, tokenizer, method, peft_config)
     dataset = load_sft_dataset(to_plain(cfg.data), tokenizer)
     ckpt_dir = run_dir / "checkpoints"
-    resume = resolve_resume(cfg.resume, ckpt_dir)
     trainer = SFTTrainer(
         model=model,
         args=sft_args(
@@ -116,12 +86,11 @@ def run(cfg, schema: type = SFTMethod, prepare: Callable | None = None) -> dict[
         train_dataset=dataset,
         processing_class=tokenizer,
         peft_config=peft_config,
+        callbacks=[LogAtSave()],
     )
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in trainer.model.parameters())
-    t0 = time.time()
-    result = trainer.train(resume_from_checkpoint=resume)
-    elapsed = time.time() - t0
+    elapsed = train_or_restore(trainer, plan, method.max_steps)
     final_dir = run_dir / "final"
     trainer.save_model(str(final_dir))
     tokenizer.save_pretrained(str(final_dir))
@@ -134,17 +103,17 @@ def run(cfg, schema: type = SFTMethod, prepare: Callable | None = None) -> dict[
         "data": f"{cfg.data.name} ({len(dataset)} examples)",
         "mode": f"LoRA r={method.lora.r}" if method.use_lora else "full fine-tuning",
         "trainable_params": f"{trainable:,} / {total:,}",
-        "resumed_from": resume or "-",
+        "resumed_from": plan.resume_from or "-",
         "steps": trainer.state.global_step,
         "loss_start": curve[0][1] if curve else float("nan"),
         "loss_end": curve[-1][1] if curve else float("nan"),
-        "train_loss": float(result.training_loss),
+        "train_loss": whole_run_loss(trainer.state.log_history),  # the whole run, across resumes
         "seconds": round(elapsed, 1),
         "checkpoint": str(final_dir),
         "run_dir": str(run_dir),
         **extra,
     }
-    write_summary(run_dir, summary, f"SFT finished: {cfg.run_name}")
+    write_summary(plan, summary, f"SFT finished: {cfg.run_name}")
     logger.summary({k: v for k, v in summary.items() if isinstance(v, int | float)})
     logger.finish()
     return summary

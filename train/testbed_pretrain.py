@@ -7,6 +7,10 @@ has no curriculum or copy warm-up and recomputes chat templates per example; thi
 the time bar. Recipe (shared/specs/TESTBED_NOTES.md): AdamW β (0.9, 0.98), weight decay on matrices
 only, warm-up then cosine to 10%, clip 1.0, ~8k tokens per step, embeddings initialised at std 0.02.
 Loss on the positions the model writes at evaluation (the answers), never on the environment's tokens.
+With summaries, an auxiliary summary-pointer loss (``method.summary_pointer_weight``, issue 13;
+:func:`zoomr.summary_pointer.pointer_loss`) teaches the queries at each cue's boundary to score the
+defining paragraph's summary highest with ZoomR's q · k̄_i, as a pretrained LLM's attention is tied to
+its own summaries; the teacher-forced selection hit rate of the paper's rule is logged with the accuracy.
 
 Checkpoints (model, optimizer, step) go to ``<run_dir>/checkpoints/step-N``; ``resume=auto`` continues
 from the newest one (the batch stream is a function of the step, so a resumed run sees the same data).
@@ -18,6 +22,7 @@ import json
 import logging
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -34,6 +39,7 @@ from zoomr.entry import model_spec, start_run
 from zoomr.models import describe, load_model, load_tokenizer
 from zoomr.schemas import to_dataclass
 from zoomr.schemas.testbed import TestbedData, TestbedTrainMethod
+from zoomr.summary_pointer import capture_qk, count_hits, pointer_loss
 
 log = logging.getLogger(__name__)
 BUCKETS = ((0, 64, "<64"), (64, 257, "64-256"), (257, 1 << 30, ">256"))
@@ -74,6 +80,15 @@ def batch_loss(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     return F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(), ignore_index=-100), logits
 
 
+def pointer_layers(model, method: TestbedTrainMethod) -> list[int]:
+    """The layers the summary-pointer loss trains (default: all but the first)."""
+    n = model.config.num_hidden_layers
+    layers = list(range(1, n)) if method.summary_pointer_layers is None else list(method.summary_pointer_layers)
+    if any(not 0 <= i < n for i in layers):
+        raise ValueError(f"method.summary_pointer_layers={layers}: the model has layers 0..{n - 1}")
+    return layers
+
+
 TOKEN_KINDS = {"k": "key", "v": "value", "w": "filler"}
 
 
@@ -88,14 +103,21 @@ def token_kinds(tokenizer) -> tuple[torch.Tensor, list[str]]:
 
 
 @torch.no_grad()
-def teacher_forced_eval(model, batches: list[Batch], kinds: tuple[torch.Tensor, list[str]] | None = None) -> dict[str, float]:
-    """Accuracy of the argmax next token: on answers (by distance bucket), on every response token, per kind."""
+def teacher_forced_eval(
+    model, batches: list[Batch], kinds: tuple[torch.Tensor, list[str]] | None = None, qk: dict | None = None
+) -> dict[str, float]:
+    """Accuracy of the argmax next token: on answers (by distance bucket), on every response token, per kind;
+    with ``qk`` (a :func:`~zoomr.summary_pointer.capture_qk` store) and summaries, the pointer hit rate too."""
     model.eval()
     hits = {name: [0, 0] for *_, name in BUCKETS}
     tok = [0, 0]
     per_kind: dict[str, list[int]] = {}
+    pointer = {"hits": 0, "cues": 0, "far_hits": 0, "far_cues": 0, "chance": 0.0}
     for b in batches:
         pred = model(input_ids=b.input_ids).logits.argmax(-1)
+        if qk is not None and b.cues:
+            counts = count_hits(qk, b.spans, b.cues, top_k=2, c=2)  # the paper's rule, ZoomR's defaults
+            pointer = {k: pointer[k] + counts[k] for k in pointer}
         lab = b.labels != -100
         ok = pred == b.labels
         tok[0] += int((ok & lab).sum())
@@ -116,6 +138,10 @@ def teacher_forced_eval(model, batches: list[Batch], kinds: tuple[torch.Tensor, 
     out["tf_answer_all"] = sum(h for h, _ in hits.values()) / max(1, sum(n for _, n in hits.values()))
     out["tf_token_acc"] = tok[0] / max(1, tok[1])
     out.update({f"kind_{k}": h / n for k, (h, n) in per_kind.items() if n})
+    if pointer["cues"]:
+        out["tf_pointer_hit"] = pointer["hits"] / pointer["cues"]
+        out["tf_pointer_hit_far"] = pointer["far_hits"] / max(1, pointer["far_cues"])
+        out["tf_pointer_chance"] = pointer["chance"] / pointer["cues"]
     return out
 
 
@@ -188,19 +214,26 @@ def run(cfg) -> dict[str, Any]:
 
         model = AutoModelForCausalLM.from_pretrained(resume, dtype=torch.float32).train()
         opt = torch.optim.AdamW(param_groups(model, method.weight_decay), lr=method.learning_rate, betas=tuple(method.betas))
-        state = torch.load(resume / "trainer_state.pt", weights_only=False)
+        state = torch.load(resume / "trainer_state.pt", weights_only=True)  # tensors and plain values only
         opt.load_state_dict(state["optimizer"])
         start, prior = state["step"], state["elapsed"]
         log.info("resumed from %s (step %d)", resume, start)
 
     t0, seen, history = time.time(), 0, []
     step = start
+    use_pointer = data.summaries and method.summary_pointer_weight > 0
+    layers = pointer_layers(model, method)
+    capture = capture_qk(model) if data.summaries else nullcontext()
+    qk = capture.__enter__()
     bar = tqdm(range(start, method.max_steps), desc="testbed train", initial=start, total=method.max_steps)
     for step in bar:
         batch = stream.batch(step)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, method)
         loss, _ = batch_loss(model, batch)
+        aux = pointer_loss(qk, batch.spans, batch.cues, layers) if use_pointer and batch.cues else None
+        if aux is not None:
+            loss = loss + method.summary_pointer_weight * aux
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), method.max_grad_norm)
@@ -209,10 +242,11 @@ def run(cfg) -> dict[str, Any]:
         elapsed = prior + time.time() - t0
         if step % method.log_every == 0:
             rate = seen / max(1e-9, time.time() - t0)
+            extra = {"pointer_loss": aux.item()} if aux is not None else {}
             bar.set_postfix(loss=f"{loss.item():.3f}", len=batch.trace_tokens, tok_s=f"{rate:.0f}")
-            logger.log({"loss": loss.item(), "lr": opt.param_groups[0]["lr"], "trace_tokens": batch.trace_tokens, "tokens_per_s": rate}, step=step)
+            logger.log({"loss": loss.item(), "lr": opt.param_groups[0]["lr"], "trace_tokens": batch.trace_tokens, "tokens_per_s": rate, **extra}, step=step)
         if (step + 1) % method.eval_every == 0 or step + 1 == method.max_steps:
-            ev = teacher_forced_eval(model, held_out, kinds)
+            ev = teacher_forced_eval(model, held_out, kinds, qk if data.summaries else None)
             history.append({"step": step + 1, "seconds": round(elapsed, 1), "tokens": seen, **ev})
             logger.log(ev, step=step)
             tqdm.write(f"step {step + 1}: {elapsed:.0f}s " + " ".join(f"{k}={v:.3f}" for k, v in ev.items()))
@@ -221,6 +255,7 @@ def run(cfg) -> dict[str, Any]:
         if method.max_seconds and elapsed >= method.max_seconds:
             tqdm.write(f"stopping at step {step + 1}: max_seconds={method.max_seconds} reached")
             break
+    capture.__exit__(None, None, None)
     wall = prior + time.time() - t0
     final_dir = run_dir / "final"
     finalize(model, tokenizer, data, final_dir)

@@ -16,6 +16,7 @@ from train import sft
 from zoomr import tokens
 from zoomr.entry import to_plain
 from zoomr.schemas.zoomr import ZoomRSFTMethod
+from zoomr.training import load_sft_dataset
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ def summary_coverage(dataset) -> dict[str, float]:
 def run(cfg) -> dict[str, Any]:
     method = sft.to_dataclass(ZoomRSFTMethod, cfg.method)
     if method.require_summaries:
-        cover = summary_coverage(sft.load_sft_dataset(to_plain(cfg.data), None))
+        cover = summary_coverage(load_sft_dataset(to_plain(cfg.data), None))
         if cover["rows_with_summaries"] == 0:
             raise SystemExit(
                 f"data {cfg.data.name!r} has no {tokens.BEGIN_SUMMARY}: run `python -m data_prep "

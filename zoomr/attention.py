@@ -34,8 +34,9 @@ _LIVE: dict[int, tuple[Any, Any, int]] = {}
 
 def register_view(keys: torch.Tensor, cache: Any, layer_idx: int) -> None:
     """Remember that ``keys`` were produced by ``cache.update`` at ``layer_idx`` (see :func:`policy_attention`)."""
-    for k in [k for k, (kref, _, _) in _LIVE.items() if kref() is None]:
-        del _LIVE[k]
+    if len(_LIVE) > 256:  # entries are popped when attention reads them; drop the ones never read
+        for k in [k for k, (kref, _, _) in _LIVE.items() if kref() is None]:
+            del _LIVE[k]
     _LIVE[id(keys)] = (weakref.ref(keys), weakref.ref(cache), layer_idx)
 
 
@@ -86,7 +87,7 @@ def policy_attention(
     cache.on_queries(layer, query)
     q = query.reshape(B, Hkv, g * S, d)
     hidden = cache.hidden_rows(layer)
-    if S == 1 and hidden is None and bool(rows.valid.all()) and bool(step.valid.all()):
+    if S == 1 and hidden is None and rows.all_valid and step.all_valid:
         mask = None  # decoding, every row held by every head: nothing to mask
     else:
         if S > 1 and bool((rows.order == rows.order[:, :1]).all()):
@@ -102,7 +103,9 @@ def policy_attention(
             scores = scores.masked_fill(~mask, float("-inf"))
         weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         out = torch.matmul(weights, value)
-        w = weights.view(B, Hq, S, N) * step.valid[:, None, :, None].to(weights.dtype)  # pad queries: 0
+        w = weights.view(B, Hq, S, N)
+        if not step.all_valid:
+            w = w * step.valid[:, None, :, None].to(weights.dtype)  # pad queries: 0
         cache.on_attention(layer, w)
     else:
         out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)

@@ -131,6 +131,19 @@ def sample_token(logits: torch.Tensor, s: DecodeSettings, generator: torch.Gener
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
+def sample_tokens(
+    logits: torch.Tensor, cols: list[int], s: DecodeSettings, generators: list[torch.Generator | None]
+) -> list[int]:
+    """One token per batch row from ``logits [B, Q, V]`` at column ``cols[r]`` (greedy: one argmax for the batch)."""
+    if s.temperature == 0:
+        if any(cols):
+            picked = logits[torch.arange(logits.shape[0], device=logits.device), torch.tensor(cols, device=logits.device)]
+        else:
+            picked = logits[:, 0]
+        return picked.argmax(-1).tolist()
+    return [sample_token(logits[r, c], s, g) for r, (c, g) in enumerate(zip(cols, generators))]
+
+
 # --------------------------------------------------------------------------------------------- helpers
 
 
@@ -270,12 +283,15 @@ def generate(
         held = cache.resident_bytes()
         seq = cache.sequence_kv_bytes()
         sel = cache.pop_select_seconds()
+        rows_np = rows.numpy().astype(np.int32)
+        dev_kv = seq["device"].tolist() if "device" in seq else [0] * len(active)
+        host_kv = seq["host"].tolist() if "host" in seq else [0] * len(active)
         for r, i in enumerate(active):
             rec[i].add(
                 step=step_index,
-                rows=rows[:, r, :].numpy().astype(np.int32),
-                kv_bytes=int(seq["device"][r]) if "device" in seq else 0,
-                kv_bytes_host=int(seq["host"][r]) if "host" in seq else 0,
+                rows=rows_np[:, r, :],
+                kv_bytes=int(dev_kv[r]),
+                kv_bytes_host=int(host_kv[r]),
                 device_bytes=held["device"],
                 host_bytes=held["host"],
                 batch_size=len(active),
@@ -296,7 +312,7 @@ def generate(
             t_prefill += dt
         record(0, t_prefill, force=True)
         next_logits = logits[:, -1]
-        pending = [sample_token(next_logits[r], settings, gens[i]) for r, i in enumerate(active)]
+        pending = sample_tokens(next_logits[:, None], [0] * len(active), settings, [gens[i] for i in active])
         bar = tqdm(
             total=settings.max_new_tokens, desc=f"decode[{cache.policy_name}]", disable=not settings.progress
         )
@@ -333,13 +349,17 @@ def generate(
                 active = [active[r] for r in rows_left]
             # ---- build the step: [pending token, forced tokens...] per sequence
             feeds = [[pending[r], *(forced[r].token_ids if r in forced else [])] for r in range(len(active))]
-            Q = max(len(f) for f in feeds)
-            step_ids = torch.full((len(active), Q), pad_id, dtype=torch.long)
-            step_valid = torch.zeros(len(active), Q, dtype=torch.bool)
-            for r, f in enumerate(feeds):
-                step_ids[r, : len(f)] = torch.tensor(f)
-                step_valid[r, : len(f)] = True
-                n_forced[active[r]] += len(f) - 1
+            if not forced:  # plain decoding: one token per sequence
+                step_ids = torch.tensor(pending, dtype=torch.long).view(-1, 1)
+                step_valid = torch.ones(len(active), 1, dtype=torch.bool)
+            else:
+                Q = max(len(f) for f in feeds)
+                step_ids = torch.full((len(active), Q), pad_id, dtype=torch.long)
+                step_valid = torch.zeros(len(active), Q, dtype=torch.bool)
+                for r, f in enumerate(feeds):
+                    step_ids[r, : len(f)] = torch.tensor(f)
+                    step_valid[r, : len(f)] = True
+                    n_forced[active[r]] += len(f) - 1
             step_ids, step_valid = step_ids.to(device), step_valid.to(device)
             positions = cache.next_positions(step_valid)
             for r, f in forced.items():
@@ -355,11 +375,12 @@ def generate(
                 len(feeds[r]) - 1 if r in forced and forced[r].sample_from_last else 0
                 for r in range(len(active))
             ]
-            pending = [sample_token(logits[r, cols[r]], settings, gens[i]) for r, i in enumerate(active)]
+            pending = sample_tokens(logits, cols, settings, [gens[i] for i in active])
             record(step_index, dt)
-            bar.set_postfix(
-                active=len(active), rows=int(cache.resident_rows().float().mean()) if len(active) else 0
-            )
+            if settings.progress:
+                bar.set_postfix(
+                    active=len(active), rows=int(cache.resident_rows().float().mean()) if len(active) else 0
+                )
         bar.close()
 
     outputs = []
@@ -395,4 +416,5 @@ __all__ = [
     "generate",
     "mean_rows",
     "sample_token",
+    "sample_tokens",
 ]

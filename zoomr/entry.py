@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import torch
 
 from zoomr.models import ModelSpec, spec_from_dict
 from zoomr.schemas import register_with_hydra
-from zoomr.tracking import RunLogger, init_run
+from zoomr.tracking import RunLogger, init_run, run_identity
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
@@ -40,12 +41,34 @@ def to_plain(cfg: Any) -> dict[str, Any]:
 
 
 def require_group(cfg: Any, group: str, entry: str) -> None:
-    """Fail with the available options when a group without default was not chosen (``+group=name``)."""
+    """Fail with the available options when a group without default was not chosen (``+group=name``).
+
+    ``python -m train`` lists only the methods that train (decoding policies are ``python -m eval``'s), and
+    the run directory Hydra made for the aborted run is removed again when nothing else is in it.
+    """
     if cfg.get(group) is None:
-        options = sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
+        from zoomr.configs import available, trainable_methods
+
+        discard_empty_run_dir()
+        options = trainable_methods() if (entry, group) == ("train", "method") else available(group)
+        extra = "; decoding policies (h2o, snapkv, …) run with `python -m eval +method=<name>`" if entry == "train" else ""
         raise SystemExit(
             f"no {group} chosen: run `python -m {entry} +{group}=<name>`; available {group}s: {', '.join(options)}"
+            + extra
         )
+
+
+def discard_empty_run_dir() -> None:
+    """Remove the directory Hydra created for this run if it holds nothing but Hydra's own files."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return
+    hydra = HydraConfig.get()
+    out = Path(hydra.runtime.output_dir)
+    own = {".hydra", f"{hydra.job.name}.log"}
+    if out.is_dir() and all(p.name in own for p in out.iterdir()):
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def model_spec(cfg: Any) -> ModelSpec:
@@ -64,12 +87,12 @@ def start_run(cfg: Any, job_type: str) -> tuple[Path, RunLogger]:
     run_dir.mkdir(parents=True, exist_ok=True)
     plain = to_plain(cfg)
     (run_dir / "config.json").write_text(json.dumps(plain, indent=2, default=str))
-    method = (plain.get("method") or {}).get("name", "none")
+    ident = run_identity(plain, job_type)
     logger = init_run(
         project=cfg.logger.project,
         entity=cfg.logger.entity,
-        name=cfg.run_name,
-        group=cfg.logger.group or f"{job_type}/{method}/{cfg.model.name}",
+        name=ident.name,
+        group=ident.group,
         tags=list(cfg.logger.tags),
         config=plain,
         mode=cfg.logger.mode,

@@ -24,7 +24,9 @@ def _walk(obj: Any, seen: set[int], out: list[tuple[torch.Tensor, str | None]], 
     if own_role in ("device", "host"):
         role = own_role
     skip = set(getattr(obj, "_bytes_skip", ()))
-    if isinstance(obj, dict):
+    if own_role in ("device", "host") and callable(getattr(obj, "tensors", None)):
+        children = list(obj.tensors())  # a KV store lists every tensor it holds (checked against gc in tests)
+    elif isinstance(obj, dict):
         children = list(obj.values())
     elif isinstance(obj, (list, tuple, set)):
         children = list(obj)

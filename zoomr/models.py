@@ -30,9 +30,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass
 class ModelSpec:
-    """What to load. Exactly one of ``hf_id`` (a hub id or a local directory) and ``tiny`` is set.
+    """What to load: ``hf_id`` (a hub id or a local directory: a saved model or a PEFT adapter) or ``tiny``.
 
-    ``tiny`` holds config overrides for a randomly initialised model of architecture ``arch``.
+    ``tiny`` holds config overrides for a randomly initialised model of architecture ``arch``. A given
+    ``hf_id`` wins: ``model=tiny-qwen2 model.hf_id=<checkpoint>`` loads the checkpoint (the tiny overrides
+    only described how its base was built), so no ``model.tiny=null`` is needed.
     """
 
     name: str
@@ -47,8 +49,13 @@ class ModelSpec:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if (self.hf_id is None) == (self.tiny is None):
-            raise ValueError(f"model {self.name!r}: set exactly one of hf_id and tiny")
+        if self.hf_id is None and self.tiny is None:
+            raise ValueError(
+                f"model {self.name!r}: set model.hf_id (a hub id or a checkpoint directory) or model.tiny "
+                "(the overrides of a tiny model, e.g. model=tiny-qwen2)"
+            )
+        if self.hf_id is not None and self.tiny is not None:
+            self.tiny = None  # a checkpoint given on top of a tiny model config: load the checkpoint
         if self.arch not in ARCHITECTURES:
             raise ValueError(f"model {self.name!r}: arch {self.arch!r} not in {ARCHITECTURES}")
         if self.dtype not in DTYPES:
@@ -57,6 +64,15 @@ class ModelSpec:
     @property
     def is_tiny(self) -> bool:
         return self.tiny is not None
+
+
+TINY_SIZE = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
+             "num_key_value_heads": 2}
+
+
+def tiny_spec(arch: str = "qwen2", **tiny_overrides: Any) -> ModelSpec:
+    """The tiny default model of ``arch`` (4 layers, hidden 256, 4/2 heads), with config overrides."""
+    return ModelSpec(name=f"tiny-{arch}", arch=arch, tiny={**TINY_SIZE, **tiny_overrides})
 
 
 def default_cache_dir() -> Path:
@@ -153,18 +169,59 @@ def load_model(
     attn_implementation: str | None = None,
     dtype: str | None = None,
 ):
-    """Load the model with ``from_pretrained`` (tiny ones from the cache), in eval mode."""
+    """Load the model with ``from_pretrained`` (tiny ones from the cache), in eval mode.
+
+    A PEFT adapter directory (``adapter_config.json``, e.g. ``+method=sft`` / ``zoomr_sft`` LoRA output) is
+    loaded onto its base and merged (:func:`load_adapter_merged`): LoRA weights and trainable token rows.
+    """
     path = resolve_model_path(spec, cache_dir)
+    kwargs = dict(
+        dtype=DTYPES[dtype or spec.dtype],
+        attn_implementation=attn_implementation or spec.attn_implementation,
+        trust_remote_code=spec.trust_remote_code,
+    )
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path,
-            dtype=DTYPES[dtype or spec.dtype],
-            attn_implementation=attn_implementation or spec.attn_implementation,
-            trust_remote_code=spec.trust_remote_code,
-        )
+        if adapter_base(path) is not None:
+            model = load_adapter_merged(path, **kwargs)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except OSError as e:
         raise _hub_error(spec, e) from e
     return model.to(device).eval()
+
+
+def adapter_base(path: str | Path) -> str | None:
+    """The base model a PEFT adapter directory was trained on (None: not an adapter directory)."""
+    config = Path(path) / "adapter_config.json"
+    if not config.is_file():
+        return None
+    base = json.loads(config.read_text()).get("base_model_name_or_path")
+    if not base:
+        raise ValueError(f"{config}: no base_model_name_or_path, cannot tell which model the adapter belongs to")
+    return base
+
+
+def load_adapter_merged(path: str | Path, **kwargs: Any):
+    """Base model + the PEFT adapter at ``path``, merged into plain weights.
+
+    transformers' own adapter loading reports the tied head's trainable-token delta of a ``zoomr_sft``
+    checkpoint as "MISSING, newly initialized" (harmless, but it reads as lost training); PEFT's loader
+    restores every saved tensor, and merging leaves an ordinary model for the cache policies. The base is
+    grown to the adapter's tokenizer first when training added tokens (``zoomr_sft`` delimiters).
+    """
+    from peft import PeftModel
+
+    base_path = adapter_base(path)
+    if not Path(base_path).exists() and Path(base_path).is_absolute():
+        raise OSError(f"adapter {path} was trained on {base_path}, which is not on this machine")
+    base = AutoModelForCausalLM.from_pretrained(base_path, **kwargs)
+    if (Path(path) / "tokenizer_config.json").exists():
+        vocab = len(AutoTokenizer.from_pretrained(path))
+        if vocab > base.get_input_embeddings().weight.shape[0]:
+            base.resize_token_embeddings(vocab)
+    model = PeftModel.from_pretrained(base, str(path)).merge_and_unload()
+    model.config._name_or_path = str(path)  # policies look for checkpoint files (abridge.json) here
+    return model
 
 
 def load_model_and_tokenizer(spec: ModelSpec, cache_dir: Path | None = None, **kwargs: Any):
@@ -179,6 +236,34 @@ def _hub_error(spec: ModelSpec, error: Exception) -> RuntimeError:
         "Download the checkpoint on a machine with hub access and point model.hf_id at the local directory, "
         "or pick a tiny model (model=tiny-qwen2 | tiny-llama | tiny-qwen3)."
     )
+
+
+def checkpoint_name(default: str, hf_id: str | None) -> str:
+    """A model's run-directory name: ``default`` for the config's own model, else one read off ``hf_id``.
+
+    Tiny model configs use it (``name: ${zoomr_model_name:tiny-qwen2,${.hf_id}}``), so evaluating a trained
+    checkpoint (``model.hf_id=runs/train/<run>/final``) writes under ``<run>``, never over the random tiny
+    model's results. ``…/final`` and ``…/checkpoint-N`` are named after their run directory.
+    """
+    if not hf_id:
+        return default
+    path = Path(str(hf_id).rstrip("/"))
+    if path.name == "final":
+        return path.parent.name or default
+    if path.name.startswith("checkpoint-"):
+        return f"{path.parent.parent.name}-{path.name}" if path.parent.name == "checkpoints" else path.name
+    return path.name or default
+
+
+def register_resolvers() -> None:
+    """Register ``${zoomr_model_name:…}`` with OmegaConf (done at import, so any loader of conf/model resolves)."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("zoomr_model_name"):
+        OmegaConf.register_new_resolver("zoomr_model_name", checkpoint_name)
+
+
+register_resolvers()
 
 
 def spec_from_dict(d: dict[str, Any]) -> ModelSpec:
@@ -207,10 +292,13 @@ def describe(model) -> dict[str, Any]:
 
 __all__ = [
     "ModelSpec",
+    "adapter_base",
     "asdict",
     "build_tiny",
+    "checkpoint_name",
     "default_cache_dir",
     "describe",
+    "load_adapter_merged",
     "load_model",
     "load_model_and_tokenizer",
     "load_tokenizer",

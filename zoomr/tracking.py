@@ -1,49 +1,109 @@
 """One experiment-tracking helper for every entry point (W&B, or a null logger).
 
 Mode ``auto``: online when ``WANDB_API_KEY`` is set, offline otherwise; the ``WANDB_MODE``
-environment variable, when set, wins (tests set it to ``disabled``). The API key is never printed
-or logged: the resolved config we upload is scrubbed of anything that looks like a secret.
+environment variable, when set, wins over auto/online/offline (tests set it to ``disabled``), but never
+over ``disabled`` (``logger=none``): a user who turned logging off gets no run. The API key is never
+printed or logged: config values whose key names a secret are replaced by ``***`` (:func:`is_secret_name`).
+
+Key scheme (every run, :func:`run_identity`):
+- **group** = the experiment: ``logger.group`` when set, else ``<model>/<benchmark|data|task|pipeline>``,
+  so all arms of one comparison (e.g. every method on one model and benchmark) share a group;
+- **job type** = ``train`` | ``eval`` | ``bench`` | ``analysis`` | ``data_prep`` | ``allocate``;
+- **run name** = method × model × benchmark (or data / task): ``<run_name>-<model>-<benchmark>``, parts
+  already in ``run_name`` not repeated;
+- **summary keys** are namespaced by the job type: ``eval/accuracy``, ``eval/kv_per_512``,
+  ``train/loss_end``, ``bench/tokens_per_s/<policy>/b8`` (:meth:`RunLogger.summary`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
-_SECRET_MARKERS = ("api_key", "apikey", "token", "secret", "password")
+# A name is secret when one of its words (split at _ - . and camelCase) is one of these ...
+_SECRET_WORDS = frozenset({"password", "passwd", "passphrase", "secret", "apikey", "credential", "credentials"})
+# ... or its last word is "key" (api_key, access_key; not num_key_value_heads, api_key_env), or it is
+# "token" after one of these qualifiers (api_token, hf_token; not max_new_tokens, pad_token, trace_tokens).
+_TOKEN_QUALIFIERS = frozenset(
+    {"api", "hf", "hub", "auth", "access", "refresh", "bearer", "wandb", "github", "gh", "openai", "session",
+     "private", "secret", "slack", "personal"}
+)  # fmt: skip
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a config key names a secret (see the word lists above); ``token`` alone counts too."""
+    words = [w for w in re.split(r"[^a-z0-9]+", re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", str(name)).lower()) if w]
+    if not words:
+        return False
+    if _SECRET_WORDS.intersection(words) or words[-1] == "key":
+        return True
+    if words[-1] == "token":
+        return len(words) == 1 or words[-2] in _TOKEN_QUALIFIERS
+    return False
 
 
 def resolve_mode(mode: str) -> str:
+    """``disabled`` always wins; otherwise ``WANDB_MODE`` when set, else the configured mode."""
+    if mode not in ("auto", "online", "offline", "disabled"):
+        raise ValueError(f"logger.mode must be auto|online|offline|disabled, got {mode!r}")
+    if mode == "disabled":
+        return "disabled"
     env = os.environ.get("WANDB_MODE")
     if env:
         return env
     if mode == "auto":
         return "online" if os.environ.get("WANDB_API_KEY") else "offline"
-    if mode not in ("online", "offline", "disabled"):
-        raise ValueError(f"logger.mode must be auto|online|offline|disabled, got {mode!r}")
     return mode
 
 
 def scrub_secrets(obj: Any) -> Any:
-    """Replace values whose key names a secret with '***' (recursively)."""
+    """Replace non-empty values whose key names a secret (:func:`is_secret_name`) with '***', recursively."""
     if isinstance(obj, dict):
-        return {
-            k: "***" if any(m in str(k).lower() for m in _SECRET_MARKERS) and v else scrub_secrets(v)
-            for k, v in obj.items()
-        }
+        return {k: "***" if v and is_secret_name(k) else scrub_secrets(v) for k, v in obj.items()}
     if isinstance(obj, list):
         return [scrub_secrets(v) for v in obj]
     return obj
 
 
-class RunLogger:
-    """Thin wrapper over a wandb run; every method is a no-op when disabled."""
+@dataclass(frozen=True)
+class RunIdentity:
+    """Where a run lands in W&B (module docstring: the key scheme)."""
 
-    def __init__(self, run: Any = None):
+    name: str
+    group: str
+    job_type: str
+
+
+def run_identity(config: dict[str, Any], job_type: str) -> RunIdentity:
+    """Name and group of a run from its resolved config (plain dict of any entry point)."""
+    method = (config.get("method") or {}).get("name") or ("full" if job_type == "eval" else "none")
+    run_name = str(config.get("run_name") or method)
+    model = (config.get("model") or {}).get("name")
+    target = next(
+        (
+            (config.get(group) or {}).get("name")
+            for group in ("benchmark", "data", "task", "pipeline")
+            if (config.get(group) or {}).get("name")
+        ),
+        None,
+    )
+    parts = [run_name] + [p for p in (model, target) if p and p not in run_name]
+    group = (config.get("logger") or {}).get("group") or "/".join(p for p in (model, target) if p) or job_type
+    return RunIdentity(name="-".join(parts), group=group, job_type=job_type)
+
+
+class RunLogger:
+    """Thin wrapper over a wandb run; every method is a no-op when disabled. ``namespace`` (the job type)
+    prefixes summary keys: ``summary({"accuracy": 0.5})`` sets ``eval/accuracy``."""
+
+    def __init__(self, run: Any = None, namespace: str | None = None):
         self.run = run
+        self.namespace = namespace
 
     @property
     def enabled(self) -> bool:
@@ -55,7 +115,8 @@ class RunLogger:
 
     def summary(self, metrics: dict[str, Any]) -> None:
         if self.run is not None:
-            self.run.summary.update(metrics)
+            prefix = f"{self.namespace}/" if self.namespace else ""
+            self.run.summary.update({f"{prefix}{k}": v for k, v in metrics.items()})
 
     def table(self, key: str, columns: list[str], rows: list[list[Any]]) -> None:
         if self.run is not None:
@@ -105,5 +166,25 @@ def init_run(
         dir=str(dir) if dir else None,
         reinit="finish_previous",
     )
-    log.info("W&B run %s (%s)", name, mode)
-    return RunLogger(run)
+    log.info("W&B run %s (%s, group %s, job type %s)", name, mode, group, job_type)
+    return RunLogger(run, namespace=job_type)
+
+
+def log_summary_run(
+    *,
+    job_type: str,
+    name: str,
+    group: str,
+    config: dict[str, Any],
+    metrics: dict[str, Any],
+    mode: str = "auto",
+    dir: str | Path | None = None,
+    project: str = "zoomr",
+) -> dict[str, Any]:
+    """One short run holding only summary metrics (benches): ``<job_type>/<metric>`` keys, the key scheme above.
+    Returns the run's summary as W&B holds it (empty when disabled)."""
+    logger = init_run(project=project, name=name, group=group, config=config, mode=mode, dir=dir, job_type=job_type)
+    logger.summary({k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)})
+    held = dict(logger.run.summary) if logger.enabled else {}
+    logger.finish()
+    return held

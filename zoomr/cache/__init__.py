@@ -8,6 +8,7 @@ from zoomr.cache.base import ForcedInput, PolicyCache, PolicyLayer, Step
 from zoomr.cache.registry import (
     POLICIES,
     build_policy,
+    has_row_budget,
     match_budget,
     policy_class,
     policy_config,
@@ -24,6 +25,7 @@ __all__ = [
     "Rows",
     "Step",
     "build_policy",
+    "has_row_budget",
     "match_budget",
     "policy_class",
     "policy_config",

@@ -14,6 +14,8 @@ the same stream the trainer's block mask is built from — so trainer and server
 Layout and quotas: explicit ``layout=`` / ``quotas=`` arguments win; else, when the model was loaded from
 an AbridgeKV checkpoint (``abridge.json`` next to its weights) and ``layout_from_checkpoint`` is set, the
 checkpoint's; else the config's (``block_size``, ``num_pause``, ``code_positions``, ``quota``/``schedule``).
+A model without ``abridge.json`` was never trained to write code rows (it would emit pause tokens it never
+learned), so building the policy for it is refused unless a layout is passed or ``allow_untrained`` is set.
 Runs with :func:`zoomr.engine.generate` (stock ``model.generate`` has no forced-token hook).
 """
 
@@ -77,7 +79,16 @@ class AbridgeCache(PolicyCache):
         quotas: list[int] | None = None,
     ) -> None:
         super().__init__(config, model_config, tokenizer)
-        saved = checkpoint_layout(self.model_config) if config.layout_from_checkpoint else None
+        found = checkpoint_layout(self.model_config)
+        saved = found if config.layout_from_checkpoint else None
+        if layout is None and found is None and not config.allow_untrained:
+            where = getattr(self.model_config, "_name_or_path", None) or "the model"
+            raise ValueError(
+                f"abridge policy: {where} has no {FILENAME}, so it is not an AbridgeKV checkpoint and never "
+                "learned to write code rows. Evaluate a trained one (python -m train +method=abridge, then "
+                "model.hf_id=runs/train/abridge-<model>-<data>/final), or set method.allow_untrained=true "
+                "to run the config's layout on this model anyway (a smoke test, not a result)"
+            )
         if layout is None:
             layout = (
                 saved[0]

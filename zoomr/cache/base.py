@@ -71,6 +71,7 @@ from typing import Any, ClassVar
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from zoomr.attention import register_view
 from zoomr.cache.store import PagedKV, Rows
 from zoomr.memory import held_bytes
 
@@ -90,6 +91,7 @@ class Step:
     ends_prefill: bool = False  # the last (or only) prefill chunk: prompt-time policies (SnapKV) act here
     auto: bool = False  # opened by the cache itself (stock ``generate``), closed at the next step
     layers_done: set[int] = field(default_factory=set)
+    all_valid: bool = False  # every slot of ``valid`` is True (computed once per step, read by every layer)
 
 
 @dataclass
@@ -137,7 +139,7 @@ class PolicyLayer(CacheLayerMixin):
 
     def num_rows(self) -> int:
         """Physical rows of the padded view (max over (b, h))."""
-        return int(self.store.n.max()) if self.store is not None and self.store.n.numel() else 0
+        return self.store.n_max if self.store is not None else 0
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.num_rows() + query_length, 0
@@ -256,9 +258,12 @@ class PolicyCache(Cache):
 
     def next_positions(self, valid: torch.Tensor) -> torch.Tensor:
         """RoPE positions for new tokens ``valid [B, S]``: each sequence continues its own logical length."""
-        rank = torch.cumsum(valid.long(), dim=1) - 1
         base = self.lengths if self.lengths is not None else torch.zeros(valid.shape[0], dtype=torch.long)
-        return (base.to(valid.device)[:, None] + rank).clamp_min(0) * valid
+        base = base.to(valid.device)[:, None]
+        if valid.shape[1] == 1:  # one token per sequence: its position is the length (0 where invalid)
+            return base * valid
+        rank = torch.cumsum(valid.long(), dim=1) - 1
+        return (base + rank).clamp_min(0) * valid
 
     # ------------------------------------------------------------------ actions for policies
     def evict(self, layer_idx: int, keep: torch.Tensor) -> None:
@@ -339,13 +344,20 @@ class PolicyCache(Cache):
             self.fed = torch.zeros(B, dtype=torch.long, device=valid.device)
         elif self.lengths.shape[0] != B:
             raise ValueError(f"step has batch {B}, cache holds {self.lengths.shape[0]} sequences")
+        all_valid = bool(valid.all())
         if positions is None:
             positions = self.next_positions(valid)
         positions = positions.to(valid.device).long()
-        rank = torch.cumsum(valid.long(), dim=1) - 1
-        order = torch.where(valid, self.fed.to(valid.device)[:, None] + rank, torch.full_like(rank, -1))
-        self.fed = self.fed.to(valid.device) + valid.sum(1)
-        top = torch.where(valid, positions + 1, torch.zeros_like(positions)).amax(dim=1)
+        fed = self.fed.to(valid.device)
+        if all_valid:  # the common decode step: no pads, fewer ops
+            order = fed[:, None] + torch.arange(valid.shape[1], device=valid.device)
+            self.fed = fed + valid.shape[1]
+            top = positions.amax(dim=1) + 1
+        else:
+            rank = torch.cumsum(valid.long(), dim=1) - 1
+            order = torch.where(valid, fed[:, None] + rank, torch.full_like(rank, -1))
+            self.fed = fed + valid.sum(1)
+            top = torch.where(valid, positions + 1, torch.zeros_like(positions)).amax(dim=1)
         self.lengths = torch.maximum(self.lengths.to(valid.device), top)
         prefill = self.steps_done == 0 if is_prefill is None else is_prefill
         self.step = Step(
@@ -357,6 +369,7 @@ class PolicyCache(Cache):
             is_prefill=prefill,
             ends_prefill=prefill if ends_prefill is None else ends_prefill,
             auto=auto,
+            all_valid=all_valid,
         )
         if self.step.ends_prefill:
             self.prompt_lengths = self.fed.clone()
@@ -396,13 +409,13 @@ class PolicyCache(Cache):
             layer.store = self.new_store(
                 key_states.shape[0], key_states.dtype, self.store_device(key_states.device)
             )
-        layer.store.append(key_states, value_states, step.positions, step.order, step.valid)
+        layer.store.append(
+            key_states, value_states, step.positions, step.order, step.valid, all_valid=step.all_valid
+        )
         self.on_append(layer)
         layer.view = self.load_rows(layer, key_states.device)
         layer.attended = False
         step.layers_done.add(layer_idx)
-        from zoomr.attention import register_view
-
         register_view(layer.view.keys, self, layer_idx)
         return layer.view.keys, layer.view.values
 
@@ -462,11 +475,19 @@ class PolicyCache(Cache):
 
     def sequence_kv_bytes(self) -> dict[str, torch.Tensor]:
         """Per sequence ``[B]``: key/value bytes of its own pages, by role."""
-        out: dict[str, torch.Tensor] = {}
+        groups: dict[tuple, list[PagedKV]] = {}
         for layer in self.layers:
             if layer.store is not None:
-                b = layer.store.seq_kv_bytes().cpu()
-                out[layer.store.role] = out.get(layer.store.role, 0) + b
+                s = layer.store
+                groups.setdefault((s.role, s.slab, s.page_size, s.head_dim, s.k.element_size()), []).append(s)
+        out: dict[str, torch.Tensor] = {}
+        for (role, slab, p, d, size), stores in groups.items():
+            if slab and len(stores) > 1:  # one op for all these layers: pages = ceil(n / p) per (b, h)
+                n = torch.stack([s.n for s in stores])
+                b = (torch.div(n + p - 1, p, rounding_mode="floor").sum(dim=(0, 2)) * (2 * p * d * size)).cpu()
+            else:
+                b = sum(s.seq_kv_bytes().cpu() for s in stores)
+            out[role] = out.get(role, 0) + b
         return out
 
     def logical_lengths(self) -> torch.Tensor:

@@ -53,7 +53,7 @@ class H2OCache(PolicyCache):
 
     def after_attention(self, layer: PolicyLayer) -> None:
         store = layer.store
-        if int(store.n.max()) <= self.config.budget_rows:
+        if store.n_max <= self.config.budget_rows:
             return
         with self.selecting():
             recent = self.config.recent

@@ -65,12 +65,28 @@ def policy_config(cfg: Any) -> Any:
 def build_policy(cfg: Any, model_config: Any, tokenizer: Any = None, **kwargs: Any) -> PolicyCache:
     """A fresh cache for one ``generate`` call: ``build_policy(cfg.method, model.config, tokenizer)``."""
     config = policy_config(cfg)
+    if getattr(config, "budget_pending", False):
+        raise ValueError(
+            f"policy {config.policy!r}: budget_fraction / budget_match are relative to other runs; python -m eval "
+            "resolves them from the run directories; in Python set the rows with match_budget(cfg, rows)"
+        )
     return policy_class(config.policy)(config, model_config, tokenizer=tokenizer, **kwargs)
 
 
-def match_budget(cfg: Any, rows: float) -> Any:
-    """``cfg`` with ``budget_rows`` set to ``rows`` (rounded): give a baseline another arm's measured mean."""
+def has_row_budget(cfg: Any) -> bool:
+    """Whether the policy evicts down to ``budget_rows`` (StreamingLLM, H2O, SnapKV, R-KV), as opposed to
+    keeping everything (full, offload) or deciding by its own rule (thresholds, blocks, code rows)."""
     config = policy_config(cfg)
-    if not hasattr(config, "budget_rows"):
-        raise ValueError(f"policy {config.policy!r} has no budget_rows")
-    return dataclasses.replace(config, budget_rows=max(1, round(rows)))
+    field = {f.name: f for f in dataclasses.fields(config)}.get("budget_rows")
+    return field is not None and field.default is not None
+
+
+def match_budget(cfg: Any, rows: float) -> Any:
+    """``cfg`` with ``budget_rows`` set to ``rows`` (rounded): give a baseline another arm's measured mean
+    (or a fraction of full KV's rows); a relative budget (``budget_fraction``/``budget_match``) is consumed."""
+    config = policy_config(cfg)
+    if not has_row_budget(config):
+        raise ValueError(f"policy {config.policy!r} has no row budget (budget_rows)")
+    return dataclasses.replace(
+        config, budget_rows=max(1, round(rows)), budget_fraction=None, budget_reference=None, budget_match=None
+    )

@@ -5,6 +5,8 @@ At the end of the prefill, the last ``window`` prompt queries (post-RoPE) vote: 
 sequence (``avgpool`` or ``maxpool``, ``kernel``, zero padding as the reference's ``avg_pool1d``), and for GQA
 averaged over the group's query heads (as kvpress does; the original code is multi-head). Each KV head keeps
 its top ``budget_rows - window`` older rows plus the window; a prompt shorter than the budget is kept whole.
+With ``compression_ratio`` the budget is each prompt's own ``int(n * (1 - ratio))`` rows (kvpress's
+``SnapKVPress``), for runs at the compression another arm achieved.
 Decoding then appends every new row (SnapKV does not evict during decoding).
 """
 
@@ -15,6 +17,7 @@ import torch.nn.functional as F
 
 from zoomr.cache.base import PolicyCache, PolicyLayer
 from zoomr.cache.queries import push_queries, select_queries
+from zoomr.cache.ratio import kept_at_ratio
 from zoomr.cache.registry import register_policy
 from zoomr.schemas.cache import SnapKVConfig
 
@@ -49,17 +52,22 @@ def snapkv_scores(
     return scores.masked_fill(~older, float("-inf"))
 
 
-def top_plus_window(scores: torch.Tensor, n: torch.Tensor, budget: int, window: int) -> torch.Tensor:
+def top_plus_window(
+    scores: torch.Tensor, n: torch.Tensor, budget: int | torch.Tensor, window: int
+) -> torch.Tensor:
     """``[B, H, N]`` keep mask: top ``budget - window`` rows by ``scores`` + the last ``window`` rows;
-    a (b, h) with at most ``budget`` rows keeps everything."""
+    a (b, h) with at most ``budget`` rows keeps everything. ``budget``: one number or one per ``[B, H]``."""
     N = scores.shape[-1]
     j = torch.arange(N, device=scores.device)[None, None, :]
     held = j < n[:, :, None]
     keep = held & (j >= (n - window)[:, :, None])
-    k = min(budget - window, N)
-    if k > 0:
-        top = torch.topk(scores, k, dim=-1).indices
-        keep |= torch.zeros_like(keep).scatter_(-1, top, True) & held & torch.isfinite(scores)
+    budget = torch.as_tensor(budget, device=n.device).expand_as(n)
+    k = (budget - window).clamp(0, N)  # [B, H] older rows to keep
+    k_max = int(k.max()) if k.numel() else 0
+    if k_max > 0:
+        top = torch.topk(scores, k_max, dim=-1).indices  # best first
+        take = torch.arange(k_max, device=scores.device)[None, None, :] < k[:, :, None].to(scores.device)
+        keep |= torch.zeros_like(keep).scatter_(-1, top, take) & held & torch.isfinite(scores)
     return torch.where((n <= budget)[:, :, None], held, keep)
 
 
@@ -78,14 +86,18 @@ class SnapKVCache(PolicyCache):
         queries = layer.state.pop("q", None)
         layer.state.pop("qv", None)
         store, cfg = layer.store, self.config
-        if queries is None or int(store.n.max()) <= cfg.budget_rows:
+        if cfg.compression_ratio is not None:  # each prompt pruned to its own share (kvpress's ratio)
+            budget = kept_at_ratio(store.n, cfg.compression_ratio, minimum=cfg.window)
+        else:
+            budget = torch.full_like(store.n, cfg.budget_rows)
+        if queries is None or bool((store.n <= budget).all()):
             return
         with self.selecting():
             rows = store.rows()
             scores = snapkv_scores(
                 rows.keys, rows.n, queries.to(rows.keys.device), cfg.window, cfg.kernel, cfg.pooling
             )
-            self.evict(layer.idx, top_plus_window(scores, rows.n, cfg.budget_rows, cfg.window))
+            self.evict(layer.idx, top_plus_window(scores, rows.n, budget.to(rows.n.device), cfg.window))
 
     def on_select_batch(self, index: torch.Tensor) -> None:
         for layer in self.layers:

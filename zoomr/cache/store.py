@@ -1,52 +1,127 @@
-"""Paged, ragged KV storage for one model layer: rows per (batch element, KV head), really freed on eviction.
+"""KV storage for one model layer: rows per (batch element, KV head), in insertion order, really freed.
 
-Layout (like vLLM's paged KV, but held by one layer):
+Two layouts, chosen by the store itself (the interface is the same):
 
-- ``k``, ``v``: page pools ``[n_pages, page_size, head_dim]``;
-- ``pos``: the RoPE position of every row (``[n_pages, page_size]``, -1 where unused);
-- ``order``: the feed index of every row in its sequence (0, 1, 2, ... over the tokens run through the model,
-  forced tokens included), which defines causality inside a multi-token step;
-- ``attrs``: optional per-row float attributes a policy asks for (e.g. H2O's accumulated attention),
-  kept aligned with the rows through appends and evictions;
-- ``table``: ``[B, H, max_pages]`` page ids per (b, h) in row order (-1 = none), ``n``: ``[B, H]`` rows held.
+- **slab** (the fast path): per layer, contiguous buffers ``k``/``v`` ``[B, H, cap, d]`` and ``pos``/``order``/
+  attributes ``[B, H, cap]``; row j of (b, h) lives at ``start + j``. ``rows()`` returns *views*
+  ``k[:, :, start:start + N]`` (no copy, no gather). ``cap`` grows geometrically (×1.25, in whole pages).
+  Eviction compacts *in place*: the kept rows after the first evicted one slide down, or — when that moves
+  fewer rows, as in StreamingLLM where the evicted row sits just after the sinks — the kept rows before the
+  last evicted one slide up and ``start`` advances; the freed slots at the front are reclaimed in one burst
+  when an append reaches the end of the buffer (R-KV's buffer idea, applied to memory moves). When more than
+  half the capacity is free after an eviction the buffers are reallocated at the exact size, so evicted rows
+  leave memory (the capacity held is always what ``bytes()`` reports).
+- **paged** (ragged per-head rows, e.g. KVzap): page pools ``[n_pages, page_size, d]``, a page table
+  ``[B, H, max_pages]`` and a row map; ``rows()`` gathers. Used while the (b, h) row counts are so uneven that
+  a slab would hold more than 1.25× the pages the rows need; every eviction rebuilds the pools at the exact size
+  (and switches back to a slab once the counts are even again).
 
-Rows of one (b, h) are kept in insertion order. ``append`` grows the pools geometrically (unused pages are
-held memory and are reported as such). ``retain`` rebuilds the pools from the kept rows, so evicted rows
-are physically released — a masked row never stays resident. ``bytes`` counts every tensor the store holds.
+``pos`` is each row's RoPE position, ``order`` its feed index in its sequence (0, 1, 2, ... over the tokens
+run through the model, forced tokens included; it defines causality inside a multi-token step), ``attrs``
+optional per-row float attributes a policy asks for (e.g. H2O's accumulated attention), kept aligned with
+the rows through appends and evictions. ``bytes`` counts every tensor the store holds; ``seq_kv_bytes`` the
+pages a sequence's rows occupy (``ceil(n / page_size)`` per (b, h) in both layouts).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+SLAB_SLACK = 1.25  # slab layout while B*H*ceil(max n / p) <= SLAB_SLACK * sum ceil(n / p) pages
+GROWTH = 1.25  # geometric growth of a slab's capacity
+SHRINK_AT = 0.5  # reallocate at the exact size when the kept rows need at most this share of the capacity
 
-@dataclass
+
+class _Source:
+    """Where a :class:`Rows` builds ``pos``/``order``/``valid`` on first read: the store's buffers (the same
+    storages, so byte counts see them once) and the slab offset or the paged row map."""
+
+    def __init__(self, pos: torch.Tensor, order: torch.Tensor, n_rows: int, start: int = 0,
+                 flat: torch.Tensor | None = None) -> None:  # fmt: skip
+        self.pos, self.order, self.n_rows, self.start, self.flat = pos, order, n_rows, start, flat
+
+    def build(self, name: str, n: torch.Tensor) -> torch.Tensor:
+        N = self.n_rows
+        valid = torch.arange(N, device=n.device)[None, None, :] < n[:, :, None]
+        if name == "valid":
+            return valid
+        src = self.pos if name == "pos" else self.order
+        rows = src[:, :, self.start : self.start + N] if self.flat is None else src.view(-1)[self.flat]
+        return rows.masked_fill(~valid, -1)
+
+
 class Rows:
-    """A padded, per-(b, h) view of the rows of a store (row ``j`` of (b, h) is valid iff ``j < n[b, h]``)."""
+    """A padded, per-(b, h) view of the rows of a store (row ``j`` of (b, h) is valid iff ``j < n[b, h]``).
 
-    keys: torch.Tensor  # [B, H, N, d]
-    values: torch.Tensor  # [B, H, N, d]
-    pos: torch.Tensor  # [B, H, N] RoPE position (-1 where invalid)
-    order: torch.Tensor  # [B, H, N] feed index (-1 where invalid)
-    valid: torch.Tensor  # [B, H, N] bool
-    n: torch.Tensor  # [B, H] rows per (b, h)
+    ``keys``/``values`` ``[B, H, N, d]`` (views into a slab store: do not write), ``pos``/``order`` ``[B, H, N]``
+    (-1 where invalid), ``valid [B, H, N]`` bool, ``n [B, H]``. A store builds ``pos``/``order``/``valid`` only
+    when a consumer reads them (plain decoding reads none of them).
+    """
+
+    def __init__(
+        self,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        pos: torch.Tensor | None = None,
+        order: torch.Tensor | None = None,
+        valid: torch.Tensor | None = None,
+        n: torch.Tensor | None = None,
+        *,
+        source: _Source | None = None,
+        all_valid: bool | None = None,
+    ) -> None:
+        self.keys, self.values, self.n = keys, values, n
+        self._pos, self._order, self._valid = pos, order, valid
+        self._source, self._all_valid = source, all_valid
+
+    def _get(self, name: str) -> torch.Tensor:
+        t = getattr(self, "_" + name)
+        if t is None:
+            t = self._source.build(name, self.n)
+            setattr(self, "_" + name, t)
+        return t
+
+    @property
+    def pos(self) -> torch.Tensor:
+        return self._get("pos")
+
+    @property
+    def order(self) -> torch.Tensor:
+        return self._get("order")
+
+    @property
+    def valid(self) -> torch.Tensor:
+        return self._get("valid")
+
+    @property
+    def all_valid(self) -> bool:
+        """Every (b, h) holds all ``N`` rows (no mask needed)."""
+        if self._all_valid is None:
+            self._all_valid = bool(self.valid.all())
+        return self._all_valid
 
     @property
     def num_rows(self) -> int:
         return self.keys.shape[-2]
+
+    def materialize(self) -> Rows:
+        """The same rows with every field built (for copies to another device)."""
+        return Rows(self.keys, self.values, self.pos, self.order, self.valid, self.n, all_valid=self._all_valid)
 
 
 def _ceil_div(a: torch.Tensor, b: int) -> torch.Tensor:
     return torch.div(a + b - 1, b, rounding_mode="floor")
 
 
+def _round_up(x: int, p: int) -> int:
+    return -(-x // p) * p
+
+
 class PagedKV:
-    """Ragged KV rows of one layer for ``batch`` sequences × ``heads`` KV heads.
+    """KV rows of one layer for ``batch`` sequences × ``heads`` KV heads (slab or paged layout, see module doc).
 
     ``role`` says where this store counts in the byte report (``"device"`` or ``"host"``); on a CPU-only
-    machine an offloading policy's host store is still reported as host memory. ``pin`` pins host pools
+    machine an offloading policy's host store is still reported as host memory. ``pin`` pins host buffers
     (only when CUDA is available) so copies to the accelerator can be asynchronous.
     """
 
@@ -71,13 +146,9 @@ class PagedKV:
         self.pin = bool(pin and torch.cuda.is_available() and self.device.type == "cpu")
         self.attr_names = tuple(attrs)
         self.n = torch.zeros(batch, heads, dtype=torch.long, device=self.device)
-        self.table = torch.full((batch, heads, 0), -1, dtype=torch.long, device=self.device)
-        self._alloc_pools(0)
-        self.free = torch.zeros(0, dtype=torch.long, device=self.device)  # ids of unused pages
+        self.n_max = self.n_min = 0  # python copies of n.max() / n.min() (no device sync on the hot path)
         self.version = 0  # bumped by every change of the rows (a copy made at version v is stale after)
-        self._flat = torch.zeros(
-            batch, heads, 0, dtype=torch.long, device=self.device
-        )  # row map: pool row of (b, h, j)
+        self._to_slab(0)
 
     # ------------------------------------------------------------------ allocation
     def _empty(self, *shape: int, dtype: torch.dtype, fill: float | None = None) -> torch.Tensor:
@@ -86,35 +157,158 @@ class PagedKV:
             t.fill_(fill)
         return t
 
-    def _alloc_pools(self, n_pages: int) -> None:
+    def _to_slab(self, cap: int) -> None:
+        """Switch to (or reallocate) an empty slab of ``cap`` rows per (b, h); paged structures are dropped."""
+        B, H, d = self.batch, self.heads, self.head_dim
+        self.slab, self.cap, self.start = True, cap, 0
+        # zeros, not garbage: a masked-out slot is still multiplied by its 0 weight (NaN * 0 = NaN)
+        self.k = self._empty(B, H, cap, d, dtype=self.dtype, fill=0.0)
+        self.v = self._empty(B, H, cap, d, dtype=self.dtype, fill=0.0)
+        self.pos = self._empty(B, H, cap, dtype=torch.long, fill=-1)
+        self.order = self._empty(B, H, cap, dtype=torch.long, fill=-1)
+        self.attrs = {a: self._empty(B, H, cap, dtype=torch.float32, fill=0.0) for a in self.attr_names}
+        self.table = self.free = self._flat = None
+
+    def _to_paged(self, n_pages: int) -> None:
         p, d = self.page_size, self.head_dim
+        self.slab, self.cap, self.start = False, 0, 0
         self.k = self._empty(n_pages, p, d, dtype=self.dtype)
         self.v = self._empty(n_pages, p, d, dtype=self.dtype)
         self.pos = self._empty(n_pages, p, dtype=torch.long, fill=-1)
         self.order = self._empty(n_pages, p, dtype=torch.long, fill=-1)
         self.attrs = {a: self._empty(n_pages, p, dtype=torch.float32, fill=0.0) for a in self.attr_names}
+        self.free = torch.zeros(0, dtype=torch.long, device=self.device)
 
     @property
     def n_pages(self) -> int:
+        """Pages of ``page_size`` rows the buffers hold (slab: ``B * H * cap / page_size``)."""
+        if self.slab:
+            return self.batch * self.heads * self.cap // self.page_size
         return self.k.shape[0]
 
     def _pools(self) -> list[torch.Tensor]:
         return [self.k, self.v, self.pos, self.order, *self.attrs.values()]
 
+    def _set_pools(self, pools: list[torch.Tensor]) -> None:
+        self.k, self.v, self.pos, self.order = pools[:4]
+        self.attrs = dict(zip(self.attr_names, pools[4:]))
+
+    def _update_extent(self) -> None:
+        if self.n.numel():
+            lo, hi = torch.aminmax(self.n)
+            self.n_min, self.n_max = int(lo), int(hi)
+        else:
+            self.n_min = self.n_max = 0
+
+    # ------------------------------------------------------------------ slab helpers
+    def _slab_resize(self, cap: int) -> None:
+        """Move the held rows into new buffers of ``cap`` rows per (b, h), starting at 0 (growth or shrink)."""
+        N, s = self.n_max, self.start
+        old = self._pools()
+        self._to_slab(cap)
+        for new_t, old_t in zip(self._pools(), old):
+            if N:
+                new_t[:, :, :N].copy_(old_t[:, :, s : s + N])
+
+    def _reserve(self, need: int) -> None:
+        """Make room for ``need`` rows from ``start``: slide the rows to the front (a burst: only when at least
+        1/8 of the capacity is then free, so it is rare) or grow geometrically."""
+        if self.start + need <= self.cap:
+            return
+        if self.start and need <= self.cap - max(1, self.cap // 8):
+            N, s = self.n_max, self.start
+            for t in self._pools():
+                src = t[:, :, s : s + N]
+                t[:, :, :N].copy_(src.clone() if s < N else src)  # overlapping ranges go through a copy
+            self.start = 0
+            return
+        grown = max(need, int(self.cap * GROWTH), self.cap + self.page_size)
+        self._slab_resize(_round_up(grown, self.page_size))
+
+    def _slab_flat(self, N: int) -> torch.Tensor:
+        base = torch.arange(self.batch * self.heads, device=self.device).view(self.batch, self.heads, 1) * self.cap
+        return base + self.start + torch.arange(N, device=self.device)
+
+    # ------------------------------------------------------------------ writes
+    def append(
+        self,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        pos: torch.Tensor,
+        order: torch.Tensor,
+        valid: torch.Tensor,
+        all_valid: bool | None = None,
+    ) -> None:
+        """Append the valid tokens of a step: ``keys``/``values`` ``[B, H, S, d]``; ``pos``/``order``/``valid`` ``[B, S]``.
+
+        Every KV head of sequence b gets the same new rows (its valid tokens, in order); invalid tokens
+        (left padding, idle sequences) are not stored at all. ``all_valid``: the caller already knows
+        whether every token is valid (saves a reduction).
+        """
+        B, H, S, _ = keys.shape
+        if (self.batch, self.heads) != (B, H):
+            raise ValueError(f"append: got batch/heads {(B, H)}, store holds {(self.batch, self.heads)}")
+        valid = valid.to(self.device)
+        if all_valid is None:
+            all_valid = bool(valid.all())
+        if not all_valid and not bool(valid.any()):
+            return  # nothing to store (the rows did not change)
+        if self.slab:
+            self._append_slab(keys, values, pos, order, valid, all_valid)
+        else:
+            self._append_paged(keys, values, pos, order, valid, all_valid)
+        self.version += 1
+
+    def _append_slab(self, keys, values, pos, order, valid, all_valid: bool) -> None:
+        B, H, S, d = keys.shape
+        dev = self.device
+        if all_valid and self.n_min == self.n_max:  # every (b, h) holds the same rows: plain slice writes
+            self._reserve(self.n_max + S)
+            j0 = self.start + self.n_max
+            j1 = j0 + S
+            self.k[:, :, j0:j1].copy_(keys)  # copy_ converts device / dtype and broadcasts
+            self.v[:, :, j0:j1].copy_(values)
+            self.pos[:, :, j0:j1].copy_(pos[:, None, :])
+            self.order[:, :, j0:j1].copy_(order[:, None, :])
+            for t in self.attrs.values():
+                t[:, :, j0:j1].zero_()
+            self.n = self.n + S
+            self.n_max += S
+            self.n_min += S
+            return
+        keys, values = keys.to(dev, self.dtype), values.to(dev, self.dtype)
+        pos, order = pos.to(dev), order.to(dev)
+        m = valid.sum(dim=1) if not all_valid else torch.full((B,), S, dtype=torch.long, device=dev)
+        n_new = self.n + m[:, None]
+        lo, hi = torch.aminmax(n_new)
+        self._reserve(int(hi))
+        rank = torch.cumsum(valid.long(), dim=1) - 1  # [B, S]
+        j = self.start + self.n[:, :, None] + rank[:, None, :]  # [B, H, S] destination slot
+        sel = valid[:, None, :].expand(B, H, S)
+        b_idx = torch.arange(B, device=dev).view(B, 1, 1).expand(B, H, S)[sel]
+        h_idx = torch.arange(H, device=dev).view(1, H, 1).expand(B, H, S)[sel]
+        jj = j[sel]
+        self.k[b_idx, h_idx, jj] = keys[sel]
+        self.v[b_idx, h_idx, jj] = values[sel]
+        self.pos[b_idx, h_idx, jj] = pos[:, None, :].expand(B, H, S)[sel]
+        self.order[b_idx, h_idx, jj] = order[:, None, :].expand(B, H, S)[sel]
+        for t in self.attrs.values():
+            t[b_idx, h_idx, jj] = 0.0
+        self.n = n_new
+        self.n_min, self.n_max = int(lo), int(hi)
+
+    # paged layout ------------------------------------------------------
     def _grow(self, extra: int) -> None:
         """Add at least ``extra`` free pages (geometric growth: unused pages are reported as held)."""
         old = self.n_pages
         new = old + max(extra, old // 4, self.batch * self.heads)
         pools = self._pools()
-        names = ["k", "v", "pos", "order", *[("attr", a) for a in self.attr_names]]
-        for name, t in zip(names, pools):
-            fill = -1 if name in ("pos", "order") else 0
-            g = self._empty(new, *t.shape[1:], dtype=t.dtype, fill=fill)
+        grown = []
+        for i, t in enumerate(pools):
+            g = self._empty(new, *t.shape[1:], dtype=t.dtype, fill=-1 if i in (2, 3) else 0)
             g[:old].copy_(t)
-            if isinstance(name, tuple):
-                self.attrs[name[1]] = g
-            else:
-                setattr(self, name, g)
+            grown.append(g)
+        self._set_pools(grown)
         self.free = torch.cat([self.free, torch.arange(old, new, device=self.device)])
 
     def _take_pages(self, count: int) -> torch.Tensor:
@@ -133,30 +327,14 @@ class PagedKV:
             )
             self.table = torch.cat([self.table, pad], dim=-1)
 
-    # ------------------------------------------------------------------ writes
-    def append(
-        self,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        pos: torch.Tensor,
-        order: torch.Tensor,
-        valid: torch.Tensor,
-    ) -> None:
-        """Append the valid tokens of a step: ``keys``/``values`` ``[B, H, S, d]``; ``pos``/``order``/``valid`` ``[B, S]``.
-
-        Every KV head of sequence b gets the same new rows (its valid tokens, in order); invalid tokens
-        (left padding, idle sequences) are not stored at all.
-        """
+    def _append_paged(self, keys, values, pos, order, valid, all_valid: bool) -> None:
         B, H, S, _ = keys.shape
-        if (self.batch, self.heads) != (B, H):
-            raise ValueError(f"append: got batch/heads {(B, H)}, store holds {(self.batch, self.heads)}")
         dev, p, d = self.device, self.page_size, self.head_dim
-        valid = valid.to(dev)
-        if S == 1 and bool(valid.all()):  # decoding: one row per (b, h), fewer ops
+        if S == 1 and all_valid:  # decoding: one row per (b, h), fewer ops
             j = self.n
             new_page = j % p == 0
             count = int(new_page.sum())
-            self._ensure_table(int(j.max()) // p + 1)
+            self._ensure_table(self.n_max // p + 1)
             if count:
                 self.table[new_page, torch.div(j[new_page], p, rounding_mode="floor")] = self._take_pages(
                     count
@@ -172,8 +350,6 @@ class PagedKV:
             n_new = j + 1
         else:
             m = valid.sum(dim=1)  # [B]
-            if int(m.sum()) == 0:
-                return
             n_old = self.n
             n_new = n_old + m[:, None]
             have = _ceil_div(n_old, p)
@@ -201,9 +377,9 @@ class PagedKV:
             self.order.view(-1)[flat] = order.to(dev)[:, None, :].expand(B, H, S)[sel]
         for t in self.attrs.values():
             t.view(-1)[flat] = 0.0
-        self._set_flat(bh, jj, flat, int(n_new.max()))
         self.n = n_new
-        self.version += 1
+        self._update_extent()
+        self._set_flat(bh, jj, flat, self.n_max)
 
     def _set_flat(self, bh: torch.Tensor, jj: torch.Tensor, flat: torch.Tensor, width: int) -> None:
         """Record the pool row of rows ``(bh, jj)`` in the row map (grown geometrically)."""
@@ -215,119 +391,241 @@ class PagedKV:
         self._flat.view(self.batch * self.heads, -1)[bh, jj] = flat
 
     # ------------------------------------------------------------------ reads
+    def _valid(self, N: int) -> torch.Tensor:
+        return torch.arange(N, device=self.device)[None, None, :] < self.n[:, :, None]
+
     def flat_index(self, n_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(flat [B, H, N], valid [B, H, N])``: pool row id of every row of the padded view (0 where invalid)."""
-        N = int(self.n.max()) if n_rows is None else n_rows
-        valid = torch.arange(N, device=self.device)[None, None, :] < self.n[:, :, None]
-        return self._flat[:, :, :N], valid
+        """``(flat [B, H, N], valid [B, H, N])``: row id of every row of the padded view in the flattened
+        buffers (``store.k.view(-1, d)[flat]``, ``store.pos.view(-1)[flat]``); only valid entries are meaningful."""
+        N = self.n_max if n_rows is None else n_rows
+        if self.slab:
+            return self._slab_flat(N), self._valid(N)
+        return self._flat[:, :, :N], self._valid(N)
 
     def rows(self, device: torch.device | str | None = None, non_blocking: bool = False) -> Rows:
-        """Gather every (b, h)'s rows into a padded view ``[B, H, N, d]`` (a copy: pages are not contiguous)."""
-        flat, valid = self.flat_index()
-        B, H, N = flat.shape
-        d = self.head_dim
-        keys = self.k.view(-1, d)[flat.flatten()].view(B, H, N, d)
-        values = self.v.view(-1, d)[flat.flatten()].view(B, H, N, d)
-        neg = torch.full((), -1, dtype=torch.long, device=self.device)
-        pos = self.pos.view(-1)[flat].where(valid, neg)
-        order = self.order.view(-1)[flat].where(valid, neg)
-        rows = Rows(keys, values, pos, order, valid, self.n.clone())
+        """The padded ``[B, H, N, d]`` rows: views of a slab (no copy), a gather of a paged store."""
+        N = self.n_max
+        if self.slab:
+            s = self.start
+            keys, values = self.k[:, :, s : s + N], self.v[:, :, s : s + N]
+            rows = Rows(keys, values, n=self.n, source=_Source(self.pos, self.order, N, s), all_valid=self.n_min == N)
+        else:
+            flat = self._flat[:, :, :N]
+            B, H, d = self.batch, self.heads, self.head_dim
+            keys = self.k.view(-1, d).index_select(0, flat.reshape(-1)).view(B, H, N, d)
+            values = self.v.view(-1, d).index_select(0, flat.reshape(-1)).view(B, H, N, d)
+            src = _Source(self.pos, self.order, N, flat=flat)
+            rows = Rows(keys, values, n=self.n, source=src, all_valid=self.n_min == N)
         if device is not None and torch.device(device) != self.device:
+            r = rows.materialize()
+            fields = [r.keys, r.values, r.pos, r.order, r.valid, r.n]
             if self.pin:
-                rows = Rows(*(t.pin_memory() for t in (keys, values, pos, order, valid, rows.n)))
-            rows = Rows(
-                *(
-                    t.to(device, non_blocking=non_blocking)
-                    for t in (rows.keys, rows.values, rows.pos, rows.order, rows.valid, rows.n)
-                )
-            )
+                fields = [t.pin_memory() for t in fields]
+            rows = Rows(*(t.to(device, non_blocking=non_blocking) for t in fields), all_valid=rows._all_valid)
         return rows
 
     def attr(self, name: str) -> torch.Tensor:
-        """The padded ``[B, H, N]`` view of a per-row attribute (0 where invalid)."""
+        """The padded ``[B, H, N]`` view of a per-row attribute (0 where invalid; a copy)."""
+        N = self.n_max
+        if self.slab:
+            view = self.attrs[name][:, :, self.start : self.start + N]
+            return view.clone() if self.n_min == N else view * self._valid(N)
         flat, valid = self.flat_index()
         return self.attrs[name].view(-1)[flat] * valid
 
     def add_to_attr(self, name: str, delta: torch.Tensor) -> None:
         """``attr[name] += delta`` for the rows of the padded view; ``delta`` is ``[B, H, N']`` with N' <= N."""
-        flat, valid = self.flat_index(delta.shape[-1])
-        self.attrs[name].view(-1).index_add_(0, flat[valid], delta.to(self.device, torch.float32)[valid])
+        M = delta.shape[-1]
+        delta = delta.to(self.device, torch.float32)
+        if self.slab:
+            view = self.attrs[name][:, :, self.start : self.start + M]
+            view.add_(delta if self.n_min >= M else delta * self._valid(M))
+            return
+        flat, valid = self.flat_index(M)
+        self.attrs[name].view(-1).index_add_(0, flat[valid], delta[valid])
 
     def set_attr(self, name: str, value: torch.Tensor) -> None:
-        flat, valid = self.flat_index(value.shape[-1])
-        self.attrs[name].view(-1)[flat[valid]] = value.to(self.device, torch.float32)[valid]
+        M = value.shape[-1]
+        value = value.to(self.device, torch.float32)
+        if self.slab:
+            view = self.attrs[name][:, :, self.start : self.start + M]
+            view.copy_(value if self.n_min >= M else torch.where(self._valid(M), value, view))
+            return
+        flat, valid = self.flat_index(M)
+        self.attrs[name].view(-1)[flat[valid]] = value[valid]
 
     # ------------------------------------------------------------------ eviction
     def retain(self, keep: torch.Tensor) -> None:
         """Keep the rows where ``keep [B, H, N]`` is True (aligned with :meth:`rows`); free everything else.
 
-        The pools are rebuilt at the size the kept rows need, so evicted rows leave memory at once.
+        Slab: kept rows are compacted in place (the cheaper of sliding the head or the tail), and the buffers
+        are reallocated at the exact size when more than half of them would be free; paged (or a slab that
+        would become too uneven): the pools are rebuilt at the size the kept rows need.
         """
-        flat, valid = self.flat_index()
-        if keep.shape != flat.shape:
-            raise ValueError(f"retain: keep mask has shape {tuple(keep.shape)}, rows are {tuple(flat.shape)}")
-        keep = keep.to(self.device) & valid
-        self._rebuild(flat, keep)
+        N = self.n_max
+        shape = (self.batch, self.heads, N)
+        if tuple(keep.shape) != shape:
+            raise ValueError(f"retain: keep mask has shape {tuple(keep.shape)}, rows are {shape}")
+        keep = keep.to(self.device)
+        uniform = self.n_min == N
+        gone = ~keep if uniform else self._valid(N) & ~keep
+        evicted = gone.sum(-1)
+        e_lo, e_hi = (int(x) for x in torch.aminmax(evicted)) if evicted.numel() else (0, 0)
+        if e_hi == 0:
+            return  # nothing evicted: the rows did not change
+        n_keep = self.n - evicted
+        if uniform and e_lo == e_hi:
+            k_lo = k_hi = N - e_lo
+        else:
+            k_lo, k_hi = (int(x) for x in torch.aminmax(n_keep))
+        if not self.slab or (k_lo != k_hi and not self._slab_fits(n_keep, k_hi)):
+            flat, valid = self.flat_index()
+            self._rebuild(flat, keep & valid)
+            return
+        cols = gone.any(dim=1).any(dim=0).nonzero()  # columns holding an evicted row somewhere
+        first, last = int(cols[0]), int(cols[-1]) + 1
+        s = self.start
+        head_cost = (last - e_lo) if e_lo == e_hi else None  # kept rows before the last evicted one
+        tail_cost = N - first - e_lo  # kept rows from the first evicted one on (at most)
+        if head_cost is not None and head_cost <= tail_cost:
+            if head_cost:
+                idx = torch.argsort(gone[:, :, :last].to(torch.int8), dim=-1, stable=True)[..., :head_cost]
+                self._move(idx, s, s + e_lo, last)
+            self.start = s + e_lo
+        elif tail_cost:
+            idx = torch.argsort(gone[:, :, first:].to(torch.int8), dim=-1, stable=True)[..., :tail_cost]
+            self._move(idx, s + first, s + first, N - first)
+        self._set_kept(n_keep, k_lo, k_hi)
+
+    def evict_span(self, lo: int, hi: int) -> None:
+        """Free rows ``lo <= j < hi`` of every (b, h) (e.g. StreamingLLM: the rows between the sinks and the
+        window). A slab whose (b, h) all hold the same rows slides the cheaper side with slices; anything else
+        goes through :meth:`retain`."""
+        N = self.n_max
+        lo, hi = max(0, lo), min(hi, N)
+        if hi <= lo:
+            return
+        if not (self.slab and self.n_min == N):
+            j = torch.arange(N, device=self.device)
+            self.retain(((j < lo) | (j >= hi)).expand(self.batch, self.heads, N))
+            return
+        e, s = hi - lo, self.start
+        if lo <= N - hi:  # slide the head up: start advances by e
+            for t in self._pools():
+                if lo:
+                    src = t[:, :, s : s + lo]
+                    t[:, :, s + e : s + e + lo].copy_(src.clone() if e < lo else src)
+            self.start = s + e
+        else:  # slide the tail down
+            for t in self._pools():
+                src = t[:, :, s + hi : s + N]
+                t[:, :, s + lo : s + lo + N - hi].copy_(src.clone() if e < N - hi else src)
+        self._set_kept(self.n - e, N - e, N - e)
+
+    def _set_kept(self, n_keep: torch.Tensor, k_lo: int, k_hi: int) -> None:
+        self.n = n_keep
+        self.n_min, self.n_max = k_lo, k_hi
+        if _round_up(k_hi, self.page_size) <= self.cap * SHRINK_AT:
+            self._slab_resize(_round_up(k_hi, self.page_size))
+        self.version += 1
+
+    def _move(self, idx: torch.Tensor, src0: int, dst0: int, span: int) -> None:
+        """``buffer[:, :, dst0 + i] = buffer[:, :, src0 + idx[..., i]]`` for every buffer, ``idx < span``
+        (row gathers with ``index_select`` into a temporary, so overlapping ranges are safe)."""
+        B, H, count = idx.shape
+        base = torch.arange(B * H, device=self.device).view(B, H, 1) * self.cap + src0
+        ids = (base + idx).view(-1)
+        for t in self._pools():
+            if t.dim() == 4:
+                moved = t.view(-1, t.shape[-1]).index_select(0, ids).view(B, H, count, -1)
+            else:
+                moved = t.view(-1).index_select(0, ids).view(B, H, count)
+            t[:, :, dst0 : dst0 + count].copy_(moved)
+
+    def _slab_fits(self, n: torch.Tensor, n_max: int) -> bool:
+        """Whether rows counts ``n [B, H]`` are even enough for a slab (see ``SLAB_SLACK``)."""
+        p = self.page_size
+        exact = int(_ceil_div(n, p).sum())
+        return self.batch * self.heads * -(-n_max // p) <= SLAB_SLACK * exact
 
     def select_batch(self, index: torch.Tensor) -> None:
         """Keep only the sequences ``index`` (in that order); the others' rows are freed."""
-        flat, valid = self.flat_index()
         index = index.to(self.device)
+        if self.slab:
+            self.batch = int(index.numel())
+            self._set_pools([t[index] for t in self._pools()])
+            self.n = self.n[index]
+            self._update_extent()
+            self.version += 1
+            return
+        flat, valid = self.flat_index()
         self.batch = int(index.numel())
         self.n = self.n[index]
-        self._rebuild(flat[index], valid[index], n_known=True)
+        self._rebuild(flat[index], valid[index])
 
-    def _rebuild(self, flat: torch.Tensor, keep: torch.Tensor, n_known: bool = False) -> None:
+    def _rebuild(self, flat: torch.Tensor, keep: torch.Tensor) -> None:
+        """New buffers holding exactly the kept rows (``flat``: their ids in the current flattened buffers),
+        as a slab when the kept counts are even enough, else as exact pages."""
         B, H, N = flat.shape
         p, dev = self.page_size, self.device
         n_new = keep.sum(-1)
-        need = _ceil_div(n_new, p)
-        n_pages = int(need.sum())
-        src = flat[keep]  # kept pool rows, in (b, h, j) order
-        old = self._pools()
-        self._alloc_pools(n_pages)
-        self.free = torch.zeros(0, dtype=torch.long, device=dev)
-        width = int(need.max()) if B * H else 0
-        self.table = torch.full((B, H, width), -1, dtype=torch.long, device=dev)
-        if n_pages:
-            owner = torch.repeat_interleave(torch.arange(B * H, device=dev), need.flatten())
-            first = torch.cumsum(need.flatten(), 0) - need.flatten()
-            slot = torch.arange(n_pages, device=dev) - first[owner]
-            self.table.view(B * H, -1)[owner, slot] = torch.arange(n_pages, device=dev)
+        n_max = int(n_new.max()) if n_new.numel() else 0
+        src = flat[keep]  # kept rows, in (b, h, j) order
         rank = torch.cumsum(keep.long(), -1) - 1
         jj = rank[keep]
         bh = torch.arange(B * H, device=dev).view(B, H, 1).expand(B, H, N)[keep]
-        dst = (
-            self.table.view(B * H, -1)[bh, torch.div(jj, p, rounding_mode="floor")] * p + jj % p
-            if src.numel()
-            else src
-        )
-        for new_t, old_t in zip(self._pools(), old):
-            if new_t.dim() == 3:
-                new_t.view(-1, new_t.shape[-1])[dst] = old_t.view(-1, old_t.shape[-1])[src]
+        old = self._pools()
+        if self._slab_fits(n_new, n_max):
+            self._to_slab(_round_up(n_max, p))
+            dst = bh * self.cap + jj
+        else:
+            need = _ceil_div(n_new, p)
+            n_pages = int(need.sum())
+            self._to_paged(n_pages)
+            width = int(need.max()) if B * H else 0
+            self.table = torch.full((B, H, width), -1, dtype=torch.long, device=dev)
+            if n_pages:
+                owner = torch.repeat_interleave(torch.arange(B * H, device=dev), need.flatten())
+                first = torch.cumsum(need.flatten(), 0) - need.flatten()
+                slot = torch.arange(n_pages, device=dev) - first[owner]
+                self.table.view(B * H, -1)[owner, slot] = torch.arange(n_pages, device=dev)
+            dst = (
+                self.table.view(B * H, -1)[bh, torch.div(jj, p, rounding_mode="floor")] * p + jj % p
+                if src.numel()
+                else src
+            )
+            self._flat = torch.zeros(B, H, n_max, dtype=torch.long, device=dev)
+            if src.numel():
+                self._flat.view(B * H, -1)[bh, jj] = dst
+        d = self.head_dim
+        for i, (new_t, old_t) in enumerate(zip(self._pools(), old)):
+            if i < 2:  # keys, values
+                new_t.view(-1, d)[dst] = old_t.reshape(-1, d)[src]
             else:
-                new_t.view(-1)[dst] = old_t.view(-1)[src]
-        self._flat = torch.zeros(B, H, int(n_new.max()) if B * H else 0, dtype=torch.long, device=dev)
-        if src.numel():
-            self._flat.view(B * H, -1)[bh, jj] = dst
+                new_t.view(-1)[dst] = old_t.reshape(-1)[src]
         self.n = n_new
+        self._update_extent()
         self.version += 1
 
     # ------------------------------------------------------------------ accounting
     def tensors(self) -> list[torch.Tensor]:
-        return [*self._pools(), self.table, self.n, self.free, self._flat]
+        extra = [] if self.slab else [self.table, self.free, self._flat]
+        return [*self._pools(), self.n, *extra]
 
     def bytes(self) -> int:
-        """Bytes of every tensor this store holds (pools with their free pages, tables, counters)."""
+        """Bytes of every tensor this store holds (buffers with their free capacity, tables, counters)."""
         return sum(t.numel() * t.element_size() for t in self.tensors())
 
     def kv_bytes(self) -> int:
-        """Bytes of the key and value pools alone."""
+        """Bytes of the key and value buffers alone."""
         return sum(t.numel() * t.element_size() for t in (self.k, self.v))
 
     def seq_kv_bytes(self) -> torch.Tensor:
-        """``[B]``: key/value bytes of the pages each sequence holds (its exact share of the pools)."""
-        pages = (self.table >= 0).sum(dim=(1, 2))
+        """``[B]``: key/value bytes of the pages each sequence's rows occupy (``ceil(n / page_size)`` per head)."""
+        if self.slab:
+            pages = _ceil_div(self.n, self.page_size).sum(dim=1)
+        else:
+            pages = (self.table >= 0).sum(dim=(1, 2))
         per_page = 2 * self.page_size * self.head_dim * self.k.element_size()
         return pages * per_page
 

@@ -8,6 +8,11 @@ at prefill and cut afterwards (as the reference does before the next forward).
 ``reposition=True`` is the paper's pos_shift variant: after every eviction the kept keys are re-rotated to
 their index inside the cache and new tokens take position ``rows held`` (RoPE is a rotation group, so the
 post-RoPE keys are moved by the position difference). Default: original positions (R-KV's baseline).
+
+``compression_ratio`` (with ``budget_rows=None``) is the prompt-compression variant of kvpress's
+``StreamingLLMPress`` that the KVzap paper compares against: once, at the end of the prefill, each prompt
+keeps its sinks and its most recent ``int(n * (1 - ratio)) - n_sink`` rows; decoding appends without
+eviction.
 """
 
 from __future__ import annotations
@@ -15,14 +20,17 @@ from __future__ import annotations
 import torch
 
 from zoomr.cache.base import PolicyCache, PolicyLayer
+from zoomr.cache.ratio import kept_at_ratio
 from zoomr.cache.registry import register_policy
 from zoomr.cache.rope import rope_inv_freq
 from zoomr.schemas.cache import StreamingConfig
 
 
-def sink_window_keep(n: torch.Tensor, width: int, n_sink: int, recent: int) -> torch.Tensor:
-    """``[B, H, width]`` bool: rows ``j < n_sink`` or ``j >= n - recent`` (rows in insertion order)."""
+def sink_window_keep(n: torch.Tensor, width: int, n_sink: int, recent: int | torch.Tensor) -> torch.Tensor:
+    """``[B, H, width]`` bool: rows ``j < n_sink`` or ``j >= n - recent`` (rows in insertion order);
+    ``recent``: one number or one per ``[B, H]``."""
     j = torch.arange(width, device=n.device)[None, None, :]
+    recent = torch.as_tensor(recent, device=n.device).expand_as(n)[:, :, None]
     n = n[:, :, None]
     return (j < n) & ((j < n_sink) | (j >= n - recent))
 
@@ -31,16 +39,25 @@ def sink_window_keep(n: torch.Tensor, width: int, n_sink: int, recent: int) -> t
 class StreamingCache(PolicyCache):
     def __init__(self, config: StreamingConfig, model_config, tokenizer=None) -> None:
         super().__init__(config, model_config, tokenizer)
-        self.recent = config.budget_rows - config.n_sink
+        self.recent = None if config.budget_rows is None else config.budget_rows - config.n_sink
         self.inv_freq = rope_inv_freq(self.model_config, self.head_dim) if config.reposition else None
 
     def after_attention(self, layer: PolicyLayer) -> None:
-        store = layer.store
-        if int(store.n.max()) <= self.config.budget_rows:
+        store, cfg = layer.store, self.config
+        if cfg.compression_ratio is not None:  # prompt-only pruning at a ratio (kvpress's StreamingLLMPress)
+            if not self.step.ends_prefill:
+                return
+            recent = kept_at_ratio(store.n, cfg.compression_ratio) - cfg.n_sink
+        elif store.n_max <= cfg.budget_rows:
             return
+        else:
+            recent = self.recent
         with self.selecting():
-            keep = sink_window_keep(store.n, int(store.n.max()), self.config.n_sink, self.recent)
-            self.evict(layer.idx, keep)
+            if cfg.compression_ratio is None and store.n_min == store.n_max:
+                store.evict_span(cfg.n_sink, store.n_max - recent)  # every (b, h) holds the same rows: one span
+            else:
+                keep = sink_window_keep(store.n, store.n_max, cfg.n_sink, recent)
+                self.evict(layer.idx, keep)
             if self.inv_freq is not None:
                 flat, valid = store.flat_index()
                 new_pos = torch.arange(flat.shape[-1], device=flat.device).expand_as(flat)

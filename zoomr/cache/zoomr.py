@@ -392,16 +392,15 @@ class _HostRows:
 
 def gather_sequence_keys(store: PagedKV, b: int, idx: torch.Tensor) -> torch.Tensor:
     """Keys ``[H, m, d]`` of rows ``idx [m]`` of sequence ``b`` (a store that never evicts: row = position)."""
-    p, d = store.page_size, store.head_dim
     idx = idx.to(store.device)
-    flat = store.table[b][:, idx // p] * p + (idx % p)[None, :]
-    return store.k.view(-1, d)[flat]
+    flat, _ = store.flat_index()
+    return store.k.view(-1, store.head_dim)[flat[b][:, idx]]
 
 
 def gather_rows(store: PagedKV, idx: torch.Tensor) -> _HostRows:
     """Rows ``idx [B, N]`` (-1 = padding; the same rows for every KV head) of a store that never evicts,
     gathered where the store lives (a copy), ready for ``.to(device)``."""
-    p, d = store.page_size, store.head_dim
+    d = store.head_dim
     idx = idx.to(store.device)
     B, N = idx.shape
     H = store.heads
@@ -411,8 +410,7 @@ def gather_rows(store: PagedKV, idx: torch.Tensor) -> _HostRows:
         kv = torch.zeros(B, H, 0, d, dtype=store.dtype, device=store.device)
         return _HostRows(kv, kv.clone(), empty, empty.clone(), valid.contiguous())
     j = idx.clamp_min(0)
-    page = store.table.gather(2, (j // p)[:, None, :].expand(B, H, N)).clamp_min(0)  # [B, H, N]
-    flat = page * p + (j % p)[:, None, :]
+    flat = store.flat_index()[0].gather(2, j[:, None, :].expand(B, H, N))  # [B, H, N] row ids in the buffers
     neg = torch.full((), -1, dtype=torch.long, device=store.device)
     return _HostRows(
         store.k.view(-1, d)[flat],

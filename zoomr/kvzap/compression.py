@@ -104,11 +104,9 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from omegaconf import OmegaConf
-
-    from zoomr.entry import CONF_DIR
+    from zoomr.configs import model_config
     from zoomr.kvzap.surrogate import load_surrogate
-    from zoomr.models import load_model_and_tokenizer, spec_from_dict
+    from zoomr.models import load_model_and_tokenizer
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny-qwen2", help="a conf/model/<name>.yaml")
@@ -121,9 +119,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     torch.manual_seed(0)
-    node = OmegaConf.load(Path(CONF_DIR) / "model" / f"{args.model}.yaml")
-    node.pop("defaults", None)
-    spec = spec_from_dict(OmegaConf.to_container(node, resolve=True))
+    spec = model_config(args.model)
     model, tok = load_model_and_tokenizer(spec)  # the engine switches to the policy attention
     surrogate = load_surrogate(args.surrogate)
     thresholds = [float(t) for t in args.thresholds.split(",")]  # "-inf" parses

@@ -28,6 +28,8 @@ def register_with_hydra() -> None:
     """Store every schema in Hydra's ConfigStore under ``schema/<group>/<name>`` (idempotent)."""
     from hydra.core.config_store import ConfigStore
 
+    import zoomr.models  # noqa: F401  (registers the zoomr_model_name resolver of conf/model/tiny-*.yaml)
+
     cs = ConfigStore.instance()
     for group, name, node in iter_schemas():
         if group == "":

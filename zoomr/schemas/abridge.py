@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from zoomr.schemas.sft import check_length
+
 
 @dataclass
 class AbridgeOptim:
@@ -40,6 +42,9 @@ class MaskedTraining:
     gradient_checkpointing: bool = False
     mask_backend: str = "auto"  # auto (flex on CUDA, dense elsewhere) | dense | flex
 
+    def __post_init__(self) -> None:
+        check_length(type(self).__name__, self.max_steps)
+
 
 @dataclass
 class AbridgeMethod(MaskedTraining):
@@ -56,6 +61,7 @@ class AbridgeMethod(MaskedTraining):
     policy: str = "abridge"  # the serving policy in zoomr.cache (python -m eval +method=abridge)
     page_size: int = 16  # serving: rows per storage page
     layout_from_checkpoint: bool = True  # serving: a checkpoint's abridge.json wins over the fields below
+    allow_untrained: bool = False  # serving: run on a model without abridge.json (smoke tests, not results)
     block_size: int = 64  # C
     num_pause: int = 16  # K_max: pause tokens (code rows) written per completed block
     quota: int | None = None

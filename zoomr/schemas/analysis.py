@@ -12,4 +12,22 @@ class AnalysisTask:
     args: list[str] = field(default_factory=list)
 
 
-SCHEMAS = [("task", "task", AnalysisTask)]
+@dataclass
+class PaperTablesTask(AnalysisTask):
+    """``+task=paper_tables``: every paper's tables and figures from run directories (analysis/paper_tables/)."""
+
+    name: str = "paper_tables"
+    module: str = "paper_tables"
+    runs: list[str] = field(default_factory=list)  # run directories, JSON files or globs (``**`` recurses)
+    out: str = "runs/analysis/paper_tables"
+    memory_gib: float = 8.0  # Figure 3c: KV memory that the sequences must fit in
+    n_resamples: int = 2000  # paired bootstrap of the Δ columns (eval.compare)
+    seed: int = 1234
+
+    def __post_init__(self) -> None:
+        if self.memory_gib <= 0 or self.n_resamples < 1:
+            raise ValueError(f"PaperTablesTask: need memory_gib > 0 and n_resamples >= 1, got {self.memory_gib}, "
+                             f"{self.n_resamples}")  # fmt: skip
+
+
+SCHEMAS = [("task", "task", AnalysisTask), ("task", "paper_tables", PaperTablesTask)]

@@ -2,7 +2,11 @@
 
 Common fields: ``policy`` (registry name in ``zoomr.cache``), ``page_size`` (rows per storage page),
 ``budget_rows`` (rows per (layer, sequence, KV head) resident between decode steps; ``None`` = unbounded).
-A budget can be matched to another arm's measured mean with ``zoomr.cache.match_budget``.
+A budget relative to the run (``python -m eval`` resolves it into ``budget_rows`` before decoding, see
+``eval/budget.py``): ``budget_fraction`` f = f x the rows full KV holds at the end of a sequence (its mean
+peak resident rows, read from the full-KV run ``budget_reference``, default the same benchmark and model's
+``…/full`` run), or ``budget_match`` = a run directory whose mean resident rows the budget takes. In Python,
+``zoomr.cache.match_budget(cfg, rows)`` does the same with a number.
 """
 
 from __future__ import annotations
@@ -16,6 +20,16 @@ def _positive(cls_name: str, **values: int | float | None) -> None:
             raise ValueError(f"{cls_name}: {key} must be > 0, got {value}")
 
 
+def _ratio(cls_name: str, ratio: float, budget_rows: int | None) -> None:
+    """A prompt compression ratio (kvpress's ``compression_ratio``) replaces the fixed budget."""
+    if not 0.0 <= ratio < 1.0:
+        raise ValueError(f"{cls_name}: compression_ratio must be in [0, 1), got {ratio}")
+    if budget_rows is not None:
+        raise ValueError(
+            f"{cls_name}: compression_ratio={ratio} replaces budget_rows={budget_rows}: set method.budget_rows=null"
+        )
+
+
 @dataclass
 class PolicyConfig:
     """Fields every cache policy has."""
@@ -25,9 +39,24 @@ class PolicyConfig:
     trainer: str | None = None  # cache policies are inference-time methods: nothing to train
     page_size: int = 16
     budget_rows: int | None = None
+    budget_fraction: float | None = None  # of full KV's rows (resolved into budget_rows by python -m eval)
+    budget_reference: str | None = None  # the full-KV run directory for budget_fraction (None: …/full)
+    budget_match: str | None = None  # a run directory: budget_rows = its mean resident rows
 
     def __post_init__(self) -> None:
-        _positive(type(self).__name__, page_size=self.page_size, budget_rows=self.budget_rows)
+        name = type(self).__name__
+        _positive(name, page_size=self.page_size, budget_rows=self.budget_rows)
+        if self.budget_fraction is not None and not 0 < self.budget_fraction <= 1:
+            raise ValueError(f"{name}: budget_fraction must lie in (0, 1], got {self.budget_fraction}")
+        if self.budget_fraction is not None and self.budget_match is not None:
+            raise ValueError(f"{name}: set budget_fraction or budget_match, not both")
+        if self.budget_reference is not None and self.budget_fraction is None:
+            raise ValueError(f"{name}: budget_reference is the full-KV run of budget_fraction; set budget_fraction")
+
+    @property
+    def budget_pending(self) -> bool:
+        """A relative budget (fraction / match) not yet turned into ``budget_rows``."""
+        return self.budget_fraction is not None or self.budget_match is not None
 
 
 @dataclass
@@ -57,9 +86,15 @@ class StreamingConfig(PolicyConfig):
     budget_rows: int | None = 1024
     n_sink: int = 4
     reposition: bool = False
+    compression_ratio: float | None = None  # variant: prune each prompt once to this ratio (budget_rows=None)
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.compression_ratio is not None:
+            _ratio("StreamingConfig", self.compression_ratio, self.budget_rows)
+            if self.n_sink < 0:
+                raise ValueError(f"StreamingConfig: need n_sink >= 0, got {self.n_sink}")
+            return
         if self.budget_rows is None or self.n_sink < 0 or self.budget_rows <= self.n_sink:
             raise ValueError(
                 f"StreamingConfig: need budget_rows > n_sink >= 0, got {self.budget_rows}, {self.n_sink}"
@@ -101,11 +136,14 @@ class SnapKVConfig(PolicyConfig):
     window: int = 32
     kernel: int = 5
     pooling: str = "avgpool"
+    compression_ratio: float | None = None  # each prompt keeps int(n * (1 - ratio)) rows (budget_rows=None)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _positive("SnapKVConfig", window=self.window, kernel=self.kernel)
-        if self.budget_rows is None or self.budget_rows < self.window:
+        if self.compression_ratio is not None:
+            _ratio("SnapKVConfig", self.compression_ratio, self.budget_rows)
+        elif self.budget_rows is None or self.budget_rows < self.window:
             raise ValueError(
                 f"SnapKVConfig: need budget_rows >= window, got {self.budget_rows} < {self.window}"
             )
@@ -142,6 +180,11 @@ class RKVConfig(PolicyConfig):
             raise ValueError(f"{type(self).__name__}: need budget_rows > window, got {self.budget_rows}")
         if not 0.0 <= self.lam <= 1.0:
             raise ValueError(f"{type(self).__name__}: lam must lie in [0, 1], got {self.lam}")
+        if not -1.0 <= self.similarity_threshold <= 1.0:  # a cosine similarity (1: no row is exempted)
+            raise ValueError(
+                f"{type(self).__name__}: similarity_threshold is a cosine similarity and must lie in [-1, 1], "
+                f"got {self.similarity_threshold}"
+            )
         if self.kernel % 2 == 0:
             raise ValueError(f"{type(self).__name__}: kernel must be odd, got {self.kernel}")
 

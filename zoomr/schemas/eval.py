@@ -29,7 +29,8 @@ class BenchmarkConfig:
     sources: list[str] = field(default_factory=lambda: ["math500"])
     source: str = "local"
     data_dir: str = "eval/data/benchmarks"
-    problem_limit: int | None = None
+    problem_limit: int | None = None  # multi-subset plugin tasks (ruler, longbench): first N of each subset
+    length: int | None = None  # generated long-context sets (RULER): tokens per example, prompt + generation
     option_seed: int = 1234  # GPQA: options shuffled per question with this seed (same order in every arm)
     options: dict[str, Any] = field(default_factory=dict)  # settings of a generated source (testbed)
     paper_samples: int | None = None  # documentation only: samples per problem in the papers
@@ -61,6 +62,9 @@ class GradingConfig:
     counts as incorrect. ``start_method``: ``forkserver`` (workers forked from a server that has
     math-verify imported) or ``spawn``. ``strip_reasoning``: grade only the text after the last
     closed reasoning block (``</think>``, ``<|end_of_thought|>``); the record keeps the full text.
+    ``max_error_rate``: the run fails (after writing its rows and metrics) when more than this share of
+    the samples graded in it could not be graded (math-verify raised or its worker died); a rerun
+    grades those rows again without generating them. Timeouts are a grade (incorrect), not an error.
     """
 
     workers: int = 2
@@ -68,6 +72,7 @@ class GradingConfig:
     start_method: str = "forkserver"
     strip_reasoning: bool = False
     math_verify: bool = True
+    max_error_rate: float = 0.01
 
 
 SCHEMAS = [

@@ -40,6 +40,19 @@ class SFTMethod:
     gradient_checkpointing: bool = False
     assistant_only_loss: bool = True
 
+    def __post_init__(self) -> None:
+        check_length(type(self).__name__, self.max_steps, self.epochs)
+
+
+def check_length(schema: str, max_steps: int, epochs: float | None = None) -> None:
+    """Refuse a run that would train nothing (``max_steps=0`` makes the HF Trainer run one NaN-loss step)."""
+    if epochs is not None and max_steps == -1:
+        if not epochs > 0:
+            raise ValueError(f"{schema}: max_steps=-1 trains method.epochs={epochs} epochs: give epochs > 0")
+    elif max_steps < 1:
+        also = " (or -1 to train method.epochs epochs)" if epochs is not None else ""
+        raise ValueError(f"{schema}: max_steps={max_steps} trains nothing: give max_steps >= 1{also}")
+
 
 @dataclass
 class TracesData:

@@ -27,6 +27,9 @@ class TestbedData:
     filler_before: list[int] = field(default_factory=lambda: [8, 32])  # filler words before the facts
     filler_after: list[int] = field(default_factory=lambda: [0, 8])  # between the facts and the queries
     final_queries: int = 8  # the \boxed{} answer recalls the earliest facts still unqueried
+    # cue: "? k : = v" (the cue names the key, the boundary ":" follows it, the value comes one step later, so
+    # ZoomR's selection at ":" applies when the value is predicted; issue 13); inline: "? k v" (before issue 13)
+    query_form: str = "cue"
     query_age_bias: float = 0.0  # a query picks an eligible fact with weight (age rank + 1) ** bias; 0 = uniform
     summaries: bool = False  # insert <|begin_of_summary|> keys… <|end_of_summary|> after each paragraph
     model_writes_summaries: bool = False  # the model (not the environment) writes each summary's keys
@@ -74,6 +77,14 @@ class TestbedTrainMethod:
     embedding_init_std: float = 0.02
     linear_init: str = "torch"  # torch (Kaiming-uniform, the recipe's) | hub (keep the config's N(0, initializer_range))
     curriculum: CurriculumSettings = field(default_factory=CurriculumSettings)
+    # Summary pointer (issue 13; data with summaries only): an auxiliary cross-entropy at every query's
+    # boundary ":" that makes ZoomR's score q · k̄_i (post-RoPE, mean over the summary's content keys)
+    # pick the summary of the paragraph that defined the queried fact, per layer and query head. Weight
+    # 1.0 = one pointer CE per cue beside one answer CE per query (the two losses are of the same size).
+    # Layers: None = every layer but the first (layer 0's query at ":" sees only ":" and its position, it
+    # cannot know the key, so no loss can make it point).
+    summary_pointer_weight: float = 1.0
+    summary_pointer_layers: list[int] | None = None
     eval_every: int = 100  # teacher-forced answer accuracy on held-out full-length traces
     eval_examples: int = 16
     save_every: int = 200  # checkpoint (model + optimizer + step) for resume

@@ -1,0 +1,93 @@
+"""``python -m analysis +task=paper_tables task.runs=[...] task.out=DIR``: every paper's tables and figures.
+
+Reads run directories (or globs, ``**`` recurses; :mod:`.inputs` lists what is recognised) and writes under
+``out``: AbridgeKV Table 1 and Figures 3a-3d, 4a, 6 (:mod:`.abridge_paper`); ZoomR's main table, resident KV
+vs the MS formula and the AG histogram (:mod:`.zoomr_paper`); KVzap Table 1, accuracy vs compression,
+per-prompt compression and threshold vs fixed ratio (:mod:`.kvzap_paper`). Tables are md/csv/tex and name their
+runs and problem/sample counts; figures are PNG + PDF with the source runs in a footer. ``README.md`` indexes
+everything, lists what was skipped and why (an absent input is named, never silently dropped) and the inputs
+that could not be used; ``manifest.json`` holds the same. With a W&B logger every table is a ``wandb.Table``
+and every figure an image of one ``analysis`` run. Also ``python -m analysis.paper_tables RUN... --out DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from . import abridge_paper, kvzap_paper, zoomr_paper
+from .inputs import Inputs, discover
+from .report import Report
+
+
+def inputs_summary(inputs: Inputs) -> dict[str, Any]:
+    return {
+        "counts": {
+            "evaluation runs": len(inputs.evals),
+            "abridge_allocate runs": len(inputs.allocations),
+            "KVzap fits": len(inputs.kvzap_fits),
+            "throughput benches": len(inputs.throughput),
+            "ZoomR benches": len(inputs.zoomr_bench),
+        },
+        "problems": inputs.problems,
+        "unused": inputs.unused,
+    }
+
+
+def build_all(runs: list[str], out: str | Path, memory_gib: float = 8.0, n_resamples: int = 2000,
+              seed: int = 1234, logger_cfg: dict[str, Any] | None = None) -> Report:  # fmt: skip
+    """Read the inputs, write every table and figure (or its skip reason) under ``out``, log to W&B."""
+    if not runs:
+        raise SystemExit("paper_tables: no inputs; pass task.runs=[<run dir or glob>,...]")
+    if memory_gib <= 0:
+        raise SystemExit(f"paper_tables: memory_gib must be > 0, got {memory_gib}")
+    t0 = time.time()
+    inputs = discover([str(r) for r in runs])
+    report = Report(Path(out))
+    abridge_paper.build(inputs, report, memory_gib, n_resamples, seed)
+    zoomr_paper.build(inputs, report, n_resamples, seed)
+    kvzap_paper.build(inputs, report)
+    index = report.write_index(inputs_summary(inputs))
+    if logger_cfg and logger_cfg.get("mode", "disabled") != "disabled":
+        from zoomr.tracking import init_run
+
+        logger = init_run(
+            project=logger_cfg.get("project", "zoomr"), entity=logger_cfg.get("entity"),
+            name=f"paper_tables-{Path(out).name}", group=logger_cfg.get("group") or "paper_tables",
+            tags=list(logger_cfg.get("tags") or []), mode=logger_cfg["mode"], dir=Path(out), job_type="analysis",
+            config={"runs": [str(r) for r in runs], "out": str(out), "memory_gib": memory_gib,
+                    "n_resamples": n_resamples, "seed": seed},
+        )  # fmt: skip
+        report.log_wandb(logger)
+        logger.finish()
+    print(index)
+    print(f"paper_tables: {len(report.tables)} tables, {len(report.figures)} figures, {len(report.skipped)} skipped, "
+          f"{len(inputs.problems)} unusable inputs in {time.time() - t0:.1f} s -> {out}")  # fmt: skip
+    return report
+
+
+def run_task(task: dict[str, Any], logger: dict[str, Any]) -> Report:
+    """Entry from ``python -m analysis +task=paper_tables`` (the task and logger configs, resolved)."""
+    from zoomr.schemas import to_dataclass
+    from zoomr.schemas.analysis import PaperTablesTask
+
+    try:
+        t = to_dataclass(PaperTablesTask, task)  # validated before anything is written
+    except ValueError as e:
+        raise SystemExit(f"paper_tables: {e}") from None
+    return build_all(t.runs, t.out, t.memory_gib, t.n_resamples, t.seed, logger)
+
+
+def main(argv: list[str] | None = None) -> Report:
+    p = argparse.ArgumentParser(prog="python -m analysis.paper_tables", description=__doc__.split("\n")[0])
+    p.add_argument("runs", nargs="+", help="run directories, bench JSONs or globs (quote them; ** recurses)")
+    p.add_argument("--out", default="runs/analysis/paper_tables")
+    p.add_argument("--memory-gib", type=float, default=8.0, help="Figure 3c's KV memory")
+    p.add_argument("--n-resamples", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--logger", choices=["wandb", "none"], default="none", help="wandb: offline without a key")
+    a = p.parse_args(argv)
+    logger = {"mode": "auto", "project": "zoomr"} if a.logger == "wandb" else None
+    return build_all(a.runs, a.out, a.memory_gib, a.n_resamples, a.seed, logger)

@@ -1,0 +1,3 @@
+from analysis.paper_tables import main
+
+main()

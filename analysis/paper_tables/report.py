@@ -1,0 +1,114 @@
+"""Where paper tables and figures go: md/csv/tex tables and PNG/PDF figures that name their sources, a list
+of what was skipped and why, an index (``README.md``, ``manifest.json``), and one W&B analysis run."""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eval.compare import markdown
+
+
+def tex(header: list[str], rows: list[list[str]], caption: str) -> str:
+    """A booktabs ``tabular`` of the cells (LaTeX special characters escaped)."""
+
+    def esc(x: str) -> str:
+        for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"),
+                     ("Δ", r"$\Delta$"), ("²", r"$^2$"), ("±", r"$\pm$"), ("÷", r"$\div$"), ("—", "--")):  # fmt: skip
+            x = x.replace(a, b)
+        return x
+
+    lines = [
+        r"\begin{table}[t]",
+        r"\centering",
+        r"\begin{tabular}{l" + "r" * (len(header) - 1) + "}",
+        r"\toprule",
+        " & ".join(esc(h) for h in header) + r" \\",
+        r"\midrule",
+        *(" & ".join(esc(str(c)) for c in r) + r" \\" for r in rows),
+        r"\bottomrule",
+        r"\end{tabular}",
+        r"\caption{" + esc(caption) + "}",
+        r"\end{table}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def describe_sources(sources: list[str], limit: int = 4) -> str:
+    shown = ", ".join(sources[:limit])
+    return shown + (f" (+{len(sources) - limit} more)" if len(sources) > limit else "")
+
+
+@dataclass
+class Report:
+    out: Path
+    tables: list[dict[str, Any]] = field(default_factory=list)
+    figures: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+
+    def table(self, key: str, title: str, header: list[str], rows: list[list[Any]], sources: list[str],
+              fed_by: str, note: str = "") -> None:  # fmt: skip
+        """Write ``<key>.md/.csv/.tex``; the md and tex say which runs and how many problems/samples fed it."""
+        cells = [[str(c) for c in r] for r in rows]
+        provenance = f"Inputs: {fed_by}. Runs: {', '.join(sources)}."
+        md = f"### {title}\n\n{markdown(header, cells)}\n\n{provenance}" + (f"\n\n{note}" if note else "")
+        (self.out / f"{key}.md").write_text(md + "\n")
+        with open(self.out / f"{key}.csv", "w", newline="") as f:
+            csv.writer(f).writerows([header, *cells])
+        (self.out / f"{key}.tex").write_text(tex(header, cells, f"{title}. {fed_by}."))
+        self.tables.append(
+            {"key": key, "title": title, "header": header, "rows": cells, "sources": sources, "fed_by": fed_by,
+             "files": [f"{key}.{ext}" for ext in ("md", "csv", "tex")]}  # fmt: skip
+        )
+
+    def figure(self, key: str, fig: Any, title: str, sources: list[str], fed_by: str) -> None:
+        """Save ``<key>.png`` and ``<key>.pdf`` with a footer naming the source runs."""
+        import matplotlib.pyplot as plt
+
+        fig.suptitle(title, fontsize=10)
+        fig.text(0.01, 0.005, f"{fed_by}; source: {describe_sources(sources)}", fontsize=6, color="0.35",
+                 ha="left", va="bottom", wrap=True)  # fmt: skip
+        fig.tight_layout(rect=(0, 0.05, 1, 0.95))
+        for ext in ("png", "pdf"):
+            fig.savefig(self.out / f"{key}.{ext}", dpi=130)
+        plt.close(fig)
+        self.figures.append(
+            {"key": key, "title": title, "sources": sources, "fed_by": fed_by, "files": [f"{key}.png", f"{key}.pdf"]}
+        )
+
+    def skip(self, key: str, reason: str) -> None:
+        self.skipped.append({"key": key, "reason": reason})
+
+    def write_index(self, inputs_summary: dict[str, Any]) -> str:
+        """``README.md`` (what was made, what was skipped and why, unusable inputs) and ``manifest.json``."""
+        lines = [f"# Paper tables and figures ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", ""]
+        lines += ["## Tables", ""] + [f"- [{t['title']}]({t['key']}.md) — {t['fed_by']}" for t in self.tables]
+        lines += ["", "## Figures", ""] + [f"- [{f['title']}]({f['key']}.png) — {f['fed_by']}" for f in self.figures]
+        lines += ["", "## Skipped (inputs absent)", ""]
+        lines += [f"- `{s['key']}`: {s['reason']}" for s in self.skipped] or ["- none"]
+        lines += ["", "## Inputs", ""] + [f"- {k}: {v}" for k, v in inputs_summary["counts"].items()]
+        if inputs_summary["problems"]:
+            lines += ["", "### Inputs that could not be used", ""] + [f"- {p}" for p in inputs_summary["problems"]]
+        if inputs_summary["unused"]:
+            lines += ["", "### Inputs no table reads", ""] + [f"- {p}" for p in inputs_summary["unused"]]
+        text = "\n".join(lines) + "\n"
+        (self.out / "README.md").write_text(text)
+        manifest = {"tables": self.tables, "figures": self.figures, "skipped": self.skipped, "inputs": inputs_summary}
+        (self.out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        return text
+
+    def log_wandb(self, logger: Any) -> None:
+        """Each table as a ``wandb.Table``, each figure as an image, the skip list as a table (one run)."""
+        for t in self.tables:
+            logger.table(f"table/{t['key']}", t["header"], t["rows"])
+        for f in self.figures:
+            logger.image(f"figure/{f['key']}", self.out / f"{f['key']}.png")
+        logger.table("skipped", ["key", "reason"], [[s["key"], s["reason"]] for s in self.skipped])
+        logger.summary({"tables": len(self.tables), "figures": len(self.figures), "skipped": len(self.skipped)})

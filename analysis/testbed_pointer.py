@@ -1,0 +1,88 @@
+"""Offline (teacher-forced, full KV) selection hit rate of ZoomR's rule on the recall testbed (issue 13).
+
+    python -m analysis.testbed_pointer --model <testbed summaries checkpoint> --n 256 --test-seed 2000003 \\
+        --out runs/testbed_pointer
+
+For every query's boundary ``:`` of ``--n`` test problems: every (layer, query head) scores the completed
+summaries with q · k̄_i (post-RoPE, mean over the summary's content keys), votes for its top-k, and I_c is
+the top-c by votes (:func:`zoomr.summary_pointer.selection_hits`, built on the policy's own
+``head_votes``/``consensus``). A hit: I_c holds the paragraph that defined the queried fact. Reported for
+the paper's rule (every layer) and per layer, overall and for facts outside the recent window, beside
+chance (c / summaries so far). This is the check to run before spending time on ZoomR accuracy arms
+(shared/specs/MINIATURE_NOTES.md): until the rule beats chance, the arms are uninformative.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@torch.no_grad()
+def teacher_forced_hit_rate(
+    model, data, n: int, top_k: int = 2, c: int = 2, window: int = 64, batch: int = 8
+) -> dict[str, Any]:
+    """Hit rates of the rule over ``n`` problems of ``data`` (its test seed), every layer and each layer alone."""
+    from data_prep import testbed_tokenizer as tt
+    from data_prep.testbed import problems
+    from data_prep.testbed_curriculum import collate, encode_problem
+    from zoomr.summary_pointer import capture_qk, count_hits
+
+    enc = tt.FastEncoder()
+    rows = [encode_problem(p, enc, window) for p in problems(data, n, data.test_seed)]
+    variants: dict[str, list[int] | None] = {"paper": None, **{f"layer{i}": [i] for i in range(model.config.num_hidden_layers)}}
+    totals = {v: {"hits": 0, "cues": 0, "far_hits": 0, "far_cues": 0, "chance": 0.0} for v in variants}
+    with capture_qk(model) as qk:
+        for i in range(0, len(rows), batch):
+            b = collate(rows[i : i + batch], enc.ids[tt.tokens.PAD], "trace", data.trace_tokens)
+            model(input_ids=b.input_ids)
+            for name, layers in variants.items():
+                counts = count_hits(qk, b.spans, b.cues, top_k, c, layers)
+                totals[name] = {k: totals[name][k] + counts[k] for k in counts}
+    out: dict[str, Any] = {}
+    for name, t in totals.items():
+        out[name] = {
+            "hit_rate": t["hits"] / max(1, t["cues"]),
+            "hit_rate_far": t["far_hits"] / max(1, t["far_cues"]),
+            "chance": t["chance"] / max(1, t["cues"]),
+            "cues": t["cues"],
+            "cues_far": t["far_cues"],
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="a testbed checkpoint trained with summaries")
+    p.add_argument("--n", type=int, default=256)
+    p.add_argument("--test-seed", type=int, default=None, help="default: the data's test seed")
+    p.add_argument("--top-k", type=int, default=2)
+    p.add_argument("--consensus", type=int, default=2)
+    p.add_argument("--window", type=int, default=64)
+    p.add_argument("--out", default="runs/testbed_pointer")
+    args = p.parse_args(argv)
+
+    from analysis.testbed_arms import load_testbed_model, trained_data
+
+    data = trained_data(args.model, test_seed=args.test_seed)
+    if not data.summaries:
+        raise SystemExit(f"{args.model} was trained without summaries: there is nothing to point at")
+    model, _ = load_testbed_model(args.model)
+    res = teacher_forced_hit_rate(model, data, args.n, args.top_k, args.consensus, args.window)
+    print(f"{'rule':<8}{'hit':>8}{'far':>8}{'chance':>8}{'cues':>7}{'far cues':>9}")
+    for name, r in res.items():
+        print(f"{name:<8}{r['hit_rate']:>8.3f}{r['hit_rate_far']:>8.3f}{r['chance']:>8.3f}{r['cues']:>7}{r['cues_far']:>9}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {**vars(args), "test_seed": data.test_seed, "query_form": data.query_form}
+    (out / "pointer_hit_rate.json").write_text(json.dumps({"meta": meta, "results": res}, indent=2))
+    print(f"written {out / 'pointer_hit_rate.json'}")
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""Row budgets relative to the run: ``method.budget_fraction`` / ``method.budget_match`` -> ``budget_rows``.
+
+A fixed ``budget_rows`` only means something next to the lengths the run produces: at the tiny defaults
+(peaks of ~200 rows) the baselines' default 1,024 never evicts. Two relative forms, resolved once before
+decoding from finished run directories (their ``metrics.json``) and written into the run's config and
+fingerprint as plain ``budget_rows``, so a rerun resumes only while the reference says the same:
+
+- ``budget_fraction=f``: f x the rows full KV holds at the end of a sequence (pooled mean of its peak
+  resident rows per layer and KV head), read from ``budget_reference`` — by default the full-KV run of the
+  same benchmark and model (``runs/eval/<benchmark>/<model>/full``): the testbed's "25% of full KV".
+- ``budget_match=<run dir>``: the mean resident rows over decoding of another arm (e.g. ZoomR or
+  AbridgeKV), AbridgeKV's matched-memory comparison (``zoomr.cache.match_budget``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+FULL_POLICIES = (None, "full", "offload")
+
+
+def _reference(run_dir: Path, what: str, fix: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(pooled metrics, config) of a finished run directory, or a SystemExit saying what to run."""
+    metrics_file = run_dir / "metrics.json"
+    if not metrics_file.is_file():
+        raise SystemExit(f"{what} needs the measured rows of {run_dir}, which has no metrics.json: {fix}")
+    pooled = json.loads(metrics_file.read_text())["pooled"]
+    config_file = run_dir / "config.json"
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    return pooled, config
+
+
+def _check_same(config: dict[str, Any], benchmark: str, model: str, where: Path) -> None:
+    theirs = ((config.get("benchmark") or {}).get("name"), (config.get("model") or {}).get("name"))
+    if config and theirs != (benchmark, model):
+        log.warning(
+            "budget reference %s ran benchmark %s / model %s, this run %s / %s: its rows may not transfer",
+            where, *theirs, benchmark, model,
+        )  # fmt: skip
+
+
+def resolve_budget(cfg: Any) -> str | None:
+    """Turn a relative budget of ``cfg.method`` into ``budget_rows`` in place; return how it was set.
+
+    Call before the fingerprint and ``config.json`` are written. Returns None when the method has no
+    relative budget (or no method is set).
+    """
+    from omegaconf import open_dict
+
+    from zoomr.cache import has_row_budget, match_budget, policy_config
+
+    method = cfg.get("method")
+    if method is None or not method.get("policy"):
+        return None
+    config = policy_config(method)
+    if not getattr(config, "budget_pending", False):
+        return None
+    if not has_row_budget(config):
+        raise SystemExit(
+            f"method {config.name!r} has no row budget, so budget_fraction / budget_match do not apply to it"
+        )
+    benchmark, model = cfg.benchmark.name, cfg.model.name
+    if config.budget_fraction is not None:
+        ref = Path(config.budget_reference or Path(cfg.run_dir).parent / "full")
+        fix = (
+            f"run full KV first (python -m eval benchmark={benchmark} model={model} with the same generation "
+            "settings, no +method) or point method.budget_reference at a full-KV run directory"
+        )
+        pooled, ref_config = _reference(ref, f"method.budget_fraction={config.budget_fraction}", fix)
+        policy = (ref_config.get("method") or {}).get("policy")
+        if policy not in FULL_POLICIES:
+            raise SystemExit(f"method.budget_reference={ref} is a {policy!r} run, not full KV: {fix}")
+        full_rows = pooled["rows_peak_mean"]
+        rows = config.budget_fraction * full_rows
+        note = f"{config.budget_fraction:g} x full KV's {full_rows:.1f} rows ({ref})"
+    else:
+        ref = Path(config.budget_match)
+        fix = "finish that run first (rerun its command) or give a finished run directory"
+        pooled, ref_config = _reference(ref, f"method.budget_match={ref}", fix)
+        rows = pooled["rows_mean"]
+        note = f"the mean resident rows of {ref}"
+    _check_same(ref_config, benchmark, model, ref)
+    resolved = match_budget(config, rows)
+    with open_dict(cfg.method):
+        cfg.method.budget_rows = resolved.budget_rows
+        cfg.method.budget_fraction = cfg.method.budget_reference = cfg.method.budget_match = None
+    note = f"budget_rows={resolved.budget_rows}: {note}"
+    log.info("%s: %s", config.name, note)
+    return note

@@ -1,0 +1,102 @@
+"""One validation pass over an eval run's settings, before anything is written (issue 18, defect 3).
+
+:func:`validate` checks sampling (the engine's own :class:`zoomr.engine.DecodeSettings` rules),
+batching, the grader, the benchmark and the cache policy's hyperparameters, reports every problem at
+once and exits with that message; only then does ``python -m eval`` take the run's lock, write its
+fingerprint and config. A corrected rerun is therefore never refused because of a bad earlier one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from zoomr.schemas import to_dataclass
+from zoomr.schemas.eval import BenchmarkConfig, GenerationConfig, GradingConfig
+
+TASKS = ("math", "gpqa", "testbed")
+
+
+@dataclass
+class EvalSettings:
+    """The checked settings as plain objects (``method``: the ``+method=`` node, None = full KV)."""
+
+    bench: BenchmarkConfig
+    gen: GenerationConfig
+    grading: GradingConfig
+    method: dict[str, Any] | None
+
+
+def _generation_problems(gen: GenerationConfig) -> list[str]:
+    from zoomr.engine import DecodeSettings
+
+    out = []
+    try:
+        DecodeSettings(gen.max_new_tokens, gen.temperature, gen.top_p, gen.top_k, gen.seed, progress=False)
+    except ValueError as e:
+        out.append(f"generation: {e} (need temperature >= 0, 0 < top_p <= 1, top_k >= 0)")
+    for name in ("n_samples", "batch_size"):
+        if getattr(gen, name) < 1:
+            out.append(f"generation.{name} must be >= 1, got {getattr(gen, name)}")
+    return out
+
+
+def _benchmark_problems(bench: BenchmarkConfig) -> list[str]:
+    out = []
+    if bench.problem_limit is not None and bench.problem_limit < 1:
+        out.append(
+            f"benchmark.problem_limit must be >= 1 (or null for every problem), got {bench.problem_limit}"
+        )
+    if bench.task not in TASKS:
+        out.append(f"benchmark.task must be one of {'|'.join(TASKS)}, got {bench.task!r}")
+    if bench.source not in ("local", "hub"):
+        out.append(f"benchmark.source must be local|hub, got {bench.source!r}")
+    if not bench.sources:
+        out.append("benchmark.sources is empty")
+    return out
+
+
+def _method_problems(method: dict[str, Any] | None) -> list[str]:
+    if method is None:
+        return []
+    if not method.get("policy"):
+        return [
+            f"method {method.get('name')!r} is not a cache policy (no 'policy' field): evaluate a trained "
+            "model with model.hf_id=<checkpoint> and the policy it was trained for"
+        ]
+    from zoomr.cache.registry import policy_config
+
+    try:
+        policy_config(method)
+    except (ValueError, TypeError, KeyError) as e:
+        return [f"method: {e}"]
+    return []
+
+
+def validate(cfg: Any) -> EvalSettings:
+    """Every setting of ``python -m eval`` checked at once; ``SystemExit`` listing all problems."""
+    from eval.grading import check_grading_settings
+    from zoomr.entry import to_plain
+
+    problems: list[str] = []
+    parsed: dict[str, Any] = {}
+    for key, cls in (("benchmark", BenchmarkConfig), ("generation", GenerationConfig), ("grading", GradingConfig)):
+        try:
+            parsed[key] = to_dataclass(cls, cfg[key])
+        except (ValueError, TypeError) as e:
+            problems.append(f"{key}: {e}")
+    if "generation" in parsed:
+        problems += _generation_problems(parsed["generation"])
+    if "benchmark" in parsed:
+        problems += _benchmark_problems(parsed["benchmark"])
+    if "grading" in parsed:
+        g = parsed["grading"]
+        try:
+            check_grading_settings(g.workers, g.timeout_s, g.start_method, g.max_error_rate)
+        except ValueError as e:
+            problems.append(str(e))
+    method = to_plain(cfg.method) if cfg.get("method") is not None else None
+    problems += _method_problems(method)
+    if problems:
+        raise SystemExit("invalid eval settings (nothing was written):\n  " + "\n  ".join(problems))
+    return EvalSettings(parsed["benchmark"], parsed["generation"], parsed["grading"], method)

@@ -1,0 +1,103 @@
+"""Issue 18, defect 4 and 8: bad JSONL rows are counted and skipped with their file and line, or the file
+is refused naming the row; never a traceback from a parser and never a fake gold answer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from data_prep.traces import load_trace_rows
+from eval.benchmarks import load_source
+from eval.results import RESULTS_FILE, ResultStore
+from zoomr.jsonl import BadRowError, JsonlReader
+
+GOOD_TURNS = [{"from": "user", "value": "Q"}, {"from": "assistant", "value": "A"}]
+
+
+def _write(path, lines: list[bytes]) -> None:
+    path.write_bytes(b"\n".join(lines) + b"\n")
+
+
+def test_reader_counts_every_kind_of_bad_line_with_its_line_number(tmp_path):
+    p = tmp_path / "x.jsonl"
+    _write(p, [b'{"a": 1}', b"\xff\xfe not utf-8", b"null", b"", b"[1, 2]", b"{oops", b'"text"', b'{"a": 2}'])
+    reader = JsonlReader(p)
+    assert [(n, r["a"]) for n, r in reader] == [(1, 1), (8, 2)]
+    assert [(b.line, b.reason.split(" (")[0]) for b in reader.bad] == [
+        (2, "not_utf8"), (3, "not_an_object"), (5, "not_an_object"), (6, "bad_json"), (7, "not_an_object")
+    ]  # fmt: skip
+    assert reader.rows == 7 and str(reader.bad[0]) == f"{p} line 2: not_utf8"
+    with pytest.raises(BadRowError, match=r"x\.jsonl line 2: not_utf8"):
+        list(JsonlReader(p, on_bad="refuse"))
+
+
+def test_trace_loader_skips_non_utf8_null_and_string_turns(tmp_path):
+    p = tmp_path / "t.jsonl"
+    good = json.dumps({"conversations": GOOD_TURNS}).encode()
+    string_turn = json.dumps({"conversations": ["user: Q", {"from": "assistant", "value": "A"}]}).encode()
+    _write(p, [good, b'{"conversations": [\xff]}', b"null", string_turn, b"[]", good])
+    rows, report = load_trace_rows(path=str(p), format="bespoke")
+    assert len(rows) == 2 and report.rows == 6 and report.kept == 2
+    assert report.defects["not_utf8"] == 1
+    assert report.defects["not_an_object"] == 2
+    assert report.defects["turn_not_an_object"] == 1
+    p2 = tmp_path / "sky.jsonl"
+    _write(p2, [b"null", json.dumps({"question": "Q", "code": ["<|begin_of_thought|>x"]}).encode(), b"\x80"])
+    rows, report = load_trace_rows(path=str(p2))
+    assert len(rows) == 1 and report.rows == 3 and report.defects["not_utf8"] == 1
+
+
+def _math500_dir(tmp_path, rows: list[bytes]):
+    (tmp_path / "math500").mkdir(parents=True)
+    _write(tmp_path / "math500" / "test.jsonl", rows)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"problem": "P", "unique_id": "b"}, r"line 2: no field 'answer'"),
+        ({"problem": "P", "unique_id": "b", "answer": None}, r"line 2: the answer is null"),
+        ({"problem": "P", "unique_id": "b", "answer": "  "}, r"line 2: the answer is empty"),
+        ({"problem": "P", "answer": "3"}, r"line 2: no field 'unique_id'"),
+    ],
+)
+def test_benchmark_row_without_a_gold_answer_refuses_the_file(tmp_path, bad, message):
+    good = {"problem": "P", "unique_id": "a", "answer": "1"}
+    data = _math500_dir(tmp_path, [json.dumps(good).encode(), json.dumps(bad).encode()])
+    with pytest.raises(BadRowError, match=r"math500/test\.jsonl " + message):
+        load_source("math500", data)
+
+
+def test_benchmark_file_with_an_unreadable_line_is_refused(tmp_path):
+    data = _math500_dir(tmp_path, [b'{"problem": "P", "unique_id": "a", "answer": "1"}', b"null"])
+    with pytest.raises(BadRowError, match="line 2: not_an_object"):
+        load_source("math500", data)
+    ok = _math500_dir(tmp_path / "ok", [b'{"problem": "P", "unique_id": "a", "answer": 2.0}'])
+    assert [p.answer for p in load_source("math500", ok)] == ["2"]
+
+
+def _row(pid: str, sample: int = 0, **kw) -> dict:
+    return {"problem_id": pid, "sample": sample, "correct": False, "grade_method": "none", **kw}
+
+
+def test_result_store_skips_non_utf8_and_empty_object_lines(tmp_path):
+    lines = [json.dumps(_row("a")).encode(), b"\xff\xfe", b"{}", b'{"problem_id": "c", "sample": "0"}',
+             json.dumps(_row("b")).encode()]  # fmt: skip
+    _write(tmp_path / RESULTS_FILE, lines)
+    store = ResultStore(tmp_path, fsync=False)
+    assert set(store.load()) == {("a", 0), ("b", 0)} and store.bad == 3 and store.torn == 0
+    store.append(_row("c"))  # the key of an unreadable line is simply done again
+    assert set(ResultStore(tmp_path).load()) == {("a", 0), ("b", 0), ("c", 0)}
+
+
+def test_a_row_whose_grading_failed_is_replaced_by_a_later_row(tmp_path):
+    store = ResultStore(tmp_path, fsync=False)
+    store.load()
+    store.append(_row("a", grade_method="error"))
+    store.append(_row("a", correct=True, grade_method="math_verify"))  # the regrade
+    with pytest.raises(ValueError, match="already written"):
+        store.append(_row("a"))
+    again = ResultStore(tmp_path).load()
+    assert again[("a", 0)]["correct"] is True

@@ -1,0 +1,41 @@
+"""analysis.bench_throughput on the tiny model: tokens/s per policy and batch size, ratios to full KV, JSON +
+table under --out, and bad arguments refused before anything is measured."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from analysis import bench_throughput
+
+
+def test_throughput_table_and_json(tmp_path, cache_dir, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    out = tmp_path / "bench"
+    report = bench_throughput.main(
+        ["--batch-sizes", "1", "2", "--new-tokens", "6", "--prompt-tokens", "10", "--budget", "6", "--repeats", "1",
+         "--policies", "full", "streaming", "--cache-dir", cache_dir, "--out", str(out), "--logger", "wandb"]
+    )  # fmt: skip
+    saved = json.loads((out / "bench_throughput.json").read_text())
+    assert saved["throughput"] == report["throughput"] and saved["finish"] == []
+    for b in ("1", "2"):
+        full, stream = report["throughput"]["full"][b], report["throughput"]["streaming"][b]
+        assert full["ratio_vs_full"] == 1.0
+        assert full["tokens_per_s"] == pytest.approx(int(b) * 6 / full["seconds"])
+        assert stream["ratio_vs_full"] == pytest.approx(stream["tokens_per_s"] / full["tokens_per_s"])
+    assert "| streaming |" in (out / "bench_throughput.md").read_text()
+    assert list((out / "wandb").glob("offline-run-*"))  # offline by default: a local run to sync later
+    assert report["wandb_summary"]["bench/tokens_per_s/streaming/b2"] == report["throughput"]["streaming"]["2"]["tokens_per_s"]
+
+
+def test_bad_arguments_are_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench_throughput.parse_args(["--budget", "500", "--prompt-tokens", "64", "--new-tokens", "64"])
+    assert "never evicts" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_throughput.parse_args(["--eval-runs", str(tmp_path / "missing")])
+    assert "not evaluation run directories" in capsys.readouterr().err
+    quick = bench_throughput.parse_args(["--quick"])
+    assert quick.batch_sizes == [1, 8] and quick.new_tokens == 32 and quick.policies == ["full", "streaming", "h2o"]

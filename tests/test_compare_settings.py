@@ -1,0 +1,44 @@
+"""``eval.compare`` diffs the arms' fingerprints: arms run with different settings (48 vs 160 new tokens) are
+refused with the differing fields named, or compared with ``--allow-different-settings`` and a warning."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eval.compare import CompareError, compare, load_run, main
+from tests.test_eval_runner import _fake_run
+
+
+def _fingerprint(run_dir: Path, method: str, max_new_tokens: int, model: str = "tiny") -> Path:
+    fp = {"model": {"name": model}, "method": {"name": method},
+          "benchmark": {"name": "aime25", "sources": ["aime_2025"]},
+          "generation": {"temperature": 0.6, "max_new_tokens": max_new_tokens, "seed": 1234},
+          "grading": {"math_verify": True, "strip_reasoning": False}}  # fmt: skip
+    (run_dir / "fingerprint.json").write_text(json.dumps(fp))
+    return run_dir
+
+
+def test_different_settings_are_refused_and_named(tmp_path, capsys):
+    _fingerprint(_fake_run(tmp_path / "a", "full", 0.6, seed=1), None, 48)
+    _fingerprint(_fake_run(tmp_path / "b", "h2o", 0.4, seed=2), "h2o", 160, model="other")
+    runs = [load_run(tmp_path / "a"), load_run(tmp_path / "b")]
+    with pytest.raises(CompareError, match=r"generation.max_new_tokens: was 48, now 160"):
+        compare(runs)
+    assert main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "cmp")]) == 2
+    assert "--allow-different-settings" in capsys.readouterr().err and not (tmp_path / "cmp").exists()
+    result = compare(runs, allow_different_settings=True)
+    assert result["setting_differences"] == ["tiny/h2o vs tiny/full (aime25): generation.max_new_tokens: was 48, now 160"]
+    assert main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "cmp"),
+                 "--allow-different-settings"]) == 0  # fmt: skip
+    assert "WARNING: arms ran with different settings" in (tmp_path / "cmp" / "table.md").read_text()
+
+
+def test_model_and_method_may_differ(tmp_path):
+    """A trained checkpoint against the base model's full KV is the point of a comparison, not a mismatch."""
+    _fingerprint(_fake_run(tmp_path / "a", "full", 0.6, seed=1), None, 48)
+    _fingerprint(_fake_run(tmp_path / "b", "abridge", 0.4, seed=2), "abridge", 48, model="abridge-ckpt")
+    result = compare([load_run(tmp_path / "a"), load_run(tmp_path / "b")])
+    assert result["setting_differences"] == [] and "delta" in result["arms"]["tiny/abridge"]["aime25"]

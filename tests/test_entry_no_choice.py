@@ -1,0 +1,32 @@
+"""``python -m train`` / ``python -m analysis`` with no choice: a clear list (train: only methods that train) and
+no empty run directory left behind (issue 19.10)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from zoomr.configs import trainable_methods
+from zoomr.paths import REPO_ROOT
+
+
+def test_trainable_methods_leave_out_decoding_policies():
+    names = trainable_methods()
+    assert {"abridge", "abridge_allocate", "sft", "zoomr_sft", "kvzap"} <= set(names)
+    assert not {"h2o", "streaming", "snapkv", "full", "zoomr"} & set(names)
+
+
+@pytest.mark.parametrize(("entry", "group"), [("train", "method"), ("analysis", "task")])
+def test_no_choice_lists_options_and_leaves_no_run_dir(tmp_path, entry, group):
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    proc = subprocess.run([sys.executable, "-m", entry, f"hydra.run.dir={run_dir}"], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode != 0 and f"no {group} chosen" in proc.stderr
+    assert not run_dir.exists()
+    if entry == "train":
+        listed = proc.stderr.split("available methods: ")[1].split(";")[0].split(", ")
+        assert listed == trainable_methods() and "python -m eval +method=" in proc.stderr

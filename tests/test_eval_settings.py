@@ -1,0 +1,91 @@
+"""Issue 18, defects 3 and 8 (eval side): every setting is checked before the run writes anything, so the
+corrected rerun is accepted; two evals on one run directory are refused; R-KV's threshold is range-checked."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from eval.__main__ import run
+from eval.results import FINGERPRINT_FILE, RESULTS_FILE, RunLock
+from zoomr.cache.registry import policy_config
+from zoomr.entry import CONF_DIR
+from zoomr.schemas import register_with_hydra
+
+register_with_hydra()
+SMALL = ["benchmark=aime25", "benchmark.problem_limit=1", "generation.n_samples=1", "generation.temperature=0",
+         "generation.max_new_tokens=6", "generation.batch_size=1", "grading.workers=1", "logger=none"]  # fmt: skip
+
+
+def _cfg(run_dir, cache_dir, *overrides):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose("eval", overrides=[*SMALL, *overrides, f"run_dir={run_dir}", f"cache_dir={cache_dir}"])
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["generation.top_p=2"], "top_p=2"),
+        (["generation.temperature=-1"], "T=-1"),
+        (["generation.n_samples=0"], "generation.n_samples must be >= 1"),
+        (["benchmark.problem_limit=-1"], "benchmark.problem_limit must be >= 1"),
+        (["benchmark.problem_limit=0"], "benchmark.problem_limit must be >= 1"),
+        (["grading.timeout_s=0"], "grading.timeout_s must be > 0"),
+        (["grading.max_error_rate=2"], "grading.max_error_rate must lie in"),
+        (["+method=rkv", "method.similarity_threshold=1.5"], "similarity_threshold is a cosine similarity"),
+        (["+method=streaming", "method.budget_rows=2"], "budget_rows > n_sink"),
+    ],
+)
+def test_an_invalid_setting_writes_nothing(tmp_path, cache_dir, overrides, message):
+    run_dir = tmp_path / "run"
+    with pytest.raises(SystemExit, match=message) as e:
+        run(_cfg(run_dir, cache_dir, *overrides))
+    assert "nothing was written" in str(e.value)
+    assert not run_dir.exists()  # no fingerprint, no config.json, no lock: the corrected rerun is accepted
+
+
+def test_every_problem_is_reported_at_once(tmp_path, cache_dir):
+    with pytest.raises(SystemExit) as e:
+        run(_cfg(tmp_path, cache_dir, "generation.top_p=2", "benchmark.problem_limit=0", "grading.workers=0"))
+    assert all(s in str(e.value) for s in ("top_p=2", "problem_limit", "grading.workers"))
+
+
+def test_corrected_rerun_after_an_invalid_one_is_accepted(tmp_path, cache_dir):
+    run_dir = tmp_path / "run"
+    with pytest.raises(SystemExit, match="top_p"):
+        run(_cfg(run_dir, cache_dir, "generation.top_p=2"))
+    metrics = run(_cfg(run_dir, cache_dir))
+    assert metrics["pooled"]["samples"] == 1 and (run_dir / FINGERPRINT_FILE).exists()
+    assert metrics["grading_this_run"]["failed"] == 0
+    assert json.loads((run_dir / "metrics.json").read_text())["grading_this_run"]["graded"] == 1
+
+
+def test_a_second_eval_on_the_same_run_directory_is_refused(tmp_path, cache_dir):
+    run_dir = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from eval.results import RunLock\n"
+         f"with RunLock({str(run_dir)!r}):\n    print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(SystemExit, match=rf"being written by another eval \(pid {holder.pid}\)"):
+            run(_cfg(run_dir, cache_dir))
+        assert not (run_dir / RESULTS_FILE).exists() and not (run_dir / FINGERPRINT_FILE).exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    # the kernel released the killed holder's lock; a second holder in this process is refused too
+    with RunLock(run_dir), pytest.raises(SystemExit, match="another eval"), RunLock(run_dir):
+        pass
+
+
+def test_rkv_similarity_threshold_is_range_checked():
+    for bad in (1.01, -1.5, float("nan")):
+        with pytest.raises(ValueError, match="similarity_threshold"):
+            policy_config({"policy": "rkv", "similarity_threshold": bad})
+    assert policy_config({"policy": "rkv", "similarity_threshold": 1.0}).similarity_threshold == 1.0

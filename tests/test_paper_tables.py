@@ -1,0 +1,169 @@
+"""paper_tables on real tiny run directories: every table and figure its inputs allow, with the right rows,
+and every absent or broken input named in the skip list / problems (never silently dropped)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from zoomr.entry import CONF_DIR
+from zoomr.schemas import register_with_hydra
+
+register_with_hydra()
+N_PROBLEMS, N_SAMPLES, NEW_TOKENS = 3, 2, 24
+EVAL = [
+    "benchmark=math500", f"benchmark.problem_limit={N_PROBLEMS}", f"generation.n_samples={N_SAMPLES}",
+    f"generation.max_new_tokens={NEW_TOKENS}", "generation.batch_size=6", "grading.workers=1", "logger=none",
+]  # fmt: skip
+
+
+def _eval(run_dir: Path, cache_dir: str, *overrides: str) -> Path:
+    from eval.__main__ import run
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("eval", overrides=[*EVAL, *overrides, f"run_dir={run_dir}", f"cache_dir={cache_dir}"])
+    run(cfg)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def two_arms(tmp_path_factory, cache_dir) -> Path:
+    """Full KV and StreamingLLM (48 rows) on 3 MATH-500 problems x 2 samples: real eval run directories."""
+    root = tmp_path_factory.mktemp("runs")
+    _eval(root / "eval" / "full", cache_dir)
+    _eval(root / "eval" / "streaming", cache_dir, "+method=streaming", "method.budget_rows=48")
+    return root
+
+
+def _build(runs: list, out: Path, **kw):
+    from analysis.paper_tables import build_all
+
+    return build_all([str(r) for r in runs], out, n_resamples=200, **kw)
+
+
+def _md_rows(path: Path) -> list[list[str]]:
+    lines = [line for line in path.read_text().splitlines() if line.startswith("| ")]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in lines[1:]]
+
+
+def test_two_eval_arms_give_table1_and_the_eval_figures(two_arms, tmp_path):
+    out = tmp_path / "paper"
+    report = _build([two_arms / "eval" / "*", tmp_path / "no-such-run"], out)
+    rows = _md_rows(out / "abridge_table1_tiny-qwen2.md")
+    assert [r[0] for r in rows] == ["full", "streaming"]  # arms named from their configs, full KV first
+    assert rows[0][1] == "512" and float(rows[1][1]) < 512  # KV/512: StreamingLLM keeps fewer rows
+    assert rows[0][4] == "ref" and rows[1][4].startswith(("+", "-"))
+    md = (out / "abridge_table1_tiny-qwen2.md").read_text()
+    assert f"math500: {N_PROBLEMS} problems × {N_SAMPLES} samples, 2 arms" in md and str(two_arms / "eval" / "full") in md
+    assert (out / "abridge_table1_tiny-qwen2.csv").read_text().splitlines()[0].startswith("Arm,KV/512")
+    assert "\\begin{tabular}" in (out / "abridge_table1_tiny-qwen2.tex").read_text()
+    for key in ("abridge_fig3a_tiny-qwen2", "abridge_fig3c_tiny-qwen2", "abridge_fig4a_tiny-qwen2"):
+        assert (out / f"{key}.png").stat().st_size > 1000 and (out / f"{key}.pdf").stat().st_size > 1000, key
+    fits = {r[0]: int(r[2]) for r in _md_rows(out / "abridge_fig3c_tiny-qwen2_table.md")}
+    assert fits["streaming"] > fits["full"] > 0  # fewer resident bytes -> more sequences in 8 GiB
+    skipped = {s["key"]: s["reason"] for s in report.skipped}
+    for key in ("abridge_fig3b", "abridge_fig3d", "abridge_fig6", "kvzap_table1", "zoomr_ag_histogram"):
+        assert key in skipped, key
+    assert "no zoomr arm" in skipped["zoomr_table_tiny-qwen2"]
+    readme = (out / "README.md").read_text()
+    assert "no-such-run: matches no file or directory" in readme and "`abridge_fig6`" in readme
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert {t["key"] for t in manifest["tables"]} >= {"abridge_table1_tiny-qwen2", "abridge_fig3c_tiny-qwen2_table"}
+
+
+def test_incomplete_and_duplicate_runs_are_reported_by_name(two_arms, tmp_path):
+    import shutil
+
+    cut = tmp_path / "cut"
+    shutil.copytree(two_arms / "eval" / "streaming", cut)
+    lines = (cut / "results.jsonl").read_text().splitlines()
+    (cut / "results.jsonl").write_text("\n".join(lines[:-1]) + "\n")  # one sample missing
+    dup = tmp_path / "dup"
+    shutil.copytree(two_arms / "eval" / "full", dup)
+    from analysis.paper_tables.inputs import discover
+
+    inputs = discover([str(two_arms / "eval" / "full"), str(cut), str(dup)])
+    assert [a.label for a in inputs.evals] == ["full"]
+    text = "\n".join(inputs.problems)
+    assert f"{cut}: incomplete run, {N_PROBLEMS * N_SAMPLES - 1} of {N_PROBLEMS * N_SAMPLES} samples" in text
+    assert f"{dup}: arm 'full' of tiny-qwen2 on math500 already read from" in text
+
+
+def test_paper_tables_task_composes_and_logs_tables_to_one_wandb_run(two_arms, tmp_path, monkeypatch):
+    from analysis.paper_tables import run_task
+    from zoomr.entry import to_plain
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("analysis", overrides=["+task=paper_tables", f"task.runs=[{two_arms}/eval/*]",
+                                             f"task.out={tmp_path / 'out'}", "task.memory_gib=1", "logger=wandb"])  # fmt: skip
+    with pytest.raises(SystemExit, match="memory_gib"):
+        run_task({**to_plain(cfg.task), "memory_gib": 0}, {"mode": "disabled"})
+    assert not (tmp_path / "out").exists()  # refused before writing anything
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    task = to_plain(cfg.task)
+    task["n_resamples"] = 200
+    report = run_task(task, to_plain(cfg.logger))
+    assert "1 GiB" in (tmp_path / "out" / "abridge_fig3c_tiny-qwen2_table.md").read_text()
+    (run_dir,) = (tmp_path / "out" / "wandb").glob("offline-run-*")
+    media = {p.name for p in run_dir.rglob("*") if p.is_file()}
+    assert sum(n.endswith(".table.json") for n in media) >= len(report.tables)  # + the skip list
+    assert sum(n.endswith(".png") for n in media) == len(report.figures)
+
+
+@pytest.mark.slow  # AbridgeKV train + allocation, a ZoomR arm, two benches: ~60-90 s on a busy 2-core machine
+def test_every_input_kind_gives_its_tables_and_figures(two_arms, tmp_path, cache_dir):
+    import analysis.bench_throughput as bench_throughput
+    import train.abridge as abridge
+    import train.abridge_allocate as allocate
+    from tests.test_abridge_train import TINY_RUN, _compose
+
+    runs = tmp_path / "runs"
+    train_cfg = _compose("abridge", [*TINY_RUN, "method.max_steps=2", f"cache_dir={cache_dir}"], runs / "abridge")
+    abridge.run(train_cfg)
+    allocate.run(_compose("abridge_allocate", [f"method.checkpoint={runs / 'abridge' / 'final'}", "data.max_samples=8",
+                                               "logger=none", f"cache_dir={cache_dir}"], runs / "alloc"))  # fmt: skip
+    zoomr = _eval(runs / "eval" / "zoomr", cache_dir, "+method=zoomr", "method.window=16")
+    report = bench_throughput.main(
+        ["--batch-sizes", "1", "2", "--new-tokens", "8", "--prompt-tokens", "16", "--budget", "8", "--repeats", "1",
+         "--policies", "full", "streaming", "--eval-runs", str(two_arms / "eval" / "full"), str(zoomr),
+         "--requests", "3", "--out", str(runs / "bench")]
+    )  # fmt: skip
+    assert report["throughput"]["full"]["2"]["ratio_vs_full"] == 1.0
+    assert [f["arm"] for f in report["finish"]] == ["full", "zoomr"]
+    out = tmp_path / "paper"
+    result = _build([two_arms / "eval" / "*", runs], out)
+    tables = {t["key"] for t in result.tables}
+    figures = {f["key"] for f in result.figures}
+    assert {"abridge_fig3b", "abridge_fig3d", "abridge_fig6", "zoomr_resident_kv_tiny-qwen2"} <= figures
+    assert {"abridge_fig6_table", "abridge_fig3b_table", "zoomr_table_tiny-qwen2"} <= tables
+    assert [r[0] for r in _md_rows(out / "zoomr_table_tiny-qwen2.md")] == ["full", "streaming", "zoomr"]
+    skipped = {s["key"]: s["reason"] for s in result.skipped}
+    assert "h2o, sumr" in skipped["zoomr_table_tiny-qwen2:missing_arms"]
+    assert [int(r[2]) for r in _md_rows(out / "abridge_fig6_table.md")] == json.loads(
+        (runs / "alloc" / "schedule.json").read_text()
+    )["quotas"]
+    throughput = {r[0] for r in _md_rows(out / "abridge_fig3b_table.md")}
+    assert throughput == {"full", "streaming"}
+
+
+def test_multi_competition_benchmark_gets_per_competition_columns(two_arms, tmp_path):
+    """A suite-like run (rows from two competitions) adds one accuracy column per competition to Table 1."""
+    import shutil
+
+    for arm in ("full", "streaming"):
+        shutil.copytree(two_arms / "eval" / arm, tmp_path / arm)
+        path = tmp_path / arm / "results.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        first = rows[0]["problem_id"]
+        for r in rows:
+            r["competition"] = "comp_a" if r["problem_id"] == first else "comp_b"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "paper"
+    _build([tmp_path / "full", tmp_path / "streaming"], out)
+    header = (out / "abridge_table1_tiny-qwen2.csv").read_text().splitlines()[0].split(",")
+    assert header[-2:] == ["math500:comp_a avg@k", "math500:comp_b avg@k"]
+    assert all(len(r) == len(header) for r in _md_rows(out / "abridge_table1_tiny-qwen2.md"))

@@ -1,0 +1,76 @@
+"""Issue 18 defect 5 and 8: the summariser against a dead port, an always-failing and a hanging server (the
+project's real loopback server): a clear failure naming the endpoint and the counts, fast on a dead port,
+bounded on a hanging one; nothing finished is lost; a relative out_dir lands in the working directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from test_summarize import run_pipeline
+
+from data_prep.fake_llm_server import FakeServer, FaultPlan, free_port
+from data_prep.summarize import SummarizeFailed
+from data_prep.summary_store import SummaryStore
+from zoomr.paths import REPO_ROOT
+
+
+def test_dead_port_fails_at_once_naming_the_endpoint(tmp_path):
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    t0 = time.monotonic()
+    with pytest.raises(SummarizeFailed, match=r"cannot connect") as e:
+        run_pipeline(tmp_path, url, max_retries=8)
+    assert time.monotonic() - t0 < 5  # no backoff: nothing listens there
+    assert url in str(e.value) and "0 of" in str(e.value) and "connect: " in str(e.value)
+    assert e.value.stats["summaries_new"] == 0 and (tmp_path / "stats.json").exists()
+
+
+def test_always_failing_server_stops_after_the_stall_timeout(tmp_path):
+    with FakeServer(FaultPlan(error_rate=1.0)) as server:
+        t0 = time.monotonic()
+        with pytest.raises(SummarizeFailed, match="no answer accepted") as e:
+            run_pipeline(tmp_path, server.base_url, max_retries=1000, stall_timeout_s=1.5)
+        seconds = time.monotonic() - t0
+    assert seconds < 1.5 + 3
+    message = str(e.value)
+    assert server.base_url in message and "http_500: " in message and "http_429: " in message
+
+
+def test_hanging_server_is_bounded(tmp_path):
+    with FakeServer(FaultPlan(slow_rate=1.0, slow_s=30)) as server:
+        t0 = time.monotonic()
+        with pytest.raises(SummarizeFailed, match="no answer accepted") as e:
+            run_pipeline(tmp_path, server.base_url, timeout_s=0.5, max_retries=1000, stall_timeout_s=1.0)
+        seconds = time.monotonic() - t0
+    assert seconds < 1.0 + 0.5 + 3  # stall timeout + one request timeout + slack
+    assert "timeout: " in str(e.value)
+
+
+def test_partial_failures_keep_what_finished_and_succeed(tmp_path):
+    """Some summaries failing is not a failed run: they are counted, the rest is written and stored."""
+    with FakeServer(FaultPlan(error_rate=0.5, seed=3)) as server:
+        stats, _ = run_pipeline(tmp_path, server.base_url, max_retries=0)
+    assert 0 < stats["summaries_failed"] < stats["summaries_requested"]
+    with SummaryStore(tmp_path / "store.sqlite", "fake-70b", stats["prompt_version"]) as store:
+        assert len(store) == stats["summaries_new"]
+
+
+def test_entry_point_exits_non_zero_on_a_dead_endpoint_and_writes_relative_out_dir_in_cwd(tmp_path):
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    proc = subprocess.run(
+        [sys.executable, "-m", "data_prep", "+pipeline=summarize", "+data=traces", f"data.path={REPO_ROOT}/"
+         "data_prep/data/traces/sky-t1-math-correct-5k-32b-ckpt140_aime24.jsonl",
+         f"pipeline.endpoint.base_url={url}", "pipeline.max_rows=2", "pipeline.count_tokens=false",
+         "pipeline.out_dir=rel_out", f"hydra.run.dir={tmp_path / 'run'}", "logger.mode=disabled"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},  # this checkout's code, run from another directory
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert f"{url}: cannot connect" in proc.stderr and "0 of" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert json.loads((tmp_path / "rel_out" / "stats.json").read_text())["summaries_new"] == 0
+    assert not (REPO_ROOT / "rel_out").exists()

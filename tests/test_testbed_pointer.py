@@ -1,0 +1,148 @@
+"""The summary pointer (issue 13): ZoomR's score over a teacher-forced pass, its loss and the hit rate of the paper's rule."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+from data_prep import testbed_tokenizer as tt
+from data_prep.testbed import generate
+from data_prep.testbed_curriculum import encode_problem
+from zoomr.cache.zoomr import consensus, head_votes
+from zoomr.schemas.testbed import TestbedData
+from zoomr.summary_pointer import Cue, capture_qk, mean_summary_keys, pointer_loss, selection_hits
+
+SPANS = [(2, 5), (8, 10), (13, 16), (19, 21)]  # summary content rows; the end delimiter sits at row `end`
+
+
+def _qk(target_for_cue: dict[int, int], T: int = 30, Hq: int = 4, Hkv: int = 2, d: int = 64, seed: int = 0):
+    """Random keys; the query at each cue position is the mean key of its chosen summary (strong pointer)."""
+    g = torch.Generator().manual_seed(seed)
+    key = torch.randn(1, Hkv, T, d, generator=g)
+    query = 0.01 * torch.randn(1, Hq, T, d, generator=g)
+    kbar = mean_summary_keys(key[0], SPANS)
+    for pos, m in target_for_cue.items():
+        query[0, :, pos] = 10 * kbar[torch.arange(Hq) // (Hq // Hkv), m]
+    return {0: (query, key)}
+
+
+def test_mean_summary_keys_average_the_content_rows():
+    key = torch.arange(2 * 12 * 3, dtype=torch.float).reshape(2, 12, 3)
+    kbar = mean_summary_keys(key, [(1, 4), (6, 7)])
+    assert kbar.shape == (2, 2, 3)
+    assert torch.equal(kbar[:, 0], key[:, 1:4].mean(1)) and torch.equal(kbar[:, 1], key[:, 6])
+
+
+def test_a_query_pointing_at_its_summary_is_a_hit_and_pointing_elsewhere_is_a_miss():
+    cues = [Cue(25, 1, far=True), Cue(26, 3), Cue(27, 0)]
+    qk = _qk({25: 1, 26: 3, 27: 2})  # the third cue points at summary 2, its fact is in summary 0
+    sel = selection_hits(qk, SPANS, cues, top_k=1, c=1)
+    assert [s.hit for s in sel] == [True, True, False]
+    assert sel[0].far and not sel[1].far and sel[2].zoomed == [2] and sel[1].zoomed == [3]
+    assert sel[0].target_votes == 4 and sel[0].agreeability == 1.0  # every head votes for it
+
+
+def test_only_completed_summaries_can_be_selected():
+    # at row 15 summary 2 (end delimiter at row 16) is still open: a query pointing at it cannot select it
+    qk = _qk({15: 2})
+    (s,) = selection_hits(qk, SPANS, [Cue(15, 1)], top_k=1, c=1)
+    assert s.n_summaries == 2 and 2 not in s.zoomed
+
+
+def test_hit_rate_matches_the_policy_functions_and_is_at_chance_for_random_queries():
+    """Random queries: the hit rate is c / (summaries); the votes are exactly head_votes + consensus of the policy."""
+    hits, n = 0, 0
+    for seed in range(60):
+        qk = _qk({}, seed=seed)
+        cues = [Cue(p, random.Random(seed * 100 + p).randrange(4)) for p in range(22, 30)]
+        sel = selection_hits(qk, SPANS, cues, top_k=2, c=2)
+        hits += sum(s.hit for s in sel)
+        n += len(sel)
+        query, key = qk[0]
+        q = query[0][:, 22]  # [Hq, d]
+        votes = head_votes(q[None], mean_summary_keys(key[0], SPANS)[None], torch.tensor([4]), 2)[0]
+        assert sel[0].zoomed == consensus(votes, 2).zoomed
+    assert abs(hits / n - 0.5) < 0.1  # c / M = 2 / 4
+
+
+def test_pointer_loss_is_low_when_pointing_and_trains_the_queries():
+    cues = [[Cue(25, 1), Cue(26, 3)]]
+    good = pointer_loss(_qk({25: 1, 26: 3}), [SPANS], cues, layers=[0])
+    bad = pointer_loss(_qk({25: 0, 26: 0}), [SPANS], cues, layers=[0])
+    assert good < 0.5 < bad
+    assert pointer_loss(_qk({}), [SPANS], [[]], layers=[0]) is None
+    qk = _qk({})
+    q = qk[0][0].requires_grad_(True)
+    loss = pointer_loss({0: (q, qk[0][1])}, [SPANS], cues, layers=[0])
+    loss.backward()
+    assert q.grad[0, :, 25].abs().sum() > 0 and q.grad[0, :, 24].abs().sum() == 0  # only the cue rows
+
+
+def test_capture_records_post_rope_queries_and_keys_of_a_real_llama():
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa")  # fmt: skip
+    model = LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 64, (1, 12))
+    cache = DynamicCache(config=cfg)
+    with torch.no_grad():
+        ref = model(input_ids=ids, cache=cache).logits
+        with capture_qk(model) as qk:
+            out = model(input_ids=ids).logits
+    assert model.config._attn_implementation == "sdpa"  # restored
+    assert torch.allclose(out, ref, atol=1e-6)  # capturing changes nothing
+    assert sorted(qk) == [0, 1] and qk[0][0].shape == (1, 4, 12, 8) and qk[0][1].shape == (1, 2, 12, 8)
+    for layer in (0, 1):  # the keys are those a cache stores: after RoPE
+        assert torch.allclose(qk[layer][1], cache.layers[layer].keys, atol=1e-6)
+
+
+def test_encoded_cues_point_at_the_defining_summary():
+    enc = tt.FastEncoder()
+    p = generate(TestbedData(trace_tokens=512, summaries=True), random.Random(7))
+    ids, _, _, meta = encode_problem(p, enc, window=64)
+    vocab = enc.ids
+    assert len(meta["spans"]) == p.n_paragraphs and len(meta["cues"]) == len(p.queries)
+    for cue, q in zip(meta["cues"], p.queries):
+        assert ids[cue.pos] == vocab[":"] and ids[cue.pos - 1] == vocab[tt.key(q.fact.key)]
+        a, b = meta["spans"][cue.target]
+        assert vocab[tt.key(q.fact.key)] in ids[a:b]  # the target summary names the queried key
+        assert b < cue.pos  # and is complete before the cue
+    assert any(c.far for c in meta["cues"]) and not all(c.far for c in meta["cues"])
+    assert encode_problem(generate(TestbedData(trace_tokens=256), random.Random(0)), enc)[3]["cues"] == []
+
+
+@pytest.mark.parametrize("layers", [[1], None])
+def test_trainer_pointer_layers(layers):
+    from train.testbed_pretrain import pointer_layers
+    from zoomr.schemas.testbed import TestbedTrainMethod
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=3,
+                                         num_attention_heads=2, num_key_value_heads=1))  # fmt: skip
+    got = pointer_layers(model, TestbedTrainMethod(summary_pointer_layers=layers))
+    assert got == ([1] if layers else [1, 2])
+    with pytest.raises(ValueError, match="summary_pointer_layers"):
+        pointer_layers(model, TestbedTrainMethod(summary_pointer_layers=[3]))
+
+
+def test_online_hit_rate_reads_the_recompute_at_each_cue():
+    """The evaluator's hit rate: the recompute logged at prompt + cue_pos, hit iff I_c holds segment defined_in - 1."""
+    from analysis.zoomr_testbed import cue_selections, hit_rates
+
+    record = {"queries": [
+        {"cue_pos": 50, "answer_pos": 52, "distance": 20, "defined_in": 2, "final": False},  # defined at 32: near
+        {"cue_pos": 90, "answer_pos": 92, "distance": 80, "defined_in": 1, "final": True},  # defined at 12: far
+        {"cue_pos": 95, "answer_pos": 97, "distance": 80, "defined_in": 3, "final": True},
+    ]}  # fmt: skip
+    log = [
+        {"position": 10 + 50, "zoomed": [1, 2], "n_summaries": 3},
+        {"position": 10 + 90, "zoomed": [2, 3], "n_summaries": 4},
+        {"position": 10 + 95, "zoomed": [2, 3], "n_summaries": 4},
+        {"position": 10 + 51, "zoomed": [0], "n_summaries": 3},  # another recompute: not a cue
+    ]
+    sel = cue_selections(record, log, prompt_len=10, window=64)
+    assert [s["hit"] for s in sel] == [True, False, True] and [s["far"] for s in sel] == [False, True, True]
+    rates = hit_rates([sel], consensus=2)
+    assert rates["hit_rate"] == 2 / 3 and rates["hit_rate_far"] == 0.5 and rates["hit_rate_final"] == 0.5
+    assert rates["chance"] == (2 / 3 + 0.5 + 0.5) / 3 and rates["cues_far"] == 2

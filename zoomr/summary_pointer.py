@@ -1,0 +1,183 @@
+"""Does a query point at its summary? ZoomR's score q_t · k̄_i over a whole sequence (ZoomR §3.3), with gradients.
+
+ZoomR selects the paragraphs to zoom into by the post-RoPE query of the boundary token against each
+summary's mean post-RoPE key k̄_i (delimiters excluded, as :class:`zoomr.cache.zoomr.ZoomRCache` does by
+default). A pretrained LLM's attention already ties a cue to the summary of the paragraph it needs; a
+model trained from scratch learns that tie only if something asks for it. This module computes the
+same scores from one teacher-forced forward pass, so that
+
+* :func:`pointer_loss` can train a testbed model's queries to point at the defining summary (an
+  auxiliary cross-entropy at cue boundaries, ``+method=sft_testbed method.summary_pointer_weight``);
+* :func:`selection_hits` can measure, offline, how often the paper's rule (per-head top-k votes, top-c
+  consensus: :func:`zoomr.cache.zoomr.head_votes`, :func:`zoomr.cache.zoomr.consensus`) puts the
+  defining paragraph into I_c.
+
+Post-RoPE queries and keys are captured by an attention implementation registered with transformers'
+``AttentionInterface`` (:func:`capture_qk`): it records each layer's ``query [B, Hq, T, d]`` and
+``key [B, Hkv, T, d]`` (GQA layout: query head h uses KV head h // (Hq / Hkv)) and then runs SDPA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from zoomr.cache.zoomr import consensus, head_votes
+
+CAPTURE = "summary_pointer_capture"
+_ACTIVE: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = []
+
+
+def _capture_attention(module: torch.nn.Module, query, key, value, attention_mask, **kwargs: Any):
+    if _ACTIVE:
+        _ACTIVE[-1][module.layer_idx] = (query, key)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+AttentionInterface.register(CAPTURE, _capture_attention)
+AttentionMaskInterface.register(CAPTURE, sdpa_mask)
+
+
+@contextmanager
+def capture_qk(model: torch.nn.Module) -> Iterator[dict[int, tuple[torch.Tensor, torch.Tensor]]]:
+    """Within the block, every forward of ``model`` records ``{layer: (query, key)}`` (post-RoPE) into the
+    yielded dict (the latest forward's; gradients kept). The model's attention implementation is restored after."""
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(CAPTURE)
+    store: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    _ACTIVE.append(store)
+    try:
+        yield store
+    finally:
+        _ACTIVE.remove(store)
+        model.set_attn_implementation(previous)
+
+
+@dataclass
+class Cue:
+    """A recompute position whose query should point at summary ``target`` (0-based segment index)."""
+
+    pos: int  # token index in the sequence (the boundary token after the cue)
+    target: int
+    far: bool = False  # the defining paragraph lies outside ZoomR's recent window at this position
+
+
+def mean_summary_keys(key: torch.Tensor, spans: Sequence[tuple[int, int]]) -> torch.Tensor:
+    """k̄_i ``[Hkv, M, d]`` of one sequence: the mean of ``key [Hkv, T, d]`` over each summary's rows [start, end)."""
+    if not spans:
+        return key.new_zeros(key.shape[0], 0, key.shape[2])
+    return torch.stack([key[:, a:b].mean(dim=1) for a, b in spans], dim=1)
+
+
+def pointer_scores(query: torch.Tensor, kbar: torch.Tensor) -> torch.Tensor:
+    """α = q · k̄ ``[Hq, N, M]`` from ``query [Hq, N, d]`` (the cues' rows) and ``kbar [Hkv, M, d]`` (GQA grouping)."""
+    Hq, N, d = query.shape
+    Hkv, M = kbar.shape[0], kbar.shape[1]
+    g = Hq // Hkv
+    return torch.einsum("kgnd,kmd->kgnm", query.reshape(Hkv, g, N, d), kbar).reshape(Hq, N, M)
+
+
+def _live(spans: Sequence[tuple[int, int]], cues: Sequence[Cue], device) -> torch.Tensor:
+    """``[N, M]``: summary m is complete (its end delimiter fed) before cue n's boundary."""
+    ends = torch.tensor([b for _, b in spans], device=device)  # the end delimiter sits at row b
+    return ends[None, :] < torch.tensor([c.pos for c in cues], device=device)[:, None]
+
+
+def pointer_loss(
+    qk: dict[int, tuple[torch.Tensor, torch.Tensor]],
+    spans: Sequence[Sequence[tuple[int, int]]],
+    cues: Sequence[Sequence[Cue]],
+    layers: Sequence[int],
+) -> torch.Tensor | None:
+    """Mean cross-entropy of softmax_i(q · k̄_i / sqrt(d)) toward each cue's defining summary, over the given
+    layers, every query head and every cue of the batch (``spans[b]``/``cues[b]`` per sequence); None if no cue.
+
+    The scale 1/sqrt(d) leaves the ranking (what ZoomR's top-k reads) unchanged; only completed summaries compete.
+    """
+    terms, count = [], 0
+    for layer in layers:
+        query, key = qk[layer]
+        d = query.shape[-1]
+        for b, (sp, cs) in enumerate(zip(spans, cues)):
+            if not cs or not sp:
+                continue
+            pos = torch.tensor([c.pos for c in cs], device=query.device)
+            alpha = pointer_scores(query[b][:, pos], mean_summary_keys(key[b], sp)) * d**-0.5  # [Hq, N, M]
+            alpha = alpha.masked_fill(~_live(sp, cs, query.device)[None], float("-inf"))
+            target = torch.tensor([c.target for c in cs], device=query.device)
+            Hq = alpha.shape[0]
+            terms.append(F.cross_entropy(alpha.flatten(0, 1), target.repeat(Hq), reduction="sum") / Hq)
+            count += len(cs)
+    return torch.stack(terms).sum() / count if count else None
+
+
+@dataclass
+class Selection:
+    """The paper's rule at one cue: I_c, the vote count of the target, whether I_c holds it."""
+
+    zoomed: list[int]
+    target_votes: int
+    hit: bool
+    far: bool
+    n_summaries: int
+    agreeability: float | None
+
+
+def selection_hits(
+    qk: dict[int, tuple[torch.Tensor, torch.Tensor]],
+    spans: Sequence[tuple[int, int]],
+    cues: Sequence[Cue],
+    top_k: int,
+    c: int,
+    layers: Sequence[int] | None = None,
+    b: int = 0,
+) -> list[Selection]:
+    """For sequence ``b``: at each cue, every (layer, query head) votes for its top-k summaries among those
+    completed (:func:`zoomr.cache.zoomr.head_votes`), I_c = the top-c by votes (:func:`~zoomr.cache.zoomr.consensus`);
+    a hit = the cue's defining summary is in I_c. ``layers=None``: every layer (the paper's rule)."""
+    out: list[Selection] = []
+    if not cues or not spans:
+        return out
+    layer_ids = sorted(qk) if layers is None else list(layers)
+    live = _live(spans, cues, "cpu").sum(1)  # summaries completed before each cue (they form a prefix)
+    votes = torch.zeros(len(cues), len(spans), dtype=torch.long)
+    pos = torch.tensor([cue.pos for cue in cues])
+    for layer in layer_ids:
+        query, key = qk[layer]
+        q = query[b][:, pos.to(query.device)].detach().float().transpose(0, 1)  # [N, Hq, d]
+        kbar = mean_summary_keys(key[b].detach().float(), spans)  # [Hkv, M, d]
+        kb = kbar[None].expand(len(cues), *kbar.shape)
+        votes += head_votes(q, kb, live, top_k).cpu()
+    for n, cue in enumerate(cues):
+        m = int(live[n])
+        res = consensus(votes[n, :m], c)
+        out.append(Selection(res.zoomed, int(votes[n, cue.target]), cue.target in res.zoomed, cue.far, m, res.agreeability))
+    return out
+
+
+def count_hits(
+    qk: dict[int, tuple[torch.Tensor, torch.Tensor]],
+    spans: Sequence[Sequence[tuple[int, int]]],
+    cues: Sequence[Sequence[Cue]],
+    top_k: int,
+    c: int,
+    layers: Sequence[int] | None = None,
+) -> dict[str, int]:
+    """Hits and cues of the rule over a batch (``spans[b]``/``cues[b]`` per sequence), overall and far."""
+    out = {"hits": 0, "cues": 0, "far_hits": 0, "far_cues": 0, "chance": 0.0}
+    for b, (sp, cs) in enumerate(zip(spans, cues)):
+        for s in selection_hits(qk, sp, cs, top_k, c, layers, b=b):
+            out["hits"] += s.hit
+            out["cues"] += 1
+            out["far_hits"] += s.hit and s.far
+            out["far_cues"] += s.far
+            out["chance"] += min(1.0, c / max(1, s.n_summaries))
+    return out

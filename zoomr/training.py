@@ -1,0 +1,94 @@
+"""What the Hugging Face ``Trainer`` recipes share (``train/sft.py``, ``train/abridge.py``, ZoomR SFT on top of SFT).
+
+- :func:`trainer_arguments`: the ``TrainingArguments`` fields every recipe maps the same way from its method
+  config (batching, optimiser scalars, length, checkpoint cadence, logging, DeepSpeed);
+- :class:`LogAtSave`: a log line at every checkpoint, so the loss history saved in a checkpoint covers every
+  step up to it and :func:`whole_run_loss` is exact after a resume;
+- :func:`train_or_restore`: trains from the plan's checkpoint, or restores it when it already holds the last
+  step (the HF loop would otherwise run past ``max_steps``);
+- :func:`load_sft_dataset`: the data config's loader (``data.loader`` names a module with ``sft_dataset``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from zoomr.rundir import RunPlan
+
+
+def trainer_arguments(
+    method: Any, optim: Any, output_dir: Path, seed: int, report_to: list[str], deepspeed: dict | None
+) -> dict[str, Any]:
+    """Keyword arguments for ``TrainingArguments`` (or TRL's ``SFTConfig``) shared by the recipes.
+
+    ``method`` supplies ``per_device_batch_size``, ``gradient_accumulation_steps``, ``max_steps``,
+    ``logging_steps``, ``save_steps``, ``save_total_limit``, ``bf16``, ``gradient_checkpointing``;
+    ``optim`` supplies ``learning_rate``, ``weight_decay``, ``max_grad_norm`` (the method itself for SFT).
+    """
+    return {
+        "output_dir": str(output_dir),
+        "per_device_train_batch_size": method.per_device_batch_size,
+        "gradient_accumulation_steps": method.gradient_accumulation_steps,
+        "learning_rate": optim.learning_rate,
+        "weight_decay": optim.weight_decay,
+        "max_grad_norm": optim.max_grad_norm,
+        "max_steps": method.max_steps,
+        "logging_steps": method.logging_steps,
+        "save_steps": method.save_steps,
+        "save_total_limit": method.save_total_limit,
+        "bf16": method.bf16,
+        "activation_checkpointing": method.gradient_checkpointing,
+        "report_to": report_to,
+        "seed": seed,
+        "deepspeed": deepspeed,
+        "disable_tqdm": False,
+        "save_only_model": False,  # a resume needs the optimizer, scheduler and RNG state
+    }
+
+
+class LogAtSave(TrainerCallback):
+    """Log the running loss whenever a checkpoint is about to be saved (the last step included)."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if control.should_save:
+            control.should_log = True
+        return control
+
+
+def whole_run_loss(log_history: list[dict[str, Any]]) -> float:
+    """Mean training loss per optimisation step over the whole run, from the ``loss`` lines of the log
+    history (each the mean since the previous line), including the lines restored from a checkpoint."""
+    lines = sorted((h for h in log_history if "loss" in h and "step" in h), key=lambda h: h["step"])
+    total, last = 0.0, 0
+    for h in lines:
+        total += float(h["loss"]) * (int(h["step"]) - last)
+        last = int(h["step"])
+    return total / last if last else math.nan
+
+
+def train_or_restore(trainer, plan: RunPlan, max_steps: int | None) -> float:
+    """Train (resuming from ``plan.resume_from``), or load that checkpoint when it already holds the last
+    step; return the seconds spent."""
+    t0 = time.time()
+    if plan.needs_training(max_steps):
+        trainer.train(resume_from_checkpoint=plan.resume_from)
+    else:
+        from transformers.trainer_callback import TrainerState
+
+        trainer._load_from_checkpoint(plan.resume_from)
+        trainer.state = TrainerState.load_from_json(str(Path(plan.resume_from) / "trainer_state.json"))
+    return time.time() - t0
+
+
+def load_sft_dataset(data: dict[str, Any], tokenizer):
+    """The rows of a data config as a ``datasets.Dataset`` of chat messages, from its ``loader`` module."""
+    loader = data.get("loader")
+    if not loader:
+        raise ValueError(f"data config {data.get('name')!r} has no loader module")
+    return importlib.import_module(loader).sft_dataset(data, tokenizer)
