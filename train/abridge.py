@@ -172,11 +172,7 @@ def run(cfg) -> dict[str, Any]:
     )
     elapsed = train_or_restore(trainer, plan, m.max_steps)
 
-    model = trainer.model.eval()
-    model.set_attn_implementation(spec.attn_implementation)
-    final_dir = run_dir / "final"
-    trainer.save_model(str(final_dir))
-    tokenizer.save_pretrained(str(final_dir))
+    model, final_dir = save_final(trainer, spec, tokenizer, run_dir)
     save_abridge_config(
         final_dir,
         layout,
@@ -195,9 +191,25 @@ def run(cfg) -> dict[str, Any]:
         "checkpoint": str(final_dir),
         "run_dir": str(run_dir),
     }
+    return finish_run(plan, logger, summary, f"AbridgeKV training finished: {cfg.run_name}")
+
+
+def save_final(trainer: Trainer, spec: ModelSpec, tokenizer, run_dir: Path):
+    """The trained model in eval mode with its own attention again, saved with its tokenizer in
+    ``<run_dir>/final``; returns (model, final dir)."""
+    model = trainer.model.eval()
+    model.set_attn_implementation(spec.attn_implementation)
+    final_dir = run_dir / "final"
+    trainer.save_model(str(final_dir))
+    tokenizer.save_pretrained(str(final_dir))
+    return model, final_dir
+
+
+def finish_run(plan, logger, summary: dict[str, Any], title: str) -> dict[str, Any]:
+    """Write and print the summary (recording through the run plan that the run finished), log its numbers."""
     from train.report import write_summary
 
-    write_summary(plan, summary, f"AbridgeKV training finished: {cfg.run_name}")
+    write_summary(plan, summary, title)
     logger.summary({k: v for k, v in summary.items() if isinstance(v, int | float)})
     logger.finish()
     return summary

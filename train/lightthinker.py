@@ -18,7 +18,14 @@ from typing import Any
 
 import torch
 
-from train.abridge import AbridgeTrainer, load_start_model, stream_collator, training_args
+from train.abridge import (
+    AbridgeTrainer,
+    finish_run,
+    load_start_model,
+    save_final,
+    stream_collator,
+    training_args,
+)
 from zoomr.abridge.attention import use_abridge_attention
 from zoomr.abridge.data import StreamSet
 from zoomr.abridge.forward import heldout_full_kv_ce, heldout_masked_ce
@@ -135,11 +142,7 @@ def run(cfg) -> dict[str, Any]:
     )
     elapsed = train_or_restore(trainer, plan, m.max_steps)
 
-    model = trainer.model.eval()
-    model.set_attn_implementation(spec.attn_implementation)
-    final_dir = run_dir / "final"
-    trainer.save_model(str(final_dir))
-    tokenizer.save_pretrained(str(final_dir))
+    model, final_dir = save_final(trainer, spec, tokenizer, run_dir)
     save_config(
         final_dir,
         n,
@@ -166,12 +169,7 @@ def run(cfg) -> dict[str, Any]:
         "checkpoint": str(final_dir),
         "run_dir": str(run_dir),
     }
-    from train.report import write_summary
-
-    write_summary(plan, summary, f"LightThinker training finished: {cfg.run_name}")
-    logger.summary({k: v for k, v in summary.items() if isinstance(v, int | float)})
-    logger.finish()
-    return summary
+    return finish_run(plan, logger, summary, f"LightThinker training finished: {cfg.run_name}")
 
 
 def summarize(cfg, m, n, streams, stats, trainer, elapsed, resume, added) -> dict[str, Any]:
