@@ -39,7 +39,8 @@ def eviction_report(rows: list[dict[str, Any]], method: dict[str, Any] | None) -
         return out
     if has_row_budget(method):
         budget = method.get("budget_rows")
-        why = f"its peak resident rows ({max(peaks, default=0):.0f} per layer and KV head) never exceeded budget_rows={budget}"
+        limit = f"budget_rows={budget}" if budget is not None else f"compression_ratio={method.get('compression_ratio')}"
+        why = f"its peak resident rows ({max(peaks, default=0):.0f} per layer and KV head) never exceeded {limit}"
         fix = (
             "Set a budget the run reaches: method.budget_fraction=0.5 (of full KV's rows, from the full-KV run of "
             "this benchmark and model), method.budget_match=<run dir> (another arm's mean rows) or a smaller "
