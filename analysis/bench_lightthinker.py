@@ -64,7 +64,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     model, tok = load_model_and_tokenizer(model_spec(args.model), args.cache_dir, device=args.device)
     model.eval()
-    n = resolve_cache_tokens(LightThinkerMethod(num_cache_tokens=args.num_cache_tokens), model.config)
+    # scripted splitters: the mechanics of serving, so an untrained model is fine here
+    method = LightThinkerMethod(num_cache_tokens=args.num_cache_tokens, allow_untrained=True)
+    n = resolve_cache_tokens(method, model.config)
     splitter = tok.convert_tokens_to_ids(tokens.SPLITTER)
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(50, 4000, (args.prompt_tokens,), generator=gen).tolist() for _ in range(args.batch)]

@@ -212,15 +212,18 @@ def test_batched_generation_matches_one_by_one(model_tok):
 
 def test_policy_builds_from_the_method_config_and_reads_checkpoints(model_tok, tmp_path):
     model, tok = model_tok
-    cache = build_policy({"name": "lightthinker"}, model.config, tok)
+    with pytest.raises(FileNotFoundError, match="has no lightthinker.json.*method.allow_untrained=true"):
+        build_policy({"name": "lightthinker"}, model.config, tok)  # an untrained model: refused
+    untrained = {"name": "lightthinker", "allow_untrained": True}
+    cache = build_policy(untrained, model.config, tok)
     assert isinstance(cache, LightThinkerCache) and cache.tt.n == 9  # the paper's n for qwen
-    assert build_policy({"name": "lightthinker", "num_cache_tokens": 5}, model.config, tok).tt.n == 5
+    assert build_policy({**untrained, "num_cache_tokens": 5}, model.config, tok).tt.n == 5
     save_config(tmp_path, 6)
     config = model.config.__class__.from_dict(model.config.to_dict())
     config._name_or_path = str(tmp_path)
     assert build_policy({"name": "lightthinker", "num_cache_tokens": 5}, config, tok).tt.n == 6
     with pytest.raises(ValueError, match="tokenizer"):
-        build_policy({"name": "lightthinker"}, model.config, None)
+        build_policy(untrained, model.config, None)
 
 
 def test_without_hiding_the_thought_from_continue_parity_breaks(model_tok, monkeypatch):

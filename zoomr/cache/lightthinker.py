@@ -12,7 +12,8 @@ stay. The prompt and the open thought stay raw.
 This is the function :mod:`zoomr.lightthinker.mask` trains (the parity test checks it token by token).
 n: an explicit ``num_cache_tokens=`` wins; else the checkpoint's ``lightthinker.json`` (when
 ``layout_from_checkpoint``); else the config's ``num_cache_tokens``; else the paper's value for the
-architecture (9 Qwen, 7 Llama). Runs with :func:`zoomr.engine.generate` (stock ``model.generate`` has
+architecture (9 Qwen, 7 Llama). A model without ``lightthinker.json`` never learned to write the splitter,
+so building the policy for it is refused unless n is passed or ``allow_untrained`` is set. Runs with :func:`zoomr.engine.generate` (stock ``model.generate`` has
 no forced-token hook).
 """
 
@@ -22,15 +23,25 @@ import torch
 
 from zoomr.cache.base import ForcedInput, PolicyCache, PolicyLayer
 from zoomr.cache.registry import register_policy
-from zoomr.lightthinker.layout import ThoughtTokens, checkpoint_cache_tokens, paper_cache_tokens
+from zoomr.lightthinker.layout import FILENAME, ThoughtTokens, checkpoint_cache_tokens, paper_cache_tokens
 from zoomr.schemas.lightthinker import LightThinkerMethod
 
 
 def resolve_cache_tokens(config: LightThinkerMethod, model_config, explicit: int | None = None) -> int:
-    """n by precedence: explicit, checkpoint record, config, paper rule by architecture."""
+    """n by precedence: explicit, checkpoint record, config, paper rule by architecture. Without an explicit
+    n, a model that is not a LightThinker checkpoint is refused unless ``allow_untrained``."""
     if explicit is not None:
         return explicit
-    saved = checkpoint_cache_tokens(model_config) if config.layout_from_checkpoint else None
+    found = checkpoint_cache_tokens(model_config)
+    if found is None and not config.allow_untrained:
+        where = getattr(model_config, "_name_or_path", None) or "the model"
+        raise FileNotFoundError(
+            f"lightthinker policy: {where} has no {FILENAME}, so it is not a LightThinker checkpoint and never "
+            "learned to write <|splitter|> (it would decode as full KV). Evaluate a trained one (python -m train "
+            "+method=lightthinker, then model.hf_id=runs/train/lightthinker-<model>-<data>/final), or set "
+            "method.allow_untrained=true to run on this model anyway (a smoke test, not a result)"
+        )
+    saved = found if config.layout_from_checkpoint else None
     if saved is not None:
         return saved
     if config.num_cache_tokens is not None:

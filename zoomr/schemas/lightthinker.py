@@ -25,6 +25,7 @@ class LightThinkerMethod(MaskedTraining):
     policy: str = "lightthinker"  # the serving policy in zoomr.cache (python -m eval +method=lightthinker)
     page_size: int = 16  # serving: rows per storage page
     layout_from_checkpoint: bool = True  # serving: the checkpoint's lightthinker.json wins
+    allow_untrained: bool = False  # serving: run on a model without lightthinker.json (smoke tests, not results)
     num_cache_tokens: int | None = None
     min_thought_chars: int = 0
 
