@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 class AbridgeTrainer(Trainer):
     """``Trainer`` whose loss is the block-masked response CE and whose schedule is the paper's."""
 
-    def __init__(self, *args, quotas: list[int], mask_backend: str, optim: AbridgeOptim, **kwargs):
+    def __init__(self, *args, quotas: list[int] | None, mask_backend: str, optim: AbridgeOptim, **kwargs):
         super().__init__(*args, **kwargs)
         self.quotas = quotas
         self.mask_backend = mask_backend
@@ -50,8 +50,12 @@ class AbridgeTrainer(Trainer):
         self.model_accepts_loss_kwargs = True
         self.loss_is_scaled_for_ga = True
 
+    def build_masks(self, inputs) -> list:
+        """One mask per layer for this batch (LightThinker's trainer overrides it with its thought mask)."""
+        return layer_masks(batch_meta(inputs), self.quotas, self.mask_backend)
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        masks = layer_masks(batch_meta(inputs), self.quotas, self.mask_backend)
+        masks = self.build_masks(inputs)
         logits = model(
             input_ids=inputs["input_ids"],
             position_ids=inputs["position_ids"],
@@ -90,7 +94,7 @@ def stream_collator(pad_id: int):
 
 
 def training_args(
-    m: AbridgeMethod, output_dir: Path, seed: int, report_to: list[str], deepspeed: dict | None
+    m: AbridgeMethod | Any, output_dir: Path, seed: int, report_to: list[str], deepspeed: dict | None
 ) -> TrainingArguments:
     return TrainingArguments(
         **trainer_arguments(m, m.optim, output_dir, seed, report_to, deepspeed),
@@ -116,7 +120,8 @@ def load_streams(
     return streams
 
 
-def load_start_model(spec: ModelSpec, m: AbridgeMethod, cache_dir: str, device: torch.device):
+def load_start_model(spec: ModelSpec, m: AbridgeMethod | Any, cache_dir: str, device: torch.device):
+    """The model and tokenizer to fine-tune: ``m.init_from`` (a checkpoint directory) or the model config."""
     if m.init_from:
         start = ModelSpec(name=spec.name, arch=spec.arch, hf_id=m.init_from, dtype=spec.dtype)
         return load_model(start, cache_dir, device=device), load_tokenizer(start, cache_dir)
@@ -167,11 +172,7 @@ def run(cfg) -> dict[str, Any]:
     )
     elapsed = train_or_restore(trainer, plan, m.max_steps)
 
-    model = trainer.model.eval()
-    model.set_attn_implementation(spec.attn_implementation)
-    final_dir = run_dir / "final"
-    trainer.save_model(str(final_dir))
-    tokenizer.save_pretrained(str(final_dir))
+    model, final_dir = save_final(trainer, spec, tokenizer, run_dir)
     save_abridge_config(
         final_dir,
         layout,
@@ -190,9 +191,25 @@ def run(cfg) -> dict[str, Any]:
         "checkpoint": str(final_dir),
         "run_dir": str(run_dir),
     }
+    return finish_run(plan, logger, summary, f"AbridgeKV training finished: {cfg.run_name}")
+
+
+def save_final(trainer: Trainer, spec: ModelSpec, tokenizer, run_dir: Path):
+    """The trained model in eval mode with its own attention again, saved with its tokenizer in
+    ``<run_dir>/final``; returns (model, final dir)."""
+    model = trainer.model.eval()
+    model.set_attn_implementation(spec.attn_implementation)
+    final_dir = run_dir / "final"
+    trainer.save_model(str(final_dir))
+    tokenizer.save_pretrained(str(final_dir))
+    return model, final_dir
+
+
+def finish_run(plan, logger, summary: dict[str, Any], title: str) -> dict[str, Any]:
+    """Write and print the summary (recording through the run plan that the run finished), log its numbers."""
     from train.report import write_summary
 
-    write_summary(plan, summary, f"AbridgeKV training finished: {cfg.run_name}")
+    write_summary(plan, summary, title)
     logger.summary({k: v for k, v in summary.items() if isinstance(v, int | float)})
     logger.finish()
     return summary

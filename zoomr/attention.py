@@ -6,8 +6,9 @@ loaded with ``attn_implementation="zoomr"`` (or switched with :func:`use_policy_
 (looked up by tensor identity, so ``model.generate(cache=policy)`` needs no extra wiring), it
 
 1. gives the policy the post-RoPE queries (``on_queries``);
-2. builds the mask from the rows the policy holds: row j of (b, h) is visible to query s iff it is held and
-   was fed no later than s (feed order, not position: code rows placed inside a span stay causal);
+2. builds the mask from the rows the policy holds: row j of (b, h) is visible to query s iff it is held,
+   was fed no later than s (feed order, not position: code rows placed inside a span stay causal) and
+   the policy does not hide it from s (``hidden_rows``);
 3. computes attention with SDPA, or eagerly when the policy wants the softmax weights (``on_attention``);
 4. calls ``after_attention``.
 GQA: query head i uses KV head ``i // g`` (transformers' ``repeat_kv`` layout); queries are folded to
@@ -94,13 +95,16 @@ def policy_attention(
     scaling = d**-0.5 if scaling is None else scaling
     cache.on_queries(layer, query)
     q = query.reshape(B, Hkv, g * S, d)
-    if S == 1 and rows.all_valid and step.all_valid:
+    hidden = cache.hidden_rows(layer)
+    if S == 1 and hidden is None and rows.all_valid and step.all_valid:
         mask = None  # decoding, every row held by every head: nothing to mask
     else:
         if S > 1 and bool((rows.order == rows.order[:, :1]).all()):
             m = ragged_mask(rows.order[:, :1], rows.valid[:, :1], step.order, step.valid)  # heads share rows
         else:
             m = ragged_mask(rows.order, rows.valid, step.order, step.valid)
+        if hidden is not None:
+            m = m & ~hidden
         mask = m[:, :, None].expand(B, m.shape[1], g, S, N).reshape(B, m.shape[1], g * S, N)
     if cache.wants_attention_weights(layer):
         kf, vf = _batch_heads(key), _batch_heads(value)

@@ -8,7 +8,7 @@ prompt) or ``prompt`` / ``completion`` text columns.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,13 @@ from zoomr.tokens import IM_END
 
 def prompt_response_ids(example: dict[str, Any], tokenizer) -> tuple[list[int], list[int]]:
     """Token ids of the prompt (chat template + generation prompt) and of the response (+ end of turn)."""
+    prompt, response = prompt_response_text(example, tokenizer)
+    enc = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    return list(enc), list(tokenizer(response, add_special_tokens=False)["input_ids"])
+
+
+def prompt_response_text(example: dict[str, Any], tokenizer) -> tuple[str, str]:
+    """The prompt text (chat template + generation prompt) and the response text (+ end of turn)."""
     if "messages" in example:
         msgs = example["messages"]
         if not msgs or msgs[-1]["role"] != "assistant":
@@ -31,8 +38,7 @@ def prompt_response_ids(example: dict[str, Any], tokenizer) -> tuple[list[int], 
         prompt, response = example["prompt"], example["completion"]
     else:
         raise ValueError(f"example needs 'messages' or 'prompt'+'completion', has {sorted(example)}")
-    enc = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    return list(enc), list(tokenizer(response, add_special_tokens=False)["input_ids"])
+    return prompt, response
 
 
 @dataclass
@@ -57,19 +63,35 @@ def build_streams(
 ) -> StreamSet:
     """Tokenise, truncate responses to ``max_response_tokens``, skip over-long prompts, interleave."""
     pauses = pause_token_ids(tokenizer, layout.num_pause)
+    return collect_streams(
+        (prompt_response_ids(ex, tokenizer) for ex in examples),
+        lambda prompt, response: interleave(prompt, response, layout, pauses),
+        max_prompt_tokens,
+        max_response_tokens,
+    )
+
+
+def collect_streams(
+    pairs: Iterable[tuple[list[int], list[int]]],
+    make_stream: Callable[[list[int], list[int]], Stream],
+    max_prompt_tokens: int,
+    max_response_tokens: int,
+    empty_reason: str = "empty_response",
+) -> StreamSet:
+    """(prompt ids, response ids) pairs → streams: over-long prompts and empty responses are skipped and
+    counted (``empty_reason``), responses truncated to ``max_response_tokens``."""
     out = StreamSet([])
-    for ex in examples:
-        prompt, response = prompt_response_ids(ex, tokenizer)
+    for prompt, response in pairs:
         if len(prompt) > max_prompt_tokens:
             out.skipped["prompt_too_long"] += 1
             continue
         if not response:
-            out.skipped["empty_response"] += 1
+            out.skipped[empty_reason] += 1
             continue
         if len(response) > max_response_tokens:
             response = response[:max_response_tokens]
             out.truncated += 1
-        out.streams.append(interleave(prompt, response, layout, pauses))
+        out.streams.append(make_stream(prompt, response))
     return out
 
 

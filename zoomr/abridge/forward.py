@@ -8,14 +8,14 @@ pause tokens (the same weights with the whole history resident): the full-KV ref
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from zoomr.abridge.attention import ATTN_NAME, use_abridge_attention
 from zoomr.abridge.data import batch_meta
-from zoomr.abridge.layout import IGNORE, PAD, PAUSE, RAW
+from zoomr.abridge.layout import IGNORE, PROMPT, RAW
 from zoomr.abridge.mask import layer_masks
 
 
@@ -35,12 +35,18 @@ def stream_logits(model, batch: dict[str, torch.Tensor], quotas: Sequence[int], 
     """Logits of one forward over the interleaved streams, each layer under its own quota's mask."""
     if len(quotas) != model.config.num_hidden_layers:
         raise ValueError(f"{len(quotas)} quotas for a model with {model.config.num_hidden_layers} layers")
-    masks = layer_masks(batch_meta(batch), quotas, backend)
+    return masked_logits(model, batch, layer_masks(batch_meta(batch), quotas, backend))
+
+
+def masked_logits(model, batch: dict[str, torch.Tensor], masks: Sequence) -> torch.Tensor:
+    """Logits of one forward over ``batch`` with ``masks[ℓ]`` (dense or ``BlockMask``) at layer ℓ."""
+    if len(masks) != model.config.num_hidden_layers:
+        raise ValueError(f"{len(masks)} masks for a model with {model.config.num_hidden_layers} layers")
     with abridge_attention(model):
         out = model(
             input_ids=batch["input_ids"],
             position_ids=batch["position_ids"],
-            abridge_masks=masks,
+            abridge_masks=list(masks),
             use_cache=False,
         )
     return out.logits
@@ -73,10 +79,11 @@ def stream_response_ce(
 def full_kv_response_ce(
     model, batch: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32
 ) -> list[torch.Tensor]:
-    """Per-response-token CE with plain causal attention over prompt + raw response (pauses removed)."""
+    """Per-response-token CE with plain causal attention over prompt + raw response (pause tokens, and any
+    other compression token such as LightThinker's cache and continue tokens, removed)."""
     out = []
     for ids, kind in zip(batch["input_ids"], batch["kind"]):
-        keep = (kind != PAD) & (kind != PAUSE)
+        keep = (kind == PROMPT) | (kind == RAW)
         ids, kind = ids[keep][None], kind[keep]
         labels = torch.full_like(ids, IGNORE)
         labels[0, :-1] = torch.where(kind[1:] == RAW, ids[0, 1:], IGNORE)
@@ -99,13 +106,22 @@ def heldout_ce(
     model, streams, quotas: Sequence[int], pad_id: int, batch_size: int = 4, backend: str = "auto"
 ) -> float:
     """Held-out response CE under the block mask (the allocation probe's metric)."""
+    return heldout_masked_ce(
+        model, streams, pad_id, lambda b: layer_masks(batch_meta(b), quotas, backend), batch_size
+    )
+
+
+@torch.no_grad()
+def heldout_masked_ce(model, streams, pad_id: int, make_masks: Callable, batch_size: int = 4) -> float:
+    """Held-out response CE, each batch under ``make_masks(batch)`` (one mask per layer)."""
     from zoomr.abridge.data import collate
 
     device = next(model.parameters()).device
     vectors: list[torch.Tensor] = []
     for i in range(0, len(streams), batch_size):
         batch = {k: v.to(device) for k, v in collate(streams[i : i + batch_size], pad_id).items()}
-        vectors += stream_response_ce(model, batch, quotas, backend)
+        logits = masked_logits(model, batch, make_masks(batch))
+        vectors += per_response_token(token_ce(logits, batch["labels"]), batch["labels"])
     return mean_ce(vectors)
 
 

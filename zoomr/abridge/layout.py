@@ -128,14 +128,21 @@ def interleave(
 
 def pause_token_ids(tokenizer, num_pause: int) -> list[int]:
     """Ids of ``<|pause_0|> … <|pause_{K-1}|>``; a clear error when the tokenizer lacks them."""
-    ids = [tokenizer.convert_tokens_to_ids(tokens.pause_token(i)) for i in range(num_pause)]
+    return special_token_ids(
+        tokenizer,
+        [tokens.pause_token(i) for i in range(num_pause)],
+        "AbridgeKV pause tokens",
+        f"call zoomr.abridge.layout.add_pause_tokens(model, tokenizer, {num_pause}) first",
+    )
+
+
+def special_token_ids(tokenizer, names: list[str], what: str, hint: str) -> list[int]:
+    """Ids of the special tokens ``names``; a clear error naming the first missing one."""
+    ids = [tokenizer.convert_tokens_to_ids(t) for t in names]
     unk = getattr(tokenizer, "unk_token_id", None)
-    missing = [tokens.pause_token(i) for i, t in zip(range(num_pause), ids) if t is None or t == unk]
+    missing = [t for t, i in zip(names, ids) if i is None or i == unk]
     if missing:
-        raise ValueError(
-            f"tokenizer lacks {len(missing)} AbridgeKV pause tokens (first: {missing[0]}); "
-            "call zoomr.abridge.layout.add_pause_tokens(model, tokenizer, K) first"
-        )
+        raise ValueError(f"tokenizer lacks {len(missing)} {what} (first: {missing[0]}); {hint}")
     return ids
 
 
@@ -144,9 +151,14 @@ def add_pause_tokens(model, tokenizer, num_pause: int) -> int:
 
     Returns the number added. Tiny models already carry all 256 (see :mod:`zoomr.tokens`).
     """
+    return add_special_token_rows(model, tokenizer, [tokens.pause_token(i) for i in range(num_pause)])
+
+
+def add_special_token_rows(model, tokenizer, wanted: list[str]) -> int:
+    """Add the tokens of ``wanted`` the tokenizer lacks, with embedding (and untied output) rows set to
+    the mean of the existing ones. Returns the number added."""
     import torch
 
-    wanted = [tokens.pause_token(i) for i in range(num_pause)]
     vocab = tokenizer.get_vocab()
     new = [t for t in wanted if t not in vocab]
     if not new:

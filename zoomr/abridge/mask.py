@@ -85,15 +85,20 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
-def layer_masks(meta: TokenMeta, quotas: Sequence[int], backend: str = "auto") -> list:
-    """One mask per layer (shared between layers of equal quota): the single mask builder.
+def build_mask(mask_mod: Callable, meta: TokenMeta, backend: str = "auto"):
+    """The single mask builder: any ``mask_mod`` over ``meta``'s batch as a dense boolean ``[B, 1, S, S]``
+    mask (SDPA) or a FlexAttention ``BlockMask``.
 
-    ``backend``: ``dense`` (boolean tensor for SDPA), ``flex`` (``BlockMask``) or ``auto``
-    (flex on CUDA, dense elsewhere).
+    ``backend``: ``dense``, ``flex`` or ``auto`` (flex on CUDA, dense elsewhere). LightThinker's thought
+    mask (:mod:`zoomr.lightthinker.mask`) is built here too.
     """
     device = meta.kind.device
-    backend = resolve_backend(backend, device)
+    build = flex_block_mask if resolve_backend(backend, device) == "flex" else dense_mask
     batch, length = meta.shape
-    build = flex_block_mask if backend == "flex" else dense_mask
-    built = {q: build(abridge_mask_mod(meta, int(q)), batch, length, device) for q in sorted(set(quotas))}
+    return build(mask_mod, batch, length, device)
+
+
+def layer_masks(meta: TokenMeta, quotas: Sequence[int], backend: str = "auto") -> list:
+    """One AbridgeKV mask per layer (shared between layers of equal quota), see :func:`build_mask`."""
+    built = {q: build_mask(abridge_mask_mod(meta, int(q)), meta, backend) for q in sorted(set(quotas))}
     return [built[q] for q in quotas]

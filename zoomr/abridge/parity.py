@@ -22,9 +22,9 @@ from zoomr.abridge.layout import AbridgeLayout, interleave, pause_token_ids
 
 
 @torch.no_grad()
-def served_token_ce(model, tokenizer, prompt_ids: list[int], cache, max_new_tokens: int):
+def served_token_ce(model, tokenizer, prompt_ids: list[int], cache, max_new_tokens: int, script=None):
     """Greedy-decode one prompt with ``cache``; return (tokens, float64 CE of each token under the served
-    logits, the engine's output).
+    logits, the engine's output). ``script``: response tokens the environment writes (see the engine).
 
     A forward hook records the logits each forward ends with: for one sequence, the engine samples from
     exactly those (the prefill's last position, a decode token, or the last pause token).
@@ -35,7 +35,8 @@ def served_token_ce(model, tokenizer, prompt_ids: list[int], cache, max_new_toke
     hook = model.register_forward_hook(lambda mod, inp, out: seen.append(out.logits[0, -1].double()))
     try:
         settings = DecodeSettings(max_new_tokens=max_new_tokens, stop_token_ids=[], progress=False)
-        out = generate(model, tokenizer, [prompt_ids], cache, settings)[0]
+        scripts = None if script is None else [script]
+        out = generate(model, tokenizer, [prompt_ids], cache, settings, script=scripts)[0]
     finally:
         hook.remove()
     tokens = out.token_ids
@@ -67,18 +68,26 @@ def parity_report(
     trainer = stream_response_ce(model, batch, list(quotas), "auto", f64)[0]
     wrong = stream_response_ce(model, batch, list(wrong_quotas), "auto", f64)[0]
     full = full_kv_response_ce(model, batch, f64)[0]
+    return {
+        "tokens": len(tokens),
+        "pause_tokens_run": out.n_forced,
+        **ce_checks(served, trainer, wrong, full, margin, "wrong_schedule"),
+        "final_rows_per_layer": out.stats.rows[-1].mean(-1).tolist() if len(out.stats.rows) else [],
+    }
+
+
+def ce_checks(served, trainer, wrong, full, margin: float, wrong_name: str) -> dict[str, Any]:
+    """The three checks of the module docstring from per-token CE vectors of the served model, the
+    trainer's forward, the deliberately wrong one and the full-history replay."""
     diff = (served - trainer).abs()
     disagree = (full - trainer).abs() > margin
     follows = (served - trainer).abs() < (served - full).abs()
     return {
-        "tokens": len(tokens),
-        "pause_tokens_run": out.n_forced,
         "max_abs_ce_diff": float(diff.max()),
         "mean_abs_ce_diff": float(diff.mean()),
-        "wrong_schedule_max_abs_ce_diff": float((served - wrong).abs().max()),
+        f"{wrong_name}_max_abs_ce_diff": float((served - wrong).abs().max()),
         "wrong_over_parity": float((served - wrong).abs().max() / diff.max().clamp_min(1e-12)),
         "full_history_max_abs_ce_diff": float((served - full).abs().max()),
         "disagreeing_tokens": int(disagree.sum()),
         "served_follows_compressing": int((disagree & follows).sum()),
-        "final_rows_per_layer": out.stats.rows[-1].mean(-1).tolist() if len(out.stats.rows) else [],
     }

@@ -40,6 +40,7 @@ A budget therefore counts the rows resident *between* steps.
 
 Hooks (all optional, all take the :class:`PolicyLayer` or :class:`Step`): ``on_attention_input`` (the
 attention module's input hidden states, before ``update``; set ``wants_attention_input``), ``on_append``, ``on_queries``,
+``hidden_rows`` (held rows some of this step's queries must not see),
 ``wants_attention_weights`` + ``on_attention``, ``after_attention``, ``on_step_end``, ``forced_inputs`` (extra
 tokens to run for a sequence before its next sampled token, e.g. pause tokens), ``next_positions``
 (RoPE positions of new tokens; StreamingLLM's re-rotation overrides it), ``attach(model)`` (model-level
@@ -212,6 +213,12 @@ class PolicyCache(Cache):
 
     def on_queries(self, layer: PolicyLayer, query: torch.Tensor) -> None:
         """Post-RoPE queries of this step at ``layer``: ``[B, H_q, S, d]`` (pads included; see ``self.step.valid``)."""
+
+    def hidden_rows(self, layer: PolicyLayer) -> torch.Tensor | None:
+        """Rows this step's queries must not see although they are held: bool ``[B, H, S, N]`` over
+        ``layer.view`` (True = hidden), or None. LightThinker hides a thought from its ``<|continue|>``
+        token, fed in the same forward as the thought's cache tokens, which do see it."""
+        return None
 
     def wants_attention_weights(self, layer: PolicyLayer) -> bool:
         """Return True to get ``on_attention`` with the softmax weights (computed eagerly, costs memory)."""

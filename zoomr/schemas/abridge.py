@@ -22,7 +22,32 @@ class AbridgeOptim:
 
 
 @dataclass
-class AbridgeMethod:
+class MaskedTraining:
+    """What every one-forward masked full fine-tuning run needs (AbridgeKV, LightThinker): data limits,
+    the optimiser and the ``Trainer`` loop."""
+
+    init_from: str | None = None  # a checkpoint directory to start from (default: the model config)
+    max_prompt_tokens: int = 512  # longer prompts are skipped (and counted), never truncated
+    max_response_tokens: int = 512  # responses are truncated to this many tokens
+    heldout_examples: int = 4  # the first N examples are held out (AbridgeKV: the first 192 pairs)
+    optim: AbridgeOptim = field(default_factory=AbridgeOptim)
+    max_steps: int = 100
+    per_device_batch_size: int = 4
+    gradient_accumulation_steps: int = 1
+    logging_steps: int = 10
+    eval_steps: int = 50
+    save_steps: int = 50
+    save_total_limit: int = 2
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+    mask_backend: str = "auto"  # auto (flex on CUDA, dense elsewhere) | dense | flex
+
+    def __post_init__(self) -> None:
+        check_length(type(self).__name__, self.max_steps)
+
+
+@dataclass
+class AbridgeMethod(MaskedTraining):
     """AbridgeKV: pause tokens after every completed block, block-masked full fine-tuning, per-layer quotas.
 
     ``quota``: uniform code rows kept per layer and block (null = num_pause // 2); ``schedule``: a
@@ -42,24 +67,6 @@ class AbridgeMethod:
     quota: int | None = None
     schedule: str | None = None
     code_positions: str = "spread"
-    mask_backend: str = "auto"
-    init_from: str | None = None  # a checkpoint directory to start from (default: the model config)
-    max_prompt_tokens: int = 512  # longer prompts are skipped (and counted), never truncated
-    max_response_tokens: int = 512  # responses are truncated to this many tokens
-    heldout_examples: int = 4  # the first N examples are held out (paper: the first 192 pairs)
-    optim: AbridgeOptim = field(default_factory=AbridgeOptim)
-    max_steps: int = 100
-    per_device_batch_size: int = 4
-    gradient_accumulation_steps: int = 1
-    logging_steps: int = 10
-    eval_steps: int = 50
-    save_steps: int = 50
-    save_total_limit: int = 2
-    bf16: bool = False
-    gradient_checkpointing: bool = False
-
-    def __post_init__(self) -> None:
-        check_length(type(self).__name__, self.max_steps)
 
 
 @dataclass

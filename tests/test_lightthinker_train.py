@@ -1,0 +1,75 @@
+"""LightThinker training end to end on tiny models: config, run, resume guard, start from a testbed checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from zoomr.entry import CONF_DIR
+from zoomr.schemas import register_with_hydra, to_dataclass
+from zoomr.schemas.lightthinker import LightThinkerMethod
+
+TINY_RUN = [
+    "method.max_steps=4",
+    "method.per_device_batch_size=2",
+    "method.max_response_tokens=96",
+    "method.num_cache_tokens=4",
+    "method.heldout_examples=2",
+    "method.logging_steps=1",
+    "method.eval_steps=2",
+    "method.save_steps=2",
+    "data.max_samples=8",
+    "logger=none",
+]
+
+
+def _compose(overrides: list[str], run_dir=None):
+    register_with_hydra()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        extra = [f"run_dir={run_dir}", "hydra.runtime.output_dir=."] if run_dir else []
+        return compose("train", overrides=["+method=lightthinker", *overrides, *extra])
+
+
+def test_config_composes_into_its_schema():
+    m = to_dataclass(LightThinkerMethod, _compose([]).method)
+    assert m.trainer == "lightthinker" and m.policy == "lightthinker" and m.num_cache_tokens is None
+    with pytest.raises(Exception, match="num_cache_token"):
+        _compose(["method.num_cache_token=3"])  # a typo fails at compose time
+
+
+def test_train_on_traces_and_refuse_a_resume_with_another_layout(tmp_path, cache_dir):
+    import train.lightthinker as recipe
+
+    run_dir = tmp_path / "run"
+    first = recipe.run(_compose([*TINY_RUN, f"cache_dir={cache_dir}"], run_dir))
+    assert first["steps"] == 4 and first["resumed_from"] == "-"
+    assert first["loss_end"] < first["loss_start"]
+    assert first["heldout_ce_lightthinker"] > 0 and first["heldout_ce_full_kv"] > 0
+    assert first["heldout_splitter"].startswith("recall ")
+    assert "thoughts" in first["thoughts"] and first["tokens_added"] == 0
+    saved = json.loads((run_dir / "final" / "lightthinker.json").read_text())
+    assert saved["num_cache_tokens"] == 4 and saved["data"] == "traces"
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 4
+    with pytest.raises(SystemExit, match="num_cache_tokens"):
+        recipe.run(_compose([*TINY_RUN, "method.num_cache_tokens=3", f"cache_dir={cache_dir}"], run_dir))
+
+
+def test_train_from_a_testbed_checkpoint_with_paragraphs_as_thoughts(tmp_path, cache_dir):
+    import train.lightthinker as recipe
+    from zoomr.entry import model_spec
+    from zoomr.models import load_model_and_tokenizer
+
+    testbed = ["model=tiny-testbed", "data=testbed", "data.n_train=8", "data.trace_tokens=160"]
+    base = tmp_path / "testbed-base"
+    model, tok = load_model_and_tokenizer(model_spec(_compose(testbed)), cache_dir)
+    model.save_pretrained(base)
+    tok.save_pretrained(base)
+    overrides = [*testbed, *[o for o in TINY_RUN if "num_cache" not in o and "max_samples" not in o]]
+    out = recipe.run(
+        _compose([*overrides, f"method.init_from={base}", f"cache_dir={cache_dir}"], tmp_path / "run")
+    )
+    assert out["steps"] == 4 and out["cache_tokens"].startswith("n=7 ")  # llama: the paper's 7
+    assert not out["thoughts"].startswith("0 thoughts")
+    assert json.loads((tmp_path / "run" / "final" / "lightthinker.json").read_text())["data"] == "testbed"

@@ -1,0 +1,193 @@
+"""LightThinker training (``python -m train +method=lightthinker``; zjunlp/LightThinker, METHODS.md "Baselines").
+
+Each response is cut into thoughts (paragraphs inside the thought tags; plain paragraphs for the testbed),
+a ``<|splitter|>`` after each, then the n cache tokens and ``<|continue|>`` (:mod:`zoomr.lightthinker.layout`).
+One forward per batch under the thought mask (:mod:`zoomr.lightthinker.mask`: FlexAttention ``BlockMask``
+on CUDA, dense mask + SDPA on CPU); next-token CE on thought tokens, splitters and the tail, none on cache
+or continue tokens. The loop, optimiser, schedule, DeepSpeed, checkpoints and ``resume=auto`` are the
+AbridgeKV trainer's (:mod:`train.abridge`), so the two arms train alike. ``method.init_from`` starts from a
+checkpoint (e.g. the testbed model with its word-level tokenizer). The run ends with held-out CE under
+the mask and with the full history, a served sample (splitters written, rows held vs full KV) and a
+summary table.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from train.abridge import (
+    AbridgeTrainer,
+    finish_run,
+    load_start_model,
+    save_final,
+    stream_collator,
+    training_args,
+)
+from zoomr.abridge.attention import use_abridge_attention
+from zoomr.abridge.data import StreamSet
+from zoomr.abridge.forward import heldout_full_kv_ce, heldout_masked_ce
+from zoomr.entry import model_spec, start_run, to_plain
+from zoomr.lightthinker.data import ThoughtStats, build_streams
+from zoomr.lightthinker.layout import ThoughtTokens, add_lightthinker_tokens, paper_cache_tokens, save_config
+from zoomr.lightthinker.mask import splitter_accuracy, thought_masks
+from zoomr.models import DTYPES
+from zoomr.rundir import prepare_run
+from zoomr.schemas import to_dataclass
+from zoomr.schemas.lightthinker import LightThinkerMethod
+from zoomr.training import LogAtSave, load_sft_dataset, train_or_restore, whole_run_loss
+
+log = logging.getLogger(__name__)
+
+
+class LightThinkerTrainer(AbridgeTrainer):
+    """The AbridgeKV trainer with LightThinker's thought mask at every layer."""
+
+    def __init__(self, *args, num_layers: int, **kwargs):
+        super().__init__(*args, quotas=None, **kwargs)
+        self.num_layers = num_layers
+
+    def build_masks(self, inputs) -> list:
+        return thought_masks(inputs, self.num_layers, self.mask_backend)
+
+
+def cache_token_count(m: LightThinkerMethod, model_config) -> int:
+    """``method.num_cache_tokens``, or the paper's value for the architecture (9 Qwen, 7 Llama)."""
+    return (
+        m.num_cache_tokens if m.num_cache_tokens is not None else paper_cache_tokens(model_config.model_type)
+    )
+
+
+def load_streams(data: dict[str, Any], tokenizer, tt: ThoughtTokens, m: LightThinkerMethod) -> StreamSet:
+    """The data config's examples as streams; the first ``heldout_examples`` are the held-out set."""
+    dataset = load_sft_dataset(data, tokenizer)
+    streams = build_streams(
+        dataset, tokenizer, tt, m.max_prompt_tokens, m.max_response_tokens, m.min_thought_chars
+    )
+    if len(streams.streams) <= m.heldout_examples:
+        raise ValueError(
+            f"{streams.describe()}: need more than heldout_examples={m.heldout_examples} to train on"
+        )
+    return streams
+
+
+@torch.no_grad()
+def served_sample(model, tokenizer, streams, tt: ThoughtTokens, max_new_tokens: int) -> dict[str, Any]:
+    """Decode the held-out prompts as one batch with the ``lightthinker`` policy and with full KV at the
+    evaluation settings (T=0.6, top-p 0.95, top-k 20, seed 1234): splitters the model wrote, thoughts
+    freed, and mean rows held per (layer, KV head, sequence, step)."""
+    from zoomr.cache.lightthinker import LightThinkerCache
+    from zoomr.engine import DecodeSettings, generate, mean_rows
+    from zoomr.lightthinker.layout import PROMPT
+
+    prompts = [[t for t, k in zip(s.input_ids, s.kind) if k == PROMPT] for s in streams]
+    settings = DecodeSettings(
+        max_new_tokens=max_new_tokens, temperature=0.6, top_p=0.95, top_k=20, seed=1234, progress=False
+    )
+    cache = LightThinkerCache(LightThinkerMethod(), model.config, tokenizer, num_cache_tokens=tt.n)
+    outs = generate(model, tokenizer, prompts, cache, settings)
+    full = generate(model, tokenizer, prompts, {"policy": "full"}, settings)
+    return {
+        "served": f"{len(outs)} held-out prompts x {max_new_tokens} tokens max, T=0.6",
+        "served_tokens": sum(o.n_tokens for o in outs),
+        "served_splitters": sum(o.token_ids.count(tt.splitter) for o in outs),
+        "served_mean_rows": round(mean_rows(outs), 1),
+        "full_kv_mean_rows": round(mean_rows(full), 1),
+    }
+
+
+def run(cfg) -> dict[str, Any]:
+    m: LightThinkerMethod = to_dataclass(LightThinkerMethod, cfg.method)
+    spec = model_spec(cfg)
+    device = torch.device("cuda" if torch.cuda.is_available() and cfg.device != "cpu" else "cpu")
+    model, tokenizer = load_start_model(spec, m, cfg.cache_dir, device)
+    n = cache_token_count(m, model.config)
+    # the guard compares the resolved n too (null resolves by architecture)
+    plan = prepare_run(
+        cfg.run_dir, to_plain(cfg), cfg.resume, derived={"num_cache_tokens": n}, title="LightThinker training"
+    )
+    if plan.finished:
+        return plan.finished
+    run_dir, logger = start_run(cfg, job_type="train")
+    save_config(run_dir, n, min_thought_chars=m.min_thought_chars)
+    added = add_lightthinker_tokens(model, tokenizer, n)
+    tt = ThoughtTokens.from_tokenizer(tokenizer, n)
+    streams = load_streams(to_plain(cfg.data), tokenizer, tt, m)
+    heldout, train_set = streams.streams[: m.heldout_examples], streams.streams[m.heldout_examples :]
+    stats = ThoughtStats.of(streams.streams)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    log.info("LightThinker n=%d; %s; %s", n, streams.describe(), stats.describe(len(streams.streams)))
+
+    model.train()
+    use_abridge_attention(model)
+    trainer = LightThinkerTrainer(
+        model=model,
+        args=training_args(
+            m,
+            run_dir / "checkpoints",
+            cfg.seed,
+            ["wandb"] if logger.enabled else [],
+            to_plain(cfg.deepspeed.config) if cfg.deepspeed.config else None,
+        ),
+        train_dataset=train_set,
+        eval_dataset=heldout,
+        data_collator=stream_collator(pad_id),
+        processing_class=tokenizer,
+        num_layers=model.config.num_hidden_layers,
+        mask_backend=m.mask_backend,
+        optim=m.optim,
+        callbacks=[LogAtSave()],
+    )
+    elapsed = train_or_restore(trainer, plan, m.max_steps)
+
+    model, final_dir = save_final(trainer, spec, tokenizer, run_dir)
+    save_config(
+        final_dir,
+        n,
+        min_thought_chars=m.min_thought_chars,
+        heldout_examples=m.heldout_examples,
+        max_prompt_tokens=m.max_prompt_tokens,
+        max_response_tokens=m.max_response_tokens,
+        data=cfg.data.name,
+    )
+    layers = model.config.num_hidden_layers
+    ce_masked = heldout_masked_ce(
+        model, heldout, pad_id, lambda b: thought_masks(b, layers, m.mask_backend), m.per_device_batch_size
+    )
+    ce_full = heldout_full_kv_ce(model, heldout, pad_id)
+    split = splitter_accuracy(model, heldout, pad_id, tt.splitter, m.mask_backend, m.per_device_batch_size)
+    served = served_sample(model, tokenizer, heldout, tt, min(256, m.max_response_tokens))
+    summary = summarize(cfg, m, n, streams, stats, trainer, elapsed, plan.resume_from, added)
+    summary |= {
+        "heldout_ce_lightthinker": round(ce_masked, 4),
+        "heldout_ce_full_kv": round(ce_full, 4),
+        "heldout_splitter": f"recall {split['recall']:.2f}, precision {split['precision']:.2f} "
+        f"(teacher-forced argmax at {split['splitters']} splitters)",
+        **served,
+        "checkpoint": str(final_dir),
+        "run_dir": str(run_dir),
+    }
+    return finish_run(plan, logger, summary, f"LightThinker training finished: {cfg.run_name}")
+
+
+def summarize(cfg, m, n, streams, stats, trainer, elapsed, resume, added) -> dict[str, Any]:
+    from train.report import loss_curve
+
+    curve = loss_curve(trainer.state.log_history)
+    return {
+        "method": m.name,
+        "model": f"{cfg.model.name} ({DTYPES[cfg.model.dtype]})",
+        "data": f"{cfg.data.name}: {streams.describe()}; {m.heldout_examples} held out",
+        "thoughts": stats.describe(len(streams.streams)),
+        "cache_tokens": f"n={n} <|o_i|> + <|continue|> per thought ({stats.forced_tokens} forced tokens)",
+        "tokens_added": added,
+        "mask_backend": m.mask_backend,
+        "resumed_from": resume or "-",
+        "steps": trainer.state.global_step,
+        "loss_start": curve[0][1] if curve else float("nan"),
+        "loss_end": curve[-1][1] if curve else float("nan"),
+        "train_loss": whole_run_loss(trainer.state.log_history),  # the whole run, across resumes
+        "seconds": round(elapsed, 1),
+    }
