@@ -136,11 +136,16 @@ class HFRunner(_Runner):
             self.cache = DynamicCache(config=model.config)
         else:  # keeps window - 1 rows between steps: window = budget + 1 keeps the streaming budget
             self.cache = Cache(
-                layers=[DynamicSlidingWindowLayer(sliding_window=window) for _ in range(model.config.num_hidden_layers)]
+                layers=[
+                    DynamicSlidingWindowLayer(sliding_window=window)
+                    for _ in range(model.config.num_hidden_layers)
+                ]
             )
         with _sdpa(model):
             for s in range(0, ids.shape[1], chunk):
-                logits = model(ids[:, s : s + chunk], cache=self.cache, use_cache=True, logits_to_keep=1).logits
+                logits = model(
+                    ids[:, s : s + chunk], cache=self.cache, use_cache=True, logits_to_keep=1
+                ).logits
         self.tok = logits[:, -1:].argmax(-1)
 
     def step(self) -> None:
@@ -281,7 +286,7 @@ def bench_generate(model, tokenizer, batch: int, prompt: int, new: int, repeats:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
-    t_start = time.perf_counter()
+    t_start, cpu_start = time.perf_counter(), time.process_time()
     model, tokenizer = load_model_and_tokenizer(
         model_spec(args.model), args.cache_dir, device=args.device, attn_implementation="zoomr"
     )
@@ -302,7 +307,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "decode_steps": args.decode_steps, "prefill_chunk": args.prefill_chunk, "context_mode": args.context_mode,
         "prompt_tokens": args.prompt_tokens, "repeats": args.repeats, "quick": args.quick,
         "timing": "paired, interleaved rounds; step_ms = min over rounds of the block median",
-        "wall_s": time.perf_counter() - t_start, "rows": rows, "e2e": e2e,
+        "wall_s": time.perf_counter() - t_start, "cpu_s": time.process_time() - cpu_start, "rows": rows, "e2e": e2e,
     }  # fmt: skip
 
 
@@ -311,7 +316,7 @@ def table(report: dict[str, Any]) -> str:
         f"model {report['model']} on {report['device']}, {report['threads']} thread(s), budget "
         f"{report['budget_rows']} rows, context as {report['context_mode']} ({report['prompt_tokens']}-token "
         f"prompt), {report['decode_steps']} timed steps × {report['repeats']} interleaved rounds "
-        f"(min of block medians), {report['wall_s']:.0f} s"
+        f"(min of block medians), {report['wall_s']:.0f} s wall, {report.get('cpu_s', float('nan')):.0f} s CPU"
     )
     lines = [head, "", "| context | batch | policy | ms/step | ÷ full | ÷ hf_dynamic | ÷ hf_sliding | rows ÷ full | "
              "bytes ÷ full | select % |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -356,9 +361,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-e2e", dest="e2e", action="store_false", help="skip engine.generate ÷ model.generate")
     p.add_argument("--e2e-prompt", type=int, default=256, help="prompt tokens of the end-to-end comparison")
     p.add_argument("--e2e-new", type=int, default=64, help="new tokens of the end-to-end comparison")
-    p.add_argument("--out", default=None, help="directory for bench_decode.json / .md (default under ./runs/)")
+    p.add_argument(
+        "--out", default=None, help="directory for bench_decode.json / .md (default under ./runs/)"
+    )
     args = p.parse_args(argv)
-    defaults = QUICK if args.quick else {"contexts": [1024, 4096, 8192], "batches": [1, 8], "decode_steps": 32, "repeats": 3}
+    defaults = (
+        QUICK
+        if args.quick
+        else {"contexts": [1024, 4096, 8192], "batches": [1, 8], "decode_steps": 32, "repeats": 3}
+    )
     for k, v in defaults.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
@@ -376,7 +387,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    out = Path(args.out) if args.out else Path.cwd() / "runs" / "bench_decode" / f"{args.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = (
+        Path(args.out)
+        if args.out
+        else Path.cwd() / "runs" / "bench_decode" / f"{args.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
     report = run(args)
     text = table(report)
     print("\n" + text)

@@ -22,8 +22,9 @@ Projection against an H100 decode step (the figure that matters is overhead ÷ s
 7B-class model is memory-bound, ``step ≈ (weight bytes + KV bytes read) / HBM bandwidth`` with 7.6 B
 parameters in bf16 (15.2 GB; R1-Distill-Qwen-7B) and each policy's resident KV at the simulated shape,
 at H100 SXM's 3.35 TB/s (an ideal-bandwidth *lower* bound on the step, so the ratios below are upper bounds).
-GPU bookkeeping is estimated launch-bound, ``ops × --launch-us`` (default 5 µs per eager op: dispatch +
-launch) per layer × 32 layers; the CPU-measured time × 32 is reported as a pessimistic bound (one CPU
+GPU bookkeeping is estimated as ``ops × --launch-us`` (default 5 µs per eager op: dispatch + launch) plus the
+bytes the kernels write, read and written once at HBM bandwidth (compaction traffic: H2O's tail slide is
+O(rows) per step), per layer × 32 layers; the CPU-measured time × 32 is reported as a pessimistic bound (one CPU
 thread moves memory far slower than HBM). Writes ``DIR/policy_overhead.json`` + ``.md``
 (default ``runs/bench_policy_overhead/<time>/`` under the working directory).
 """
@@ -67,10 +68,17 @@ class _CountOps(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.ops: Counter[str] = Counter()
+        self.bytes_written = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        self.ops[name] += 1
+        out = func(*args, **(kwargs or {}))
+        if name not in VIEW_OPS:
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    self.bytes_written += t.numel() * t.element_size()
+        return out
 
     def split(self) -> tuple[int, int]:
         """(kernel ops, host syncs) counted so far."""
@@ -168,21 +176,25 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
     L = args.layers
     kernels, syncs = counter.split()
     ops, syncs = kernels / (count_steps * L), syncs / (count_steps * L)
+    # bytes the kernels write per layer per step, at bf16 (the simulation may run in fp32)
+    written = counter.bytes_written / (count_steps * L) * 2 / DTYPES[args.dtype].itemsize
     cpu_us = 1e6 * statistics.mean(times) / L
     kv_layer = sim.resident_kv_bytes()
     step_s = (WEIGHT_BYTES_7B + PAPER_LAYERS * kv_layer) / (args.bandwidth_tbs * 1e12)
-    gpu_us = ops * args.launch_us
+    gpu_us = ops * args.launch_us + 1e6 * 2 * written / (
+        args.bandwidth_tbs * 1e12
+    )  # launches + read/write traffic
     row = {
         "policy": name, "rows": sim.rows, "mean_us_per_layer": cpu_us,
         "median_us_per_layer": 1e6 * statistics.median(times) / L, "max_us_per_layer": 1e6 * max(times) / L,
-        "ops_per_layer": ops, "syncs_per_layer": syncs,
+        "ops_per_layer": ops, "syncs_per_layer": syncs, "bytes_written_per_layer": written,
         "top_ops": {k: v / (count_steps * L) for k, v in counter.ops.most_common(8)},
         "h100_step_ms": 1e3 * step_s, "gpu_overhead_ms": PAPER_LAYERS * gpu_us / 1e3,
         "gpu_overhead_over_step": PAPER_LAYERS * gpu_us * 1e-6 / step_s,
         "cpu_overhead_over_step": PAPER_LAYERS * cpu_us * 1e-6 / step_s,
     }  # fmt: skip
     print(f"  {name:<16} rows {sim.rows:>6}  {cpu_us:9.1f} µs/layer/step (median {row['median_us_per_layer']:.1f})  "
-          f"{ops:6.1f} ops/layer  ÷ H100 step: {row['gpu_overhead_over_step']:.3f} (launch-bound), "
+          f"{ops:6.1f} ops/layer  ÷ H100 step: {row['gpu_overhead_over_step']:.3f} (GPU estimate), "
           f"{row['cpu_overhead_over_step']:.3f} (CPU-time bound)", flush=True)  # fmt: skip
     del sim
     return row
@@ -196,14 +208,15 @@ def table(report: dict[str, Any]) -> str:
         f"{a['steps']} timed steps, 1 CPU thread. Projection: 32 layers, 7.6 B-parameter bf16 model at "
         f"{a['bandwidth_tbs']} TB/s (ideal bandwidth), {a['launch_us']} µs per eager op.",
         "",
-        "| policy | rows | µs/layer/step (mean) | median | kernel ops/layer/step | host syncs | H100 step ms | "
-        "GPU overhead ms | overhead ÷ step (launch-bound) | overhead ÷ step (CPU time) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| policy | rows | µs/layer/step (mean) | median | kernel ops/layer/step | host syncs | MB written/layer/step | "
+        "H100 step ms | GPU overhead ms | overhead ÷ step (GPU estimate) | overhead ÷ step (CPU time) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["rows"]:
         lines.append(
             f"| {r['policy']} | {r['rows']} | {r['mean_us_per_layer']:.1f} | {r['median_us_per_layer']:.1f} | "
-            f"{r['ops_per_layer']:.1f} | {r['syncs_per_layer']:.1f} | {r['h100_step_ms']:.2f} | {r['gpu_overhead_ms']:.2f} | "
+            f"{r['ops_per_layer']:.1f} | {r['syncs_per_layer']:.1f} | {r['bytes_written_per_layer'] / 1e6:.2f} | "
+            f"{r['h100_step_ms']:.2f} | {r['gpu_overhead_ms']:.2f} | "
             f"{r['gpu_overhead_over_step']:.3f} | {r['cpu_overhead_over_step']:.3f} |"
         )
     return "\n".join(lines)
@@ -218,14 +231,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--q-heads", type=int, default=32)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--layers", type=int, default=1, help="layers simulated (cost is reported per layer)")
-    p.add_argument("--budget", type=int, default=1024, help="budget_rows of every budgeted policy (conf default)")
+    p.add_argument(
+        "--budget", type=int, default=1024, help="budget_rows of every budgeted policy (conf default)"
+    )
     p.add_argument("--steps", type=int, default=256, help="timed decode steps (cover compaction periods)")
     p.add_argument("--warmup", type=int, default=8)
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
-                   help="dtype of the simulated stores (CPU kernels are fastest in fp32; the projection uses bf16 bytes)")
+    p.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        default="float32",
+        help="dtype of the simulated stores (CPU kernels are fastest in fp32; the projection uses bf16 bytes)",
+    )
     p.add_argument("--policies", nargs="+", default=POLICIES)
     p.add_argument("--bandwidth-tbs", type=float, default=H100_BANDWIDTH / 1e12, help="HBM bandwidth, TB/s")
-    p.add_argument("--launch-us", type=float, default=5.0, help="GPU cost of one eager op (dispatch + launch)")
+    p.add_argument(
+        "--launch-us", type=float, default=5.0, help="GPU cost of one eager op (dispatch + launch)"
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
@@ -245,7 +266,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    out = Path(args.out) if args.out else Path.cwd() / "runs" / "bench_policy_overhead" / time.strftime("%Y%m%d-%H%M%S")
+    out = (
+        Path(args.out)
+        if args.out
+        else Path.cwd() / "runs" / "bench_policy_overhead" / time.strftime("%Y%m%d-%H%M%S")
+    )
     rows = [measure(name, args) for name in args.policies]
     report = {"args": vars(args), "weight_bytes": WEIGHT_BYTES_7B, "paper_layers": PAPER_LAYERS, "rows": rows}
     text = table(report)

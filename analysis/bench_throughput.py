@@ -9,9 +9,10 @@ time, also as a ratio to full KV at the same batch size (all arms in this proces
 
 Part 2, time to finish (``--eval-runs``): for each evaluation run directory, its own cache policy (the
 run's ``method`` config, none = full KV) and model decode ``--requests`` requests whose prompt lengths and
-generation lengths are those of the run's first result rows. Static batching: requests are sorted by
-generation length and decoded ``--finish-batch`` at a time, each batch until its longest request. The time
-is the wall time of all batches; paired with the run's accuracy it gives Figure 3d.
+generation lengths are those of the run's first result rows (the paper replays each arm's own suite
+lengths). Static batching: requests are sorted by generation length and decoded up to a concurrency cap at a
+time, each batch until its longest request; every cap of ``--finish-caps`` is tried and the fastest is the
+arm's time (the paper's "concurrency cap that finishes fastest"). Paired with accuracy it gives Figure 3d.
 
 Writes ``bench_throughput.json`` and ``bench_throughput.md`` under ``--out`` (default
 ``./runs/bench_throughput``) and prints the tables. W&B: ``--logger wandb`` (offline without a key).
@@ -87,20 +88,24 @@ def eval_requests(run_dir: Path, n: int) -> tuple[dict[str, Any], list[tuple[int
     return config, [(int(r["prompt_tokens"]), int(r["n_tokens"])) for r in rows[:n]]
 
 
-def time_to_finish(run_dir: Path, n_requests: int, batch: int, cache_dir: str | None) -> dict[str, Any]:
-    """Wall time to serve the run's requests with its own policy and model (static batches by length)."""
+def time_to_finish(run_dir: Path, n_requests: int, caps: list[int], cache_dir: str | None) -> dict[str, Any]:
+    """Wall time to serve the run's requests with its own policy and model, at each concurrency cap (static
+    batches of up to ``cap`` requests by length); the fastest cap is the arm's time (AbridgeKV §4: "run to
+    completion at the concurrency cap that finishes fastest")."""
     config, requests = eval_requests(run_dir, n_requests)
     spec = spec_from_dict(config["model"])
     model, tokenizer = load_model(spec, cache_dir), load_tokenizer(spec, cache_dir)
     policy = config.get("method") or {"policy": "full"}
     order = sorted(range(len(requests)), key=lambda i: requests[i][1])
-    seconds, computed = 0.0, 0
-    for start in range(0, len(order), batch):
-        chunk = [requests[i] for i in order[start : start + batch]]
-        new_tokens = max(g for _, g in chunk)
-        prompts = random_prompts(len(tokenizer), [p for p, _ in chunk], seed=start)
-        seconds += timed_generate(model, tokenizer, prompts, policy, new_tokens, start)
-        computed += new_tokens * len(chunk)
+    by_cap: dict[str, float] = {}
+    for cap in caps:
+        seconds = 0.0
+        for start in range(0, len(order), cap):
+            chunk = [requests[i] for i in order[start : start + cap]]
+            prompts = random_prompts(len(tokenizer), [p for p, _ in chunk], seed=start)
+            seconds += timed_generate(model, tokenizer, prompts, policy, max(g for _, g in chunk), start)
+        by_cap[str(cap)] = seconds
+    best = min(by_cap, key=by_cap.get)
     return {
         "run_dir": str(run_dir),
         "arm": config.get("run_name") or (policy.get("name") or "full"),
@@ -109,9 +114,10 @@ def time_to_finish(run_dir: Path, n_requests: int, batch: int, cache_dir: str | 
         "policy": policy.get("policy", "full"),
         "requests": len(requests),
         "generated_tokens": sum(g for _, g in requests),
-        "computed_tokens": computed,
-        "batch": batch,
-        "seconds": seconds,
+        "seconds_by_cap": by_cap,
+        "batch": int(best),
+        "seconds": by_cap[best],
+        "seconds_per_request": by_cap[best] / len(requests),
     }
 
 
@@ -123,11 +129,14 @@ def tables(report: dict[str, Any]) -> str:
         cells = [f"{r['tokens_per_s']:.0f} ({r.get('ratio_vs_full', float('nan')):.2f})" for r in per.values()]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if report["finish"]:
-        lines += ["", "| arm | model | benchmark | requests | generated tokens | batch | seconds |", "|---" * 7 + "|"]
+        full = next((r["seconds"] for r in report["finish"] if r["policy"] == "full"), None)
+        lines += ["", "| arm | model | benchmark | requests | generated tokens | best cap | seconds | ÷ full |",
+                  "|---" * 8 + "|"]  # fmt: skip
         for r in report["finish"]:
+            ratio = f"{r['seconds'] / full:.2f}" if full else "—"
             lines.append(
                 f"| {r['arm']} | {r['model']} | {r['benchmark']} | {r['requests']} | {r['generated_tokens']} "
-                f"| {r['batch']} | {r['seconds']:.2f} |"
+                f"| {r['batch']} | {r['seconds']:.2f} | {ratio} |"
             )
     return "\n".join(lines)
 
@@ -143,7 +152,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--eval-runs", nargs="*", default=[], help="evaluation run directories (part 2)")
     p.add_argument("--requests", type=int, default=32, help="requests per eval run (its first result rows)")
-    p.add_argument("--finish-batch", type=int, default=8)
+    p.add_argument("--finish-caps", type=int, nargs="+", default=[1, 2, 4, 8],
+                   help="concurrency caps tried per eval run (a doubling grid); the fastest is its time")  # fmt: skip
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--quick", action="store_true", help="batch 1 and 8, 32 new tokens, 1 repeat, 8 requests")
     p.add_argument("--out", default="runs/bench_throughput", help="output directory (relative to the cwd)")
@@ -152,11 +162,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         args.batch_sizes = args.batch_sizes or [1, 8]
         args.new_tokens, args.prompt_tokens, args.repeats, args.requests = 32, 64, 1, min(args.requests, 8)
+        args.finish_caps = [2, 8]
         args.policies = args.policies or ["full", "streaming", "h2o"]
     args.batch_sizes = args.batch_sizes or [1, 8, 32]
     args.policies = args.policies or DEFAULT_POLICIES
-    if min(args.batch_sizes) < 1 or args.new_tokens < 1 or args.prompt_tokens < 1 or args.requests < 1:
-        p.error("--batch-sizes, --new-tokens, --prompt-tokens and --requests must be >= 1")
+    if min(args.batch_sizes + args.finish_caps) < 1 or min(args.new_tokens, args.prompt_tokens, args.requests) < 1:
+        p.error("--batch-sizes, --finish-caps, --new-tokens, --prompt-tokens and --requests must be >= 1")
     if args.budget >= args.prompt_tokens + args.new_tokens:
         p.error(f"--budget {args.budget} never evicts at {args.prompt_tokens}+{args.new_tokens} tokens: lower it")
     missing = [str(r) for r in args.eval_runs if not (Path(r) / "config.json").exists()]
@@ -185,7 +196,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "finish": [],
     }
     for run_dir in tqdm(args.eval_runs, desc="time to finish (eval runs)"):
-        report["finish"].append(time_to_finish(Path(run_dir), args.requests, args.finish_batch, args.cache_dir))
+        report["finish"].append(time_to_finish(Path(run_dir), args.requests, args.finish_caps, args.cache_dir))
         (out / "bench_throughput.json").write_text(json.dumps(report, indent=2))  # keep finished arms
     (out / "bench_throughput.json").write_text(json.dumps(report, indent=2))
     text = tables(report)

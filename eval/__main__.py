@@ -85,12 +85,12 @@ def run(cfg: Any) -> dict[str, Any]:
     from eval.results import ResultStore, RunLock, check_fingerprint
     from eval.runner import evaluate
     from eval.settings import validate
-    from eval.tasks import check_budget, hooks, task_plugin
+    from eval.tasks import check_budget, hooks, task_plugin, write_scope
     from zoomr.models import load_model, load_tokenizer
 
     # everything that can reject the settings runs before the lock, the fingerprint and config.json
-    budget = resolve_budget(cfg)  # a relative budget (fraction / match) becomes budget_rows before the fingerprint
     settings = validate(cfg)
+    budget = resolve_budget(cfg)  # a relative budget (fraction / match) becomes budget_rows before the fingerprint
     bench, gen, grading = settings.bench, settings.gen, settings.grading
     plugin = task_plugin(bench.task)  # RULER / LongBench bring problems, prompts and scores (eval/tasks.py)
     spec = model_spec(cfg)
@@ -103,12 +103,15 @@ def run(cfg: Any) -> dict[str, Any]:
         check_budget(problems, gen.max_new_tokens)
     device = pick_device(cfg.device)
     model = load_model(spec, cfg.cache_dir, device=device)
-    generate = engine_generator(model, tokenizer, check_policy(settings.method, model, tokenizer), gen)
+    method = to_plain(cfg.method) if budget else settings.method  # with the resolved budget_rows
+    generate = engine_generator(model, tokenizer, check_policy(method, model, tokenizer), gen)
     task_hooks = hooks(plugin, tokenizer) if plugin else testbed_hooks(bench, tokenizer, problems, gen.max_new_tokens)
     prompt = (lambda p: p.meta["prompt"]) if plugin else (lambda p: render(p, tokenizer, gen.system_prompt, gen.enable_thinking))
     with RunLock(cfg.run_dir):
         check_fingerprint(cfg.run_dir, fingerprint(cfg))  # before start_run rewrites config.json
         run_dir, logger = start_run(cfg, job_type="eval")
+        if plugin:
+            write_scope(run_dir, problems)
         log.info(
             "%s: %d problems x %d samples, %s on %s, method %s -> %s",
             bench.name, len(problems), gen.n_samples, spec.name, device, cfg.run_name, run_dir,

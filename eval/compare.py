@@ -50,6 +50,7 @@ class CompareError(ValueError):
 
 def load_run(path: str | Path, label: str | None = None) -> Run:
     from eval.benchmarks import load_benchmark
+    from eval.tasks import read_scope, task_plugin
     from zoomr.schemas import to_dataclass
     from zoomr.schemas.eval import BenchmarkConfig
 
@@ -60,7 +61,14 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     config = json.loads(config_file.read_text())
     bench = to_dataclass(BenchmarkConfig, config["benchmark"])
     n = int(config["generation"]["n_samples"])
-    scope = [(p.id, s) for p in load_benchmark(bench) for s in range(n)]
+    if task_plugin(bench.task):  # generated / hub problems (RULER, LongBench): the ids the run recorded
+        try:
+            ids = read_scope(path)
+        except FileNotFoundError as e:
+            raise CompareError(str(e)) from None
+    else:
+        ids = [p.id for p in load_benchmark(bench)]
+    scope = [(pid, s) for pid in ids for s in range(n)]
     store = ResultStore(path)
     rows = store.load()
     missing = [k for k in scope if k not in rows]
@@ -256,7 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("runs", nargs="+", help="run directories; the first arm is the reference")
     ap.add_argument("--labels", nargs="+", help="arm label per run directory (default model/run_name)")
     ap.add_argument(
-        "--out", default=None, help="output directory (default runs/compare/<arm>_vs_<arm>... in the working directory)"
+        "--out",
+        default=None,
+        help="output directory (default runs/compare/<arm>_vs_<arm>... in the working directory)",
     )
     ap.add_argument(
         "--allow-different-settings",

@@ -17,10 +17,12 @@ testbed tasks). The evaluator then
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,6 +32,8 @@ from eval.generation import Generation
 from eval.grading import Grade
 
 log = logging.getLogger(__name__)
+
+SCOPE_FILE = "problems.json"  # a plugin run's problem ids (its scope), written before decoding
 
 # task -> module defining ``PLUGIN`` (imported on first use)
 PLUGINS = {"ruler": "eval.ruler", "longbench": "eval.longbench"}
@@ -51,6 +55,21 @@ def task_plugin(task: str) -> TaskPlugin | None:
     if task not in PLUGINS:
         return None
     return importlib.import_module(PLUGINS[task]).PLUGIN
+
+
+def write_scope(run_dir: str | Path, problems: list[Problem]) -> None:
+    """Record the run's problem ids: generated / hub problems cannot be listed again without the model's
+    tokenizer or the hub, so :func:`eval.compare.load_run` reads the scope from here."""
+    (Path(run_dir) / SCOPE_FILE).write_text(json.dumps([p.id for p in problems]))
+
+
+def read_scope(run_dir: str | Path) -> list[str]:
+    path = Path(run_dir) / SCOPE_FILE
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{run_dir}: no {SCOPE_FILE} (a RULER / LongBench run writes it when it starts)"
+        )
+    return json.loads(path.read_text())
 
 
 def limit_per_subset(problem_limit: int | None, available: int) -> int:

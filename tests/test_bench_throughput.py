@@ -39,3 +39,20 @@ def test_bad_arguments_are_refused(tmp_path, capsys):
     assert "not evaluation run directories" in capsys.readouterr().err
     quick = bench_throughput.parse_args(["--quick"])
     assert quick.batch_sizes == [1, 8] and quick.new_tokens == 32 and quick.policies == ["full", "streaming", "h2o"]
+    assert quick.finish_caps == [2, 8]
+
+
+def test_log_bench_puts_every_numeric_result_under_bench_keys(tmp_path, monkeypatch):
+    from analysis.log_bench import main as log_bench
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    bench = tmp_path / "zoomr_rows.json"
+    bench.write_text(json.dumps({"meta": {"generate": 512, "model": "tiny-qwen2"},
+                                 "results": {"full": {"step_ms": 1.5, "offload": True}}, "agreeability": [0.5, None]}))  # fmt: skip
+    (summary,) = log_bench([str(bench)])
+    assert summary["bench/results/full/step_ms"] == 1.5 and summary["bench/agreeability/0"] == 0.5
+    assert not any("offload" in k or "generate" in k for k in summary)  # bools and the config block stay out
+    assert list((tmp_path / "wandb").glob("offline-run-*"))
+    with pytest.raises(SystemExit):
+        log_bench([str(tmp_path / "missing.json")])

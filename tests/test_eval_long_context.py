@@ -4,6 +4,7 @@ prompt's achieved compression (SnapKV here) in rows and metrics.json."""
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
-from analysis import long_context_table
+from analysis import paper_tables
 from eval import longbench, ruler
 from eval.__main__ import run
 from eval.results import RESULTS_FILE
@@ -33,12 +34,19 @@ def _run(run_dir: Path, cache_dir: str, *overrides: str) -> tuple[dict, list[dic
     return metrics, rows
 
 
-def test_ruler_end_to_end_with_snapkv(tmp_path, cache_dir, capsys):
+RULER_SMALL = [
+    "benchmark=ruler",
+    "benchmark.length=1024",
+    "benchmark.problem_limit=1",
+    "generation.max_new_tokens=6",
+]
+
+
+def test_ruler_end_to_end_with_snapkv_and_kvzap_into_the_paper_tables(tmp_path, cache_dir, capsys):
     budget = 256
     metrics, rows = _run(
-        tmp_path, cache_dir, "benchmark=ruler", "benchmark.length=1024", "benchmark.problem_limit=1",
-        "generation.max_new_tokens=6", "+method=snapkv", f"method.budget_rows={budget}",
-    )  # fmt: skip
+        tmp_path / "snapkv", cache_dir, *RULER_SMALL, "+method=snapkv", f"method.budget_rows={budget}"
+    )
     r = metrics["ruler"]
     assert list(r["subsets"]) == list(ruler.SYNTHETIC) and len(rows) == 11
     assert r["average"] == pytest.approx(np.mean([m["score"] for m in r["subsets"].values()]))
@@ -55,12 +63,33 @@ def test_ruler_end_to_end_with_snapkv(tmp_path, cache_dir, capsys):
     assert r["compression"] == pytest.approx(np.mean([m["compression"] for m in r["subsets"].values()]))
     out = capsys.readouterr().out
     assert "niah_multikey_3" in out and "average" in out  # the per-subset table
-    # the KVzap figures' table: this arm's score and compression as measured
-    report = long_context_table.main([str(tmp_path), "--out", str(tmp_path / "fig")])
-    (arm,) = report["arms"]
-    assert arm["compression"] == r["compression"] and arm["average"] == r["average"]
-    assert arm["per_prompt_compression"]["min"] == min(row["kv"]["compression"] for row in rows)
-    assert (tmp_path / "fig" / "score_vs_compression.png").stat().st_size > 0
+
+    # KVzap (a random linear surrogate) through the same evaluator: input-adaptive compression per prompt
+    from zoomr.kvzap.surrogate import new_surrogate
+
+    new_surrogate(256, 2, 4).save_pretrained(tmp_path / "surrogates" / "linear")
+    kv_metrics, kv_rows = _run(
+        tmp_path / "kvzap", cache_dir, *RULER_SMALL, "+method=kvzap", f"method.surrogate_dir={tmp_path / 'surrogates'}",
+        "method.model_type=linear", "method.threshold=0.0", "method.window=16",
+    )  # fmt: skip
+    per_prompt = [row["kv"]["compression"] for row in kv_rows]
+    assert min(per_prompt) > 0 and len(set(per_prompt)) > 1
+
+    # the paper tables read both runs (scope from problems.json) and plot RULER's score, not accuracy
+    report = paper_tables.build_all([str(tmp_path / "snapkv"), str(tmp_path / "kvzap")], tmp_path / "paper")
+    keys = {t["key"] for t in report.tables}
+    assert {
+        "kvzap_accuracy_vs_compression_tiny-qwen2_ruler_1024_table",
+        "kvzap_subsets_tiny-qwen2_ruler_1024",
+    } <= keys
+    with open(tmp_path / "paper" / "kvzap_subsets_tiny-qwen2_ruler_1024.csv") as f:
+        table = {line[0]: line for line in csv.reader(f)}
+    assert (
+        table["snapkv"][2] == f"{r['average']:.2f}"
+        and table["snapkv"][-1] == f"{r['subsets']['fwe']['score']:.2f}"
+    )
+    kvzap_row = next(v for k, v in table.items() if k.startswith("kvzap"))
+    assert kvzap_row[2] == f"{kv_metrics['ruler']['average']:.2f}"
 
 
 def test_longbench_end_to_end_from_a_local_directory(tmp_path, cache_dir):

@@ -56,13 +56,14 @@ def test_two_eval_arms_give_table1_and_the_eval_figures(two_arms, tmp_path):
     assert [r[0] for r in rows] == ["full", "streaming"]  # arms named from their configs, full KV first
     assert rows[0][1] == "512" and float(rows[1][1]) < 512  # KV/512: StreamingLLM keeps fewer rows
     assert rows[0][4] == "ref" and rows[1][4].startswith(("+", "-"))
+    assert float(rows[1][7]) <= 48 < float(rows[0][7])  # mean resident rows: StreamingLLM within its 48-row budget
     md = (out / "abridge_table1_tiny-qwen2.md").read_text()
     assert f"math500: {N_PROBLEMS} problems × {N_SAMPLES} samples, 2 arms" in md and str(two_arms / "eval" / "full") in md
     assert (out / "abridge_table1_tiny-qwen2.csv").read_text().splitlines()[0].startswith("Arm,KV/512")
     assert "\\begin{tabular}" in (out / "abridge_table1_tiny-qwen2.tex").read_text()
     for key in ("abridge_fig3a_tiny-qwen2", "abridge_fig3c_tiny-qwen2", "abridge_fig4a_tiny-qwen2"):
         assert (out / f"{key}.png").stat().st_size > 1000 and (out / f"{key}.pdf").stat().st_size > 1000, key
-    fits = {r[0]: int(r[2]) for r in _md_rows(out / "abridge_fig3c_tiny-qwen2_table.md")}
+    fits = {r[0]: int(r[3]) for r in _md_rows(out / "abridge_fig3c_tiny-qwen2_table.md")}
     assert fits["streaming"] > fits["full"] > 0  # fewer resident bytes -> more sequences in 8 GiB
     skipped = {s["key"]: s["reason"] for s in report.skipped}
     for key in ("abridge_fig3b", "abridge_fig3d", "abridge_fig6", "kvzap_table1", "zoomr_ag_histogram"):
@@ -130,16 +131,19 @@ def test_every_input_kind_gives_its_tables_and_figures(two_arms, tmp_path, cache
     report = bench_throughput.main(
         ["--batch-sizes", "1", "2", "--new-tokens", "8", "--prompt-tokens", "16", "--budget", "8", "--repeats", "1",
          "--policies", "full", "streaming", "--eval-runs", str(two_arms / "eval" / "full"), str(zoomr),
-         "--requests", "3", "--out", str(runs / "bench")]
+         "--requests", "3", "--finish-caps", "1", "2", "--out", str(runs / "bench")]
     )  # fmt: skip
     assert report["throughput"]["full"]["2"]["ratio_vs_full"] == 1.0
     assert [f["arm"] for f in report["finish"]] == ["full", "zoomr"]
+    for f in report["finish"]:  # the arm's time is its fastest concurrency cap
+        assert set(f["seconds_by_cap"]) == {"1", "2"} and f["seconds"] == min(f["seconds_by_cap"].values())
     out = tmp_path / "paper"
     result = _build([two_arms / "eval" / "*", runs], out)
     tables = {t["key"] for t in result.tables}
     figures = {f["key"] for f in result.figures}
     assert {"abridge_fig3b", "abridge_fig3d", "abridge_fig6", "zoomr_resident_kv_tiny-qwen2"} <= figures
-    assert {"abridge_fig6_table", "abridge_fig3b_table", "zoomr_table_tiny-qwen2"} <= tables
+    assert {"abridge_fig6_table", "abridge_fig3b_table", "abridge_fig3d_table", "zoomr_table_tiny-qwen2"} <= tables
+    assert {r[0]: r[5] for r in _md_rows(out / "abridge_fig3d_table.md")}["full"] == "1.00"
     assert [r[0] for r in _md_rows(out / "zoomr_table_tiny-qwen2.md")] == ["full", "streaming", "zoomr"]
     skipped = {s["key"]: s["reason"] for s in result.skipped}
     assert "h2o, sumr" in skipped["zoomr_table_tiny-qwen2:missing_arms"]
@@ -167,3 +171,21 @@ def test_multi_competition_benchmark_gets_per_competition_columns(two_arms, tmp_
     header = (out / "abridge_table1_tiny-qwen2.csv").read_text().splitlines()[0].split(",")
     assert header[-2:] == ["math500:comp_a avg@k", "math500:comp_b avg@k"]
     assert all(len(r) == len(header) for r in _md_rows(out / "abridge_table1_tiny-qwen2.md"))
+
+
+def test_arms_run_with_other_settings_are_refused_by_name_unless_allowed(two_arms, tmp_path):
+    import shutil
+
+    for arm in ("full", "streaming"):
+        shutil.copytree(two_arms / "eval" / arm, tmp_path / arm)
+    fp = tmp_path / "streaming" / "fingerprint.json"
+    data = json.loads(fp.read_text())
+    data["generation"]["max_new_tokens"] = 999  # as if the arm had run with another token cap
+    fp.write_text(json.dumps(data))
+    report = _build([tmp_path / "full", tmp_path / "streaming"], tmp_path / "out")
+    skipped = {s["key"]: s["reason"] for s in report.skipped}
+    assert "generation.max_new_tokens" in skipped["abridge_table1_tiny-qwen2"]
+    assert not (tmp_path / "out" / "abridge_table1_tiny-qwen2.md").exists()
+    _build([tmp_path / "full", tmp_path / "streaming"], tmp_path / "out2", allow_different_settings=True)
+    md = (tmp_path / "out2" / "abridge_table1_tiny-qwen2.md").read_text()
+    assert "Arms ran with different settings" in md and "max_new_tokens" in md

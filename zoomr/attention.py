@@ -56,6 +56,15 @@ def ragged_mask(
     return vis | ~vis.any(-1, keepdim=True)  # a (b, h) holding nothing: attend to padding, output unused
 
 
+def _batch_heads(t: torch.Tensor) -> torch.Tensor:
+    """``[B, H, N, d]`` -> ``[B*H, N, d]`` without a copy when the heads are evenly strided (a view of the
+    store's ``[B, H, cap, d]`` buffer is): batched matmuls on the 4-D strided view copy it first."""
+    B, H, N, d = t.shape
+    if t.stride(0) == H * t.stride(1) and t.stride(3) == 1:
+        return t.as_strided((B * H, N, d), (t.stride(1), t.stride(2), 1), t.storage_offset())
+    return t.reshape(B * H, N, d)
+
+
 def policy_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -94,11 +103,12 @@ def policy_attention(
             m = ragged_mask(rows.order, rows.valid, step.order, step.valid)
         mask = m[:, :, None].expand(B, m.shape[1], g, S, N).reshape(B, m.shape[1], g * S, N)
     if cache.wants_attention_weights(layer):
-        scores = torch.matmul(q, key.transpose(-1, -2)) * scaling
+        kf, vf = _batch_heads(key), _batch_heads(value)
+        scores = torch.bmm(q.reshape(B * Hkv, g * S, d), kf.transpose(1, 2)).view(B, Hkv, g * S, N) * scaling
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        out = torch.matmul(weights, value)
+        out = torch.bmm(weights.view(B * Hkv, g * S, N), vf).view(B, Hkv, g * S, d)
         w = weights.view(B, Hq, S, N)
         if not step.all_valid:
             w = w * step.valid[:, None, :, None].to(weights.dtype)  # pad queries: 0

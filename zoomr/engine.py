@@ -137,7 +137,9 @@ def sample_tokens(
     """One token per batch row from ``logits [B, Q, V]`` at column ``cols[r]`` (greedy: one argmax for the batch)."""
     if s.temperature == 0:
         if any(cols):
-            picked = logits[torch.arange(logits.shape[0], device=logits.device), torch.tensor(cols, device=logits.device)]
+            picked = logits[
+                torch.arange(logits.shape[0], device=logits.device), torch.tensor(cols, device=logits.device)
+            ]
         else:
             picked = logits[:, 0]
         return picked.argmax(-1).tolist()

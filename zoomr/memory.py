@@ -10,6 +10,9 @@ import torch
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
+_LEAVES = (str, int, float, bool, type, torch.device, torch.dtype)  # hold no tensors
+
+
 def _walk(obj: Any, seen: set[int], out: list[tuple[torch.Tensor, str | None]], role: str | None) -> None:
     """Collect every tensor reachable from ``obj`` through attributes, lists, tuples and dicts."""
     if id(obj) in seen or obj is None or isinstance(obj, (str, int, float, bool, type)):
@@ -37,7 +40,8 @@ def _walk(obj: Any, seen: set[int], out: list[tuple[torch.Tensor, str | None]], 
     else:
         return
     for child in children:
-        _walk(child, seen, out, role)
+        if child is not None and not isinstance(child, _LEAVES):  # skip the calls for plain values
+            _walk(child, seen, out, role)
 
 
 def held_tensors(obj: Any) -> list[tuple[torch.Tensor, str | None]]:

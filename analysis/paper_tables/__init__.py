@@ -37,7 +37,8 @@ def inputs_summary(inputs: Inputs) -> dict[str, Any]:
 
 
 def build_all(runs: list[str], out: str | Path, memory_gib: float = 8.0, n_resamples: int = 2000,
-              seed: int = 1234, logger_cfg: dict[str, Any] | None = None) -> Report:  # fmt: skip
+              seed: int = 1234, logger_cfg: dict[str, Any] | None = None,
+              allow_different_settings: bool = False) -> Report:  # fmt: skip
     """Read the inputs, write every table and figure (or its skip reason) under ``out``, log to W&B."""
     if not runs:
         raise SystemExit("paper_tables: no inputs; pass task.runs=[<run dir or glob>,...]")
@@ -46,8 +47,8 @@ def build_all(runs: list[str], out: str | Path, memory_gib: float = 8.0, n_resam
     t0 = time.time()
     inputs = discover([str(r) for r in runs])
     report = Report(Path(out))
-    abridge_paper.build(inputs, report, memory_gib, n_resamples, seed)
-    zoomr_paper.build(inputs, report, n_resamples, seed)
+    abridge_paper.build(inputs, report, memory_gib, n_resamples, seed, allow_different_settings)
+    zoomr_paper.build(inputs, report, n_resamples, seed, allow_different_settings)
     kvzap_paper.build(inputs, report)
     index = report.write_index(inputs_summary(inputs))
     if logger_cfg and logger_cfg.get("mode", "disabled") != "disabled":
@@ -58,7 +59,7 @@ def build_all(runs: list[str], out: str | Path, memory_gib: float = 8.0, n_resam
             name=f"paper_tables-{Path(out).name}", group=logger_cfg.get("group") or "paper_tables",
             tags=list(logger_cfg.get("tags") or []), mode=logger_cfg["mode"], dir=Path(out), job_type="analysis",
             config={"runs": [str(r) for r in runs], "out": str(out), "memory_gib": memory_gib,
-                    "n_resamples": n_resamples, "seed": seed},
+                    "n_resamples": n_resamples, "seed": seed, "allow_different_settings": allow_different_settings},
         )  # fmt: skip
         report.log_wandb(logger)
         logger.finish()
@@ -77,7 +78,7 @@ def run_task(task: dict[str, Any], logger: dict[str, Any]) -> Report:
         t = to_dataclass(PaperTablesTask, task)  # validated before anything is written
     except ValueError as e:
         raise SystemExit(f"paper_tables: {e}") from None
-    return build_all(t.runs, t.out, t.memory_gib, t.n_resamples, t.seed, logger)
+    return build_all(t.runs, t.out, t.memory_gib, t.n_resamples, t.seed, logger, t.allow_different_settings)
 
 
 def main(argv: list[str] | None = None) -> Report:
@@ -88,6 +89,8 @@ def main(argv: list[str] | None = None) -> Report:
     p.add_argument("--n-resamples", type=int, default=2000)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--logger", choices=["wandb", "none"], default="none", help="wandb: offline without a key")
+    p.add_argument("--allow-different-settings", action="store_true",
+                   help="tabulate arms whose fingerprints differ beyond model/method (the table lists how)")  # fmt: skip
     a = p.parse_args(argv)
     logger = {"mode": "auto", "project": "zoomr"} if a.logger == "wandb" else None
-    return build_all(a.runs, a.out, a.memory_gib, a.n_resamples, a.seed, logger)
+    return build_all(a.runs, a.out, a.memory_gib, a.n_resamples, a.seed, logger, a.allow_different_settings)

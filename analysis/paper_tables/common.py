@@ -34,7 +34,7 @@ def fed_by(arms: list[EvalArm]) -> str:
 
 
 def compare_table(report: Report, key: str, title: str, arms: list[EvalArm], n_resamples: int, seed: int,
-                  note: str = "") -> dict[str, Any] | None:  # fmt: skip
+                  note: str = "", allow_different_settings: bool = False) -> dict[str, Any] | None:  # fmt: skip
     """The AbridgeKV Table-1 layout of :mod:`eval.compare` over ``arms`` (full KV first), plus per-competition
     accuracy columns for multi-competition benchmarks (the suite). Skipped with the reason if not comparable."""
     arms = ordered(arms)
@@ -42,11 +42,18 @@ def compare_table(report: Report, key: str, title: str, arms: list[EvalArm], n_r
         report.skip(key, f"no full-KV reference arm among {[a.label for a in arms]}")
         return None
     try:
-        result = compare([a.run for a in arms], n_resamples=n_resamples, seed=seed)
+        result = compare([a.run for a in arms], n_resamples=n_resamples, seed=seed,
+                         allow_different_settings=allow_different_settings)  # fmt: skip
     except CompareError as e:
         report.skip(key, str(e))
         return None
     header, rows = table_rows(result)
+    primary = result["benchmarks"][0]
+    header.append(f"Mean rows ({primary})")  # resident rows per (layer, KV head): the budget arms are matched on
+    for row, label in zip(rows, result["arms"]):
+        arm = next((a for a in arms if a.label == label and a.benchmark == primary), None)
+        mean_rows = arm.pooled.get("rows_mean") if arm else None
+        row.append("—" if mean_rows is None else f"{mean_rows:.1f}")
     for bench in result["benchmarks"]:
         comps = sorted({c for a in arms if a.benchmark == bench for c in a.metrics["by_competition"]})
         if len(comps) < 2:
@@ -60,8 +67,12 @@ def compare_table(report: Report, key: str, title: str, arms: list[EvalArm], n_r
         f"Reference: {result['reference']}. Δ: paired difference in accuracy points with its "
         f"{int(100 * result['confidence'])}% paired-bootstrap interval ({n_resamples} resamples of problems, "
         f"seed {seed}). KV/512: persistent KV rows per 512 generated tokens per KV head; Mean KV: resident K/V "
-        "bytes of one sequence over its decode, both on the first benchmark." + (f" {note}" if note else "")
+        "bytes of one sequence on the device over its decode (0 for a policy that offloads to the host without a "
+        "GPU); Mean rows: resident rows per (layer, KV head) over the decode, the budget arms are matched on; "
+        "all on the first benchmark." + (f" {note}" if note else "")
     )
+    if result.get("setting_differences"):
+        note += " Arms ran with different settings: " + "; ".join(result["setting_differences"]) + "."
     report.table(key, title, header, rows, sources(arms), fed_by(arms), note)
     return result
 

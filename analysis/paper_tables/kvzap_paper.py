@@ -10,12 +10,16 @@
 - Per-prompt compression: each sample's compression vs its prompt length, per threshold (the adaptivity figure).
 - Threshold vs fixed ratio: threshold rules (``kvzap``, ``kvzap_oracle mode=threshold``) against the fixed-ratio
   top-k rule (``kvzap_oracle mode=ratio``), accuracy vs compression.
+- RULER / LongBench (``benchmark=ruler|longbench``, §4.4-4.5): the y-axis is the benchmark's own score (mean
+  over subsets of RULER's string match / LongBench's metrics, :mod:`eval.tasks`) instead of accuracy, and a
+  per-subset table and figure (score vs compression per subset, Fig. 9-15; LongBench also without TREC, Fig. 12).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from eval.tasks import subset_metrics, task_plugin
 from train.kvzap import layer_table
 
 from .common import fed_by, ordered, pct, pyplot, sources
@@ -26,6 +30,20 @@ from .report import Report
 def compression(kv: dict) -> float | None:
     v = kv.get("kv_per_512_all")
     return None if v is None else 1.0 - v / 512.0
+
+
+def long_context(arm: EvalArm) -> dict | None:
+    """A RULER / LongBench arm's per-subset scores and averages (:func:`eval.tasks.subset_metrics`); None otherwise."""
+    plugin = task_plugin((arm.config.get("benchmark") or {}).get("task", ""))
+    return None if plugin is None else subset_metrics(plugin, arm.run.rows)
+
+
+def score(arm: EvalArm) -> tuple[float, str]:
+    """The arm's y value and its axis label: the benchmark score (RULER / LongBench) or accuracy avg@k."""
+    lc = long_context(arm)
+    if lc is not None:
+        return lc["average"], f"{arm.config['benchmark']['task']} average score"
+    return pct(arm.pooled["accuracy"]), f"accuracy avg@{arm.run.samples} (%)"
 
 
 def rule(arm: EvalArm) -> str | None:
@@ -76,7 +94,7 @@ def points(arms: list[EvalArm]) -> list[tuple[EvalArm, float, float]]:
     for a in arms:
         c = compression(a.pooled)
         if c is not None:
-            out.append((a, c, pct(a.pooled["accuracy"])))
+            out.append((a, c, score(a)[0]))
     return out
 
 
@@ -99,7 +117,7 @@ def accuracy_vs_compression(inputs: Inputs, report: Report) -> None:
             for a, c, y in others:
                 ax.scatter(c, y, marker="s", label=describe(a))
             ax.set_xlabel("compression (share of KV pairs removed)")
-            ax.set_ylabel(f"accuracy avg@{arms[0].run.samples} (%)")
+            ax.set_ylabel(score(arms[0])[1])
             ax.legend(fontsize=6)
             key = f"kvzap_accuracy_vs_compression_{model}_{bench}"
             used = [p[0] for p in kvzap + others]
@@ -107,7 +125,7 @@ def accuracy_vs_compression(inputs: Inputs, report: Report) -> None:
             rows = [[describe(a), a.method, f"{c:.3f}", f"{y:.1f}", f"{a.pooled.get('rows_mean', float('nan')):.1f}"]
                     for a, c, y in kvzap + others]  # fmt: skip
             report.table(key + "_table", f"KVzap thresholds and baselines at their compression ({model}, {bench})",
-                         ["arm", "method", "compression", "accuracy (%)", "mean resident rows"], rows, sources(used),
+                         ["arm", "method", "compression", score(arms[0])[1], "mean resident rows"], rows, sources(used),
                          fed_by(used))  # fmt: skip
     if not done:
         report.skip("kvzap_accuracy_vs_compression", "no KVzap (+method=kvzap) evaluation run among the inputs")
@@ -147,11 +165,54 @@ def threshold_vs_ratio(inputs: Inputs, report: Report) -> None:
         ax.plot([p[1] for p in pts], [p[2] for p in pts], marker=marker, ls="-" if len(pts) > 1 else "",
                 label=f"{r} rule: " + ", ".join(describe(p[0]) for p in pts))  # fmt: skip
     ax.set_xlabel("compression (share of KV pairs removed)")
-    ax.set_ylabel("accuracy avg@k (%)")
+    ax.set_ylabel("accuracy avg@k / benchmark score (%)")
     ax.legend(fontsize=6)
     used = [p[0] for pts in by_rule.values() for p in pts]
     report.figure("kvzap_threshold_vs_ratio", fig, "KVzap — threshold vs fixed-ratio top-k", sources(used),
                   fed_by(used))  # fmt: skip
+
+
+def long_context_subsets(inputs: Inputs, report: Report) -> None:
+    """RULER / LongBench per subset: every arm's score per subset and averaged, at its compression."""
+    done = False
+    for model in inputs.models():
+        for bench in dict.fromkeys(a.benchmark for a in inputs.arms(model)):
+            arms = [(a, long_context(a)) for a in ordered(inputs.arms(model, bench))]
+            arms = [(a, m) for a, m in arms if m is not None]
+            if not arms:
+                continue
+            done = True
+            subsets = list(dict.fromkeys(s for _, m in arms for s in m["subsets"]))
+            trec = any(m.get("average_without_trec") is not None for _, m in arms)
+            header = ["arm", "compression", "average", *(["average w/o TREC"] if trec else []), *subsets]
+            rows = []
+            for a, m in arms:
+                c = compression(a.pooled)
+                row = [describe(a), "—" if c is None else f"{c:.3f}", f"{m['average']:.2f}"]
+                row += [f"{m['average_without_trec']:.2f}"] if trec else []
+                rows.append(row + [f"{m['subsets'][s]['score']:.2f}" if s in m["subsets"] else "—" for s in subsets])
+            key = f"kvzap_subsets_{model}_{bench}"
+            used = [a for a, _ in arms]
+            report.table(key, f"KVzap — {bench} per subset ({model})", header, rows, sources(used), fed_by(used),
+                         "Scores in %: RULER string-match-all (QA: -part), LongBench's per-subset metrics; "
+                         "compression = share of KV pairs removed.")  # fmt: skip
+            plt = pyplot()
+            cols = min(4, len(subsets))
+            fig, axes = plt.subplots((len(subsets) + cols - 1) // cols, cols, figsize=(3 * cols, 2.4 * ((len(subsets) + cols - 1) // cols)), squeeze=False)  # fmt: skip
+            for ax, sub in zip(axes.flat, subsets):
+                for a, m in arms:
+                    if sub in m["subsets"]:
+                        ax.scatter(compression(a.pooled) or 0.0, m["subsets"][sub]["score"], s=14, label=describe(a))
+                ax.set_title(sub, fontsize=8)
+            for ax in list(axes.flat)[len(subsets) :]:
+                ax.axis("off")
+            axes.flat[0].legend(fontsize=5)
+            fig.supxlabel("compression (share of KV pairs removed)")
+            fig.supylabel("score (%)")
+            report.figure(key + "_figure", fig, f"KVzap — {bench} score vs compression per subset ({model})",
+                          sources(used), fed_by(used))  # fmt: skip
+    if not done:
+        report.skip("kvzap_subsets", "no RULER / LongBench evaluation run among the inputs (benchmark=ruler|longbench)")
 
 
 def build(inputs: Inputs, report: Report) -> None:
@@ -159,3 +220,4 @@ def build(inputs: Inputs, report: Report) -> None:
     accuracy_vs_compression(inputs, report)
     per_prompt_compression(inputs, report)
     threshold_vs_ratio(inputs, report)
+    long_context_subsets(inputs, report)

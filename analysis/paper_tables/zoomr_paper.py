@@ -26,7 +26,7 @@ ARMS = ["full", "streaming", "h2o", "sumr", "zoomr"]
 BENCHMARKS = ["aime25", "math500"]
 
 
-def main_table(inputs: Inputs, report: Report, n_resamples: int, seed: int) -> None:
+def main_table(inputs: Inputs, report: Report, n_resamples: int, seed: int, allow_different_settings: bool) -> None:
     if not inputs.evals:
         report.skip("zoomr_table", "no evaluation run directory among the inputs")
     for model in inputs.models():
@@ -44,7 +44,8 @@ def main_table(inputs: Inputs, report: Report, n_resamples: int, seed: int) -> N
             report.skip(key + ":missing_arms", f"{model}: no run of {', '.join(missing)}; the table shows the rest")
         if not paper:
             note += f" Neither {' nor '.join(BENCHMARKS)} was run; showing {sorted({a.benchmark for a in arms})}."
-        compare_table(report, key, f"ZoomR main table — {model}", arms, n_resamples, seed, note.strip())
+        compare_table(report, key, f"ZoomR main table — {model}", arms, n_resamples, seed, note.strip(),
+                      allow_different_settings)  # fmt: skip
 
 
 def formula_inputs(inputs: Inputs) -> tuple[float, float, float, str]:
@@ -124,7 +125,7 @@ def ag_histogram(inputs: Inputs, report: Report) -> None:
                   [str(b.path) for b in benches], f"{len(values)} recomputes")  # fmt: skip
 
 
-def build(inputs: Inputs, report: Report, n_resamples: int, seed: int) -> None:
-    main_table(inputs, report, n_resamples, seed)
+def build(inputs: Inputs, report: Report, n_resamples: int, seed: int, allow_different_settings: bool = False) -> None:
+    main_table(inputs, report, n_resamples, seed, allow_different_settings)
     resident_vs_length(inputs, report)
     ag_histogram(inputs, report)

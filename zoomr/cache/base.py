@@ -12,7 +12,7 @@ config dataclass (in ``zoomr/schemas/``) and one ``conf/method/<name>.yaml``::
                 rows = layer.store.rows()                   # padded per-(b, h) view, rows in insertion order
                 keep = ...                                  # bool [B, H, N] aligned with ``rows``
                 with self.selecting():                      # time counted as "selection" in the stats
-                    self.evict(layer.idx, keep)             # rebuilds the pools: evicted rows are freed
+                    self.evict(layer.idx, keep)             # compacts in place: evicted rows are freed
 
 The cache is an ordinary ``Cache``: ``model(..., cache=policy)`` and ``model.generate(cache=policy)`` (batch 1)
 work, and :func:`zoomr.engine.generate` runs batches. Load the model with ``attn_implementation="zoomr"``
@@ -21,7 +21,7 @@ work, and :func:`zoomr.engine.generate` runs batches. Load the model with ``attn
 Storage
 -------
 Each layer (:class:`PolicyLayer`) owns a :class:`~zoomr.cache.store.PagedKV`: rows per (sequence b, KV head h),
-paged, in insertion order, each with its RoPE position ``pos`` and feed index ``order``. Keys are stored
+in contiguous buffers (attention reads views; exact pages when heads hold very uneven rows), in insertion order, each with its RoPE position ``pos`` and feed index ``order``. Keys are stored
 **post-RoPE**, so a kept row keeps its original position; a new token gets its sequence's true next position
 (``logical length``, counted over that sequence's own non-pad tokens). Pads of a left-padded prompt are never
 stored. ``get_seq_length()`` is the LOGICAL length; ``get_mask_sizes`` / ``get_query_offset`` are PHYSICAL.
@@ -477,7 +477,9 @@ class PolicyCache(Cache):
         for (role, slab, p, d, size), stores in groups.items():
             if slab and len(stores) > 1:  # one op for all these layers: pages = ceil(n / p) per (b, h)
                 n = torch.stack([s.n for s in stores])
-                b = (torch.div(n + p - 1, p, rounding_mode="floor").sum(dim=(0, 2)) * (2 * p * d * size)).cpu()
+                b = (
+                    torch.div(n + p - 1, p, rounding_mode="floor").sum(dim=(0, 2)) * (2 * p * d * size)
+                ).cpu()
             else:
                 b = sum(s.seq_kv_bytes().cpu() for s in stores)
             out[role] = out.get(role, 0) + b

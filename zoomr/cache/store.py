@@ -29,7 +29,7 @@ import torch
 
 SLAB_SLACK = 1.25  # slab layout while B*H*ceil(max n / p) <= SLAB_SLACK * sum ceil(n / p) pages
 GROWTH = 1.25  # geometric growth of a slab's capacity
-SHRINK_AT = 0.5  # reallocate at the exact size when the kept rows need at most this share of the capacity
+SHRINK_AT = 0.75  # reallocate at the exact size when the kept rows need at most this share of the capacity
 
 
 class _Source:
@@ -106,7 +106,9 @@ class Rows:
 
     def materialize(self) -> Rows:
         """The same rows with every field built (for copies to another device)."""
-        return Rows(self.keys, self.values, self.pos, self.order, self.valid, self.n, all_valid=self._all_valid)
+        return Rows(
+            self.keys, self.values, self.pos, self.order, self.valid, self.n, all_valid=self._all_valid
+        )
 
 
 def _ceil_div(a: torch.Tensor, b: int) -> torch.Tensor:
@@ -226,7 +228,10 @@ class PagedKV:
         self._slab_resize(_round_up(grown, self.page_size))
 
     def _slab_flat(self, N: int) -> torch.Tensor:
-        base = torch.arange(self.batch * self.heads, device=self.device).view(self.batch, self.heads, 1) * self.cap
+        base = (
+            torch.arange(self.batch * self.heads, device=self.device).view(self.batch, self.heads, 1)
+            * self.cap
+        )
         return base + self.start + torch.arange(N, device=self.device)
 
     # ------------------------------------------------------------------ writes
@@ -408,7 +413,9 @@ class PagedKV:
         if self.slab:
             s = self.start
             keys, values = self.k[:, :, s : s + N], self.v[:, :, s : s + N]
-            rows = Rows(keys, values, n=self.n, source=_Source(self.pos, self.order, N, s), all_valid=self.n_min == N)
+            rows = Rows(
+                keys, values, n=self.n, source=_Source(self.pos, self.order, N, s), all_valid=self.n_min == N
+            )
         else:
             flat = self._flat[:, :, :N]
             B, H, d = self.batch, self.heads, self.head_dim

@@ -23,6 +23,7 @@ class PaperTablesTask(AnalysisTask):
     memory_gib: float = 8.0  # Figure 3c: KV memory that the sequences must fit in
     n_resamples: int = 2000  # paired bootstrap of the Δ columns (eval.compare)
     seed: int = 1234
+    allow_different_settings: bool = False  # tabulate arms whose fingerprints differ (eval.compare lists how)
 
     def __post_init__(self) -> None:
         if self.memory_gib <= 0 or self.n_resamples < 1:

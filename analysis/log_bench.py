@@ -1,0 +1,68 @@
+"""``python -m analysis.log_bench BENCH.json [...]``: log bench results to W&B under the key scheme.
+
+Every bench writes a JSON (``bench_decode``, ``bench_zoomr``, ``bench_abridge``, ``bench_throughput``, ...). This
+logs each file as one W&B run of job type ``bench``: name ``<file stem>-<model>``, group ``--group`` or
+``<model>/bench``, config = the file's ``meta`` (or ``args``) block, summary = every numeric leaf of the rest as
+``bench/<path>`` (``bench/results/full/step_ms``; see :mod:`zoomr.tracking`). Offline without ``WANDB_API_KEY``
+(``wandb sync`` later); the runs land under ``--dir`` (default: next to each JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from zoomr.tracking import log_summary_run
+
+CONFIG_KEYS = ("meta", "args", "config", "settings")
+
+
+def flatten(obj: Any, prefix: str = "") -> dict[str, float]:
+    """Numeric leaves of nested dicts/lists as ``a/b/0/c`` keys (bools and strings left out)."""
+    out: dict[str, float] = {}
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else []
+    for k, v in items:
+        key = f"{prefix}{k}"
+        if isinstance(v, dict | list):
+            out.update(flatten(v, key + "/"))
+        elif isinstance(v, int | float) and not isinstance(v, bool):
+            out[key] = float(v)
+    return out
+
+
+def log_file(path: Path, group: str | None, mode: str, run_dir: Path | None) -> dict[str, Any]:
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict):
+        raise SystemExit(f"{path}: a bench JSON is an object, got {type(data).__name__}")
+    config = next((data[k] for k in CONFIG_KEYS if isinstance(data.get(k), dict)), {})
+    model = str(config.get("model") or data.get("model") or "model")
+    metrics = flatten({k: v for k, v in data.items() if k not in CONFIG_KEYS})
+    if not metrics:
+        raise SystemExit(f"{path}: no numeric results to log")
+    return log_summary_run(job_type="bench", name=f"{path.stem}-{model}", group=group or f"{model}/bench",
+                           config={**config, "bench_file": str(path)}, metrics=metrics, mode=mode,
+                           dir=run_dir or path.parent)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    p = argparse.ArgumentParser(prog="python -m analysis.log_bench", description=__doc__.split("\n")[0])
+    p.add_argument("files", nargs="+", help="bench JSON files")
+    p.add_argument("--group", default=None, help="W&B group (default <model>/bench)")
+    p.add_argument("--mode", default="auto", choices=["auto", "online", "offline", "disabled"])
+    p.add_argument("--dir", default=None, help="where the W&B run files go (default: next to each JSON)")
+    a = p.parse_args(argv)
+    missing = [f for f in a.files if not Path(f).is_file()]
+    if missing:
+        p.error(f"no such bench JSON: {', '.join(missing)}")
+    out = []
+    for f in a.files:
+        summary = log_file(Path(f), a.group, a.mode, Path(a.dir) if a.dir else None)
+        print(f"{f}: {len(summary)} summary keys logged")
+        out.append(summary)
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""The decode / policy-overhead benchmarks and the prepared GPU check run and write what they promise."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from analysis import bench_decode, bench_policy_overhead, gpu_check
+
+TINY_DECODE = ["--contexts", "80", "--batches", "1", "2", "--budget", "24", "--decode-steps", "2", "--repeats", "1",
+               "--prefill-chunk", "32", "--prompt-tokens", "16", "--policies", "full", "streaming", "h2o",
+               "--e2e-prompt", "12", "--e2e-new", "3"]  # fmt: skip
+
+
+def test_bench_decode_writes_the_rows_under_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    report = bench_decode.main(TINY_DECODE)
+    written = list((tmp_path / "runs" / "bench_decode").glob("*/bench_decode.json"))
+    assert len(written) == 1 and (written[0].parent / "bench_decode.md").exists()
+    rows = json.loads(written[0].read_text())["rows"]
+    assert rows == report["rows"] and len(rows) == 2 * 5  # 2 batches × (3 policies + 2 references)
+    for r in rows:
+        for key in (
+            "policy",
+            "context",
+            "batch",
+            "step_ms",
+            "ratio_vs_full",
+            "ratio_vs_hf_dynamic",
+            "rows_over_full",
+        ):
+            assert key in r, key
+        assert r["step_ms"] > 0 and r["context"] == 80
+        assert ("ratio_vs_hf_sliding_window" in r) == (r["policy"] in ("streaming", "h2o"))
+    by = {(r["policy"], r["batch"]): r for r in rows}
+    assert by["full", 1]["ratio_vs_full"] == 1.0 and by["hf_dynamic", 2]["ratio_vs_hf_dynamic"] == 1.0
+    assert by["streaming", 1]["rows_over_full"] < 0.5  # the budget holds: 24 of ~80 rows
+    assert by["hf_sliding_window", 1]["rows"] == by["streaming", 1]["rows"]  # the same rows as the reference
+    assert [e["batch"] for e in report["e2e"]] == [1, 2] and all(e["same_tokens"] for e in report["e2e"])
+
+
+def test_bench_decode_rejects_bad_settings(capsys):
+    with pytest.raises(SystemExit):
+        bench_decode.parse_args(["--contexts", "100", "--budget", "512"])
+    assert "must exceed --budget" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_decode.parse_args(["--policies", "nope"])
+
+
+def test_policy_overhead_simulation(tmp_path):
+    report = bench_policy_overhead.main([
+        "--batch", "2", "--context", "300", "--prompt", "20", "--budget", "64", "--kv-heads", "2", "--q-heads", "4",
+        "--head-dim", "8", "--steps", "6", "--warmup", "2", "--policies", "full", "streaming", "h2o", "rkv",
+        "evict_recency", "--out", str(tmp_path)])  # fmt: skip
+    rows = {r["policy"]: r for r in report["rows"]}
+    assert json.loads((tmp_path / "policy_overhead.json").read_text())["rows"] == report["rows"]
+    assert rows["full"]["rows"] == 300 and rows["streaming"]["rows"] == 64
+    assert rows["evict_recency"]["rows"] == 20 + (280 // 512) * 128 + 280 % 512
+    for r in rows.values():
+        assert r["mean_us_per_layer"] > 0 and r["ops_per_layer"] > 0 and r["h100_step_ms"] > 0
+    # an evicting policy does more work per step than full KV's single append, H2O most (it scores every row)
+    assert rows["streaming"]["ops_per_layer"] > rows["full"]["ops_per_layer"]
+    assert rows["h2o"]["ops_per_layer"] > rows["streaming"]["ops_per_layer"]
+
+
+def test_gpu_check_dry_run_memory_section(tmp_path):
+    report = gpu_check.main(["--dry-run", "--only", "memory", "--out", str(tmp_path)])
+    sec = report["sections"]["memory"]
+    assert "error" not in sec, sec.get("error")
+    rows = {r["arm"]: r for r in sec["rows"]}
+    assert set(rows) == {"full", "zoomr", "abridge_4to1"}
+    assert rows["abridge_4to1"]["kv_bytes_per_seq_device"] < rows["full"]["kv_bytes_per_seq_device"]
+    assert rows["zoomr"]["device_bytes_held"] < rows["full"]["device_bytes_held"]  # its full KV is on host
+    assert json.loads((tmp_path / "gpu_check.json").read_text())["sections"]["memory"]["rows"] == sec["rows"]
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run_every_section(tmp_path):
+    report = gpu_check.main(["--dry-run", "--out", str(tmp_path)])
+    assert set(report["sections"]) == set(gpu_check.SECTIONS)
+    for name, sec in report["sections"].items():
+        assert "error" not in sec, (name, sec.get("error"))
+        assert sec["rows"], name
+
+
+def test_gpu_check_refuses_the_full_run_without_a_gpu(capsys):
+    if gpu_check.torch.cuda.is_available():
+        assert gpu_check.parse_args([]).device.startswith("cuda")
+        return
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args([])
+    assert "needs a GPU" in capsys.readouterr().err
