@@ -10,9 +10,10 @@ For each (context C, batch B) every policy's cache is filled with the same B × 
 ``--prefill-chunk`` tokens (so decode-time policies compress it as they would a long reasoning trace; SnapKV,
 a prefill method, then keeps it all); ``prompt`` prefills all C tokens. Then greedy decode steps are timed
 (the model forward with the cache's work inside it). The machine is shared, so timing is *paired and
-interleaved*: every cache is filled first, then ``--repeats`` rounds each time a block of ``--decode-steps``
-steps of every policy in turn; a policy's ``step_ms`` is the minimum over rounds of its block median
-(``mean_ms``: the same for block means, which include amortised bursts such as R-KV's compaction).
+interleaved*: every cache is filled first, then ``--repeats`` rounds of ``--decode-steps`` steps in which every
+runner takes one step in turn; ``step_ms`` is the minimum over rounds of a runner's median step (``mean_ms``:
+of its mean, which includes amortised bursts such as R-KV's compaction), and every ratio is the median over
+rounds of the two runners' same-round medians (a burst of load on the machine hits both).
 
 Reference policies, run through the same loop with transformers' SDPA attention: ``hf_dynamic``
 (``DynamicCache``) and ``hf_sliding_window`` (``DynamicSlidingWindowLayer`` keeping the streaming budget,
@@ -200,12 +201,15 @@ def bench_point(model, ctx: int, batch: int, args: argparse.Namespace) -> list[d
             time_block(r, 2, sync)
     med: dict[str, list[float]] = {r.name: [] for r in runners}
     mean: dict[str, list[float]] = {r.name: [] for r in runners}
-    for _ in range(args.repeats):
+    for _ in range(args.repeats):  # one round: every runner's steps interleaved step by step
+        times: dict[str, list[float]] = {r.name: [] for r in runners}
+        for _ in range(args.decode_steps):
+            for r in runners:
+                with _sdpa(model) if isinstance(r, HFRunner) else _null():
+                    times[r.name] += time_block(r, 1, sync)
         for r in runners:
-            with _sdpa(model) if isinstance(r, HFRunner) else _null():
-                t = time_block(r, args.decode_steps, sync)
-            med[r.name].append(statistics.median(t))
-            mean[r.name].append(statistics.mean(t))
+            med[r.name].append(statistics.median(times[r.name]))
+            mean[r.name].append(statistics.mean(times[r.name]))
             if isinstance(r, PolicyRunner):
                 r.after_block()
     rows = []
@@ -216,17 +220,22 @@ def bench_point(model, ctx: int, batch: int, args: argparse.Namespace) -> list[d
             total = sum(mean[r.name]) * args.decode_steps
             row["select_share"] = r.select_s / total if total else 0.0
         rows.append(row)
-    by = {row["policy"]: row for row in rows}
-    full = by["full"]
+
+    def paired(name: str, ref: str) -> float:
+        """Median over rounds of the ratio of the two runners' medians in the same round (interleaved)."""
+        return statistics.median(a / b for a, b in zip(med[name], med[ref]))
+
+    full = next(row for row in rows if row["policy"] == "full")
+    names = {row["policy"] for row in rows}
     for row in rows:
-        row["ratio_vs_full"] = row["step_ms"] / full["step_ms"]
-        if "hf_dynamic" in by:
-            row["ratio_vs_hf_dynamic"] = row["step_ms"] / by["hf_dynamic"]["step_ms"]
+        row["ratio_vs_full"] = paired(row["policy"], "full")
+        if "hf_dynamic" in names:
+            row["ratio_vs_hf_dynamic"] = paired(row["policy"], "hf_dynamic")
         row["rows_over_full"] = row["rows"] / full["rows"]
         if "bytes" in row:
             row["bytes_over_full"] = row["bytes"] / full["bytes"]
-        if row["policy"] in ("streaming", "h2o") and "hf_sliding_window" in by:
-            row["ratio_vs_hf_sliding_window"] = row["step_ms"] / by["hf_sliding_window"]["step_ms"]
+        if row["policy"] in ("streaming", "h2o") and "hf_sliding_window" in names:
+            row["ratio_vs_hf_sliding_window"] = paired(row["policy"], "hf_sliding_window")
     for row in rows:
         print(f"  ctx {ctx:>5} B{batch:<2} {row['policy']:<18} {row['step_ms']:8.2f} ms/step  "
               f"÷full {row['ratio_vs_full']:.2f}  ÷hf_dynamic {row.get('ratio_vs_hf_dynamic', float('nan')):.2f}  "
@@ -306,7 +315,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "model": args.model, "device": str(device), "threads": torch.get_num_threads(), "budget_rows": args.budget,
         "decode_steps": args.decode_steps, "prefill_chunk": args.prefill_chunk, "context_mode": args.context_mode,
         "prompt_tokens": args.prompt_tokens, "repeats": args.repeats, "quick": args.quick,
-        "timing": "paired, interleaved rounds; step_ms = min over rounds of the block median",
+        "timing": "rounds of step-by-step interleaved runners; step_ms = min over rounds of the median step; "
+        "ratios = median over rounds of same-round median ratios",
         "wall_s": time.perf_counter() - t_start, "cpu_s": time.process_time() - cpu_start, "rows": rows, "e2e": e2e,
     }  # fmt: skip
 
@@ -316,7 +326,7 @@ def table(report: dict[str, Any]) -> str:
         f"model {report['model']} on {report['device']}, {report['threads']} thread(s), budget "
         f"{report['budget_rows']} rows, context as {report['context_mode']} ({report['prompt_tokens']}-token "
         f"prompt), {report['decode_steps']} timed steps × {report['repeats']} interleaved rounds "
-        f"(min of block medians), {report['wall_s']:.0f} s wall, {report.get('cpu_s', float('nan')):.0f} s CPU"
+        f"(step-interleaved, paired ratios), {report['wall_s']:.0f} s wall, {report.get('cpu_s', float('nan')):.0f} s CPU"
     )
     lines = [head, "", "| context | batch | policy | ms/step | ÷ full | ÷ hf_dynamic | ÷ hf_sliding | rows ÷ full | "
              "bytes ÷ full | select % |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip

@@ -128,7 +128,7 @@ def plot(all_results: dict[str, dict[str, dict[str, Any]]], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))  # the whole first paragraph
     p.add_argument("--model", action="append", required=True, help="a testbed checkpoint (repeatable)")
     p.add_argument("--n", type=int, default=256, help="test problems (fixed seed)")
     p.add_argument("--fractions", type=float, nargs="+", default=[0.5, 0.25])

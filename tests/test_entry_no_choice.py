@@ -3,6 +3,8 @@ no empty run directory left behind (issue 19.10)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -30,3 +32,12 @@ def test_no_choice_lists_options_and_leaves_no_run_dir(tmp_path, entry, group):
     if entry == "train":
         listed = proc.stderr.split("available methods: ")[1].split(";")[0].split(", ")
         assert listed == trainable_methods() and "python -m eval +method=" in proc.stderr
+
+
+def test_testbed_table_help_is_not_cut_mid_sentence():
+    from analysis import testbed_table
+
+    with pytest.raises(SystemExit), contextlib.redirect_stdout(io.StringIO()) as out:
+        testbed_table.main(["--help"])
+    text = " ".join(out.getvalue().split())
+    assert "at fractions of the full rows, with recall by reference distance" in text

@@ -29,13 +29,18 @@ def _fenced(text: str, lang: str) -> list[str]:
 
 
 def _shell_commands(block: str) -> list[str]:
-    """Commands of a bash block: continuations joined, comments and backgrounding dropped, && chains split."""
+    """Commands of a bash block: continuations joined, comments and backgrounding dropped, && chains split,
+    shell variables the block sets (``G="generation.… …"``) expanded."""
     joined = re.sub(r"\\\n\s*", " ", block)
-    out = []
+    out, env = [], {}
     for line in joined.splitlines():
         line = line.split(" #")[0].strip()
         if not line or line.startswith("#"):
             continue
+        if (m := re.fullmatch(r"([A-Z_][A-Z0-9_]*)=(.*)", line)) and "python -m" not in line:
+            env[m[1]] = " ".join(shlex.split(m[2]))
+            continue
+        line = re.sub(r"\$([A-Z_][A-Z0-9_]*)\b", lambda v: env.get(v[1], v[0]), line)
         out += [part.strip().rstrip("&").strip() for part in line.split("&&")]
     return out
 
