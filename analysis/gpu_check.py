@@ -1,4 +1,4 @@
-"""A prepared GPU check (≤ 8 minutes on one H100/H200): random-init weights of the R1-Distill-Qwen-7B
+"""A prepared GPU check (sized for ≤ 8 minutes on one H100/H200, not yet run on one): random-init weights of the R1-Distill-Qwen-7B
 architecture, no hub. Writes ``DIR/gpu_check.json`` + ``DIR/gpu_check.md`` (default ``analysis/results/gpu/``).
 
     python -m analysis.gpu_check                       # on a GPU machine, every section
