@@ -120,8 +120,8 @@ def test_testbed_benchmark_scripted_and_graded_per_fact(tmp_path, cache_dir):
     small = ["benchmark=testbed", "model=tiny-testbed", "benchmark.options.n_test=3",
              "benchmark.options.trace_tokens=128", "generation.temperature=0", "generation.n_samples=1",
              "generation.max_new_tokens=160", "grading.workers=1", "logger=none"]  # fmt: skip
-    with pytest.raises(SystemExit, match="max_new_tokens=100 cuts"):
-        _run_in_process(tmp_path / "short", cache_dir, *small, "generation.max_new_tokens=100")
+    with pytest.raises(SystemExit, match="max_new_tokens=80 cuts"):
+        _run_in_process(tmp_path / "short", cache_dir, *small, "generation.max_new_tokens=80")
     metrics = _run_in_process(tmp_path / "tb", cache_dir, *small)
     assert metrics["pooled"]["samples"] == 3
     rows = [json.loads(line) for line in _lines(tmp_path / "tb")]
