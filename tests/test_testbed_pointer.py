@@ -100,7 +100,7 @@ def test_capture_records_post_rope_queries_and_keys_of_a_real_llama():
 
 def test_encoded_cues_point_at_the_defining_summary():
     enc = tt.FastEncoder()
-    p = generate(TestbedData(trace_tokens=512, summaries=True), random.Random(7))
+    p = generate(TestbedData(trace_tokens=512, summaries=True, query_form="cue"), random.Random(7))
     ids, _, _, meta = encode_problem(p, enc, window=64)
     vocab = enc.ids
     assert len(meta["spans"]) == p.n_paragraphs and len(meta["cues"]) == len(p.queries)

@@ -21,7 +21,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def long_problems():
-    return problems(TestbedData(trace_tokens=1024, summaries=True), 40, seed=3)
+    return problems(TestbedData(trace_tokens=1024, summaries=True, query_form="cue"), 40, seed=3)
 
 
 def test_tokenizer_has_every_special_token_and_round_trips(tokenizer, tmp_path):
@@ -230,7 +230,7 @@ def test_curriculum_lengths_and_batches(tokenizer):
     assert full.filler_before == TestbedData().filler_before and full.filler_after == TestbedData().filler_after
     enc = tt.FastEncoder(tokenizer)
     cur = CurriculumSettings(copy_steps=4, recall_steps=2, copy_warmup_fraction=0.5)
-    stream = Curriculum(TestbedData(trace_tokens=256), cur, total_steps=22, tokens_per_step=1024, enc=enc)
+    stream = Curriculum(TestbedData(trace_tokens=256, query_form="cue"), cur, total_steps=22, tokens_per_step=1024, enc=enc)
     kinds = [stream.batch(s).kind for s in range(14)]
     assert kinds[:6] == ["copy"] * 4 + ["recall"] * 2  # the warm-up phases
     assert kinds[6:14] == ["trace", "copy"] * 4  # then every other batch copies for half the 16 trace steps

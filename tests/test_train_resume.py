@@ -201,3 +201,14 @@ def test_testbed_resumes_from_its_own_checkpoint_with_the_safe_loader(tmp_path, 
     recipe.save_checkpoint(model, tokenizer, opt, 2, 1.5, tmp_path / "ckpts")
     summary = recipe.run(cfg)
     assert summary["resumed_from"].endswith("step-2") and summary["steps"] == 3
+
+
+def test_a_run_shorter_than_logging_steps_reports_its_first_and_last_loss(tmp_path, cache_dir):
+    """2 steps at logging_steps=10 (the ``zoomr_sft`` 2-step case): loss_start / loss_end are real numbers,
+    and the whole-run loss lies between them or near them (not NaN)."""
+    import math
+
+    summary = train(tmp_path / "short", cache_dir, "method.max_steps=2", "method.logging_steps=10")
+    assert summary["steps"] == 2
+    for key in ("loss_start", "loss_end", "train_loss"):
+        assert math.isfinite(summary[key]) and summary[key] > 0, (key, summary[key])

@@ -40,6 +40,7 @@ def trainer_arguments(
         "max_grad_norm": optim.max_grad_norm,
         "max_steps": method.max_steps,
         "logging_steps": method.logging_steps,
+        "logging_first_step": True,  # loss_start of the summary, even for runs shorter than logging_steps
         "save_steps": method.save_steps,
         "save_total_limit": method.save_total_limit,
         "bf16": method.bf16,
@@ -53,10 +54,11 @@ def trainer_arguments(
 
 
 class LogAtSave(TrainerCallback):
-    """Log the running loss whenever a checkpoint is about to be saved (the last step included)."""
+    """Log the running loss whenever a checkpoint is about to be saved and at the last step, so a run
+    shorter than ``logging_steps`` still reports its final loss (with ``logging_first_step``, its first)."""
 
     def on_step_end(self, args, state, control, **kwargs):
-        if control.should_save:
+        if control.should_save or (state.max_steps and state.global_step >= state.max_steps):
             control.should_log = True
         return control
 
