@@ -7,7 +7,7 @@ import random
 import pytest
 
 from data_prep import testbed_tokenizer as tt
-from data_prep.testbed import generate, paragraph_cost, problems
+from data_prep.testbed import generate, paragraph_cost, problems, query_cost
 from data_prep.testbed_curriculum import Curriculum, copy_batch, max_length_at, scaled_data
 from data_prep.testbed_grading import grade, load_test_problems, prompt_messages, script_ids, summarize
 from zoomr import tokens
@@ -131,8 +131,9 @@ def test_model_writes_summaries_marks_their_keys():
     assert tokens.BEGIN_SUMMARY not in written  # the environment opens the summary
 
 
-def test_paragraph_cost_matches_rendering():
-    cfg = TestbedData(trace_tokens=400, summaries=True)
+@pytest.mark.parametrize("form", ["cue", "inline"])
+def test_paragraph_cost_matches_rendering(form):
+    cfg = TestbedData(trace_tokens=400, summaries=True, query_form=form)
     p = generate(cfg, random.Random(5))
     w = p.response_words
     para_tokens = w.index(tt.BOXED)
@@ -145,8 +146,8 @@ def test_paragraph_cost_matches_rendering():
         filler = sum(x.startswith("w") for x in w[start:end])
         shapes.append((facts, queries, filler))
         start = end + 1
-    assert para_tokens == sum(paragraph_cost(f, q, fl, True) for f, q, fl in shapes)
-    assert len(w) - para_tokens == 2 + 5 * sum(q.paragraph == 0 for q in p.queries)
+    assert para_tokens == sum(paragraph_cost(f, q, fl, True, form) for f, q, fl in shapes)
+    assert len(w) - para_tokens == 2 + query_cost(form) * sum(q.paragraph == 0 for q in p.queries)
     # the summary spans are the content rows (the keys) of each paragraph's summary
     assert [w[a:b] for a, b in p.summary_spans] == [[tt.key(f.key) for f in p.facts if f.paragraph == n] for n in range(1, p.n_paragraphs + 1)]
     assert all(w[a - 1] == tokens.BEGIN_SUMMARY and w[b] == tokens.END_SUMMARY for a, b in p.summary_spans)

@@ -103,8 +103,9 @@ def test_whole_run_train_loss_matches_the_trainers_own_on_an_uninterrupted_run(f
     run_dir, summary = finished
     state = json.loads((run_dir / "checkpoints" / "checkpoint-4" / "trainer_state.json").read_text())
     losses = [h for h in state["log_history"] if "loss" in h]
-    assert [h["step"] for h in losses] == [2, 3, 4]  # a log line at every checkpoint, so a resume misses none
-    weighted = (losses[0]["loss"] * 2 + losses[1]["loss"] + losses[2]["loss"]) / 4
+    # the first step (logging_first_step), every checkpoint (so a resume misses none) and the last step
+    assert [h["step"] for h in losses] == [1, 2, 3, 4]
+    weighted = sum(h["loss"] for h in losses) / 4  # each line is the mean since the previous one: one step each
     assert summary["train_loss"] == pytest.approx(weighted, rel=1e-6)
 
 
