@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from train.abridge import load_streams
 from zoomr.abridge.artifacts import load_abridge_config
 from zoomr.abridge.forward import heldout_ce
 from zoomr.abridge.quotas import halve_layer, save_schedule, three_level_schedule
+from zoomr.abridge.trainer import load_streams
 from zoomr.entry import model_spec, start_run, to_plain
 from zoomr.models import ModelSpec, load_model, load_tokenizer
 from zoomr.paths import resolve_repo_path

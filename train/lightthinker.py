@@ -18,17 +18,11 @@ from typing import Any
 
 import torch
 
-from train.abridge import (
-    AbridgeTrainer,
-    finish_run,
-    load_start_model,
-    save_final,
-    stream_collator,
-    training_args,
-)
+from train.report import finish_run
 from zoomr.abridge.attention import use_abridge_attention
 from zoomr.abridge.data import StreamSet
 from zoomr.abridge.forward import heldout_full_kv_ce, heldout_masked_ce
+from zoomr.abridge.trainer import AbridgeTrainer, load_start_model, save_final, stream_collator, training_args
 from zoomr.entry import model_spec, start_run, to_plain
 from zoomr.lightthinker.data import ThoughtStats, build_streams
 from zoomr.lightthinker.layout import ThoughtTokens, add_lightthinker_tokens, paper_cache_tokens, save_config

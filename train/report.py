@@ -22,3 +22,11 @@ def write_summary(run: RunPlan | Path, summary: dict[str, Any], title: str) -> s
     text = format_block(summary, title)
     print(text, flush=True)
     return text
+
+
+def finish_run(plan, logger, summary: dict[str, Any], title: str) -> dict[str, Any]:
+    """Write and print the summary (recording through the run plan that the run finished), log its numbers."""
+    write_summary(plan, summary, title)
+    logger.summary({k: v for k, v in summary.items() if isinstance(v, int | float)})
+    logger.finish()
+    return summary
