@@ -25,16 +25,15 @@ from zoomr.abridge.trainer import (
     AbridgeTrainer,
     load_start_model,
     load_streams,
+    masked_trainer,
     save_final,
-    stream_collator,
-    training_args,
 )
 from zoomr.entry import model_spec, start_run, to_plain
 from zoomr.models import DTYPES
 from zoomr.rundir import prepare_run
 from zoomr.schemas import to_dataclass
 from zoomr.schemas.abridge import AbridgeMethod
-from zoomr.training import LogAtSave, train_or_restore, whole_run_loss
+from zoomr.training import train_or_restore, whole_run_loss
 
 log = logging.getLogger(__name__)
 
@@ -63,23 +62,10 @@ def run(cfg) -> dict[str, Any]:
     model.train()
     use_abridge_attention(model)
     ckpt_dir = run_dir / "checkpoints"
-    trainer = AbridgeTrainer(
-        model=model,
-        args=training_args(
-            m,
-            ckpt_dir,
-            cfg.seed,
-            ["wandb"] if logger.enabled else [],
-            to_plain(cfg.deepspeed.config) if cfg.deepspeed.config else None,
-        ),
-        train_dataset=train_set,
-        eval_dataset=heldout,
-        data_collator=stream_collator(pad_id),
-        processing_class=tokenizer,
+    trainer = masked_trainer(
+        AbridgeTrainer, m, model, tokenizer, (train_set, heldout), ckpt_dir, cfg.seed,
+        ["wandb"] if logger.enabled else [], to_plain(cfg.deepspeed.config) if cfg.deepspeed.config else None,
         quotas=quotas,
-        mask_backend=m.mask_backend,
-        optim=m.optim,
-        callbacks=[LogAtSave()],
     )
     elapsed = train_or_restore(trainer, plan, m.max_steps)
 

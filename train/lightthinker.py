@@ -22,7 +22,7 @@ from train.report import finish_run
 from zoomr.abridge.attention import use_abridge_attention
 from zoomr.abridge.data import StreamSet
 from zoomr.abridge.forward import heldout_full_kv_ce, heldout_masked_ce
-from zoomr.abridge.trainer import AbridgeTrainer, load_start_model, save_final, stream_collator, training_args
+from zoomr.abridge.trainer import AbridgeTrainer, load_start_model, masked_trainer, save_final
 from zoomr.entry import model_spec, start_run, to_plain
 from zoomr.lightthinker.data import ThoughtStats, build_streams
 from zoomr.lightthinker.layout import ThoughtTokens, add_lightthinker_tokens, paper_cache_tokens, save_config
@@ -31,7 +31,7 @@ from zoomr.models import DTYPES
 from zoomr.rundir import prepare_run
 from zoomr.schemas import to_dataclass
 from zoomr.schemas.lightthinker import LightThinkerMethod
-from zoomr.training import LogAtSave, load_sft_dataset, train_or_restore, whole_run_loss
+from zoomr.training import load_sft_dataset, train_or_restore, whole_run_loss
 
 log = logging.getLogger(__name__)
 
@@ -116,23 +116,10 @@ def run(cfg) -> dict[str, Any]:
 
     model.train()
     use_abridge_attention(model)
-    trainer = LightThinkerTrainer(
-        model=model,
-        args=training_args(
-            m,
-            run_dir / "checkpoints",
-            cfg.seed,
-            ["wandb"] if logger.enabled else [],
-            to_plain(cfg.deepspeed.config) if cfg.deepspeed.config else None,
-        ),
-        train_dataset=train_set,
-        eval_dataset=heldout,
-        data_collator=stream_collator(pad_id),
-        processing_class=tokenizer,
+    trainer = masked_trainer(
+        LightThinkerTrainer, m, model, tokenizer, (train_set, heldout), run_dir / "checkpoints", cfg.seed,
+        ["wandb"] if logger.enabled else [], to_plain(cfg.deepspeed.config) if cfg.deepspeed.config else None,
         num_layers=model.config.num_hidden_layers,
-        mask_backend=m.mask_backend,
-        optim=m.optim,
-        callbacks=[LogAtSave()],
     )
     elapsed = train_or_restore(trainer, plan, m.max_steps)
 

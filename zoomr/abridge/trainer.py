@@ -24,7 +24,7 @@ from zoomr.abridge.mask import layer_masks
 from zoomr.abridge.optim import lr_factor
 from zoomr.models import ModelSpec, load_model, load_tokenizer
 from zoomr.schemas.abridge import AbridgeMethod, AbridgeOptim
-from zoomr.training import load_sft_dataset, trainer_arguments
+from zoomr.training import LogAtSave, load_sft_dataset, trainer_arguments
 
 
 class AbridgeTrainer(Trainer):
@@ -127,3 +127,24 @@ def save_final(trainer: Trainer, spec: ModelSpec, tokenizer, run_dir: Path):
     trainer.save_model(str(final_dir))
     tokenizer.save_pretrained(str(final_dir))
     return model, final_dir
+
+
+def masked_trainer(
+    cls: type[AbridgeTrainer], m: Any, model, tokenizer, datasets: tuple[list, list], output_dir: Path,
+    seed: int, report_to: list[str], deepspeed: dict | None, **extra: Any,
+) -> AbridgeTrainer:
+    """``cls`` over ``datasets = (train streams, held-out streams)`` with the method's loop settings, the
+    paper's schedule and a log line at every checkpoint; ``extra`` goes to ``cls`` (e.g. ``quotas``)."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return cls(
+        model=model,
+        args=training_args(m, output_dir, seed, report_to, deepspeed),
+        train_dataset=datasets[0],
+        eval_dataset=datasets[1],
+        data_collator=stream_collator(pad_id),
+        processing_class=tokenizer,
+        mask_backend=m.mask_backend,
+        optim=m.optim,
+        callbacks=[LogAtSave()],
+        **extra,
+    )
