@@ -33,7 +33,7 @@ from zoomr.models import DTYPES
 from zoomr.rundir import prepare_run
 from zoomr.schemas import to_dataclass
 from zoomr.schemas.abridge import AbridgeMethod
-from zoomr.training import train_or_restore, whole_run_loss
+from zoomr.training import train_or_restore
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +92,8 @@ def run(cfg) -> dict[str, Any]:
 
 
 def summarize(cfg, m, layout, quotas, streams, trainer, elapsed, resume, added) -> dict[str, Any]:
-    from train.report import loss_curve
+    from train.report import training_losses
 
-    curve = loss_curve(trainer.state.log_history)
     mean_q = sum(quotas) / len(quotas)
     return {
         "method": m.name,
@@ -107,9 +106,6 @@ def summarize(cfg, m, layout, quotas, streams, trainer, elapsed, resume, added) 
         "pause_tokens_added": added,
         "mask_backend": m.mask_backend,
         "resumed_from": resume or "-",
-        "steps": trainer.state.global_step,
-        "loss_start": curve[0][1] if curve else float("nan"),
-        "loss_end": curve[-1][1] if curve else float("nan"),
-        "train_loss": whole_run_loss(trainer.state.log_history),  # the whole run, across resumes
+        **training_losses(trainer),
         "seconds": round(elapsed, 1),
     }

@@ -17,7 +17,7 @@ from zoomr.models import load_model, load_tokenizer
 from zoomr.rundir import hf_checkpoint_problems, pick_resume, prepare_run
 from zoomr.schemas import to_dataclass
 from zoomr.schemas.sft import SFTMethod
-from zoomr.training import LogAtSave, load_sft_dataset, train_or_restore, trainer_arguments, whole_run_loss
+from zoomr.training import LogAtSave, load_sft_dataset, train_or_restore, trainer_arguments
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +94,8 @@ def run(cfg, schema: type = SFTMethod, prepare: Callable | None = None) -> dict[
     final_dir = run_dir / "final"
     trainer.save_model(str(final_dir))
     tokenizer.save_pretrained(str(final_dir))
-    from train.report import loss_curve, write_summary
+    from train.report import training_losses, write_summary
 
-    curve = loss_curve(trainer.state.log_history)
     summary = {
         "method": method.name,
         "model": spec.name,
@@ -104,10 +103,7 @@ def run(cfg, schema: type = SFTMethod, prepare: Callable | None = None) -> dict[
         "mode": f"LoRA r={method.lora.r}" if method.use_lora else "full fine-tuning",
         "trainable_params": f"{trainable:,} / {total:,}",
         "resumed_from": plan.resume_from or "-",
-        "steps": trainer.state.global_step,
-        "loss_start": curve[0][1] if curve else float("nan"),
-        "loss_end": curve[-1][1] if curve else float("nan"),
-        "train_loss": whole_run_loss(trainer.state.log_history),  # the whole run, across resumes
+        **training_losses(trainer),
         "seconds": round(elapsed, 1),
         "checkpoint": str(final_dir),
         "run_dir": str(run_dir),
