@@ -258,9 +258,9 @@ def run(cfg) -> dict[str, Any]:
     """Entry glue: config → model, tokenizer → :func:`make_pairs` → summary."""
     from collections import Counter
 
-    from train.report import write_summary
     from zoomr.entry import model_spec, pick_device, start_run
     from zoomr.models import describe, load_model, load_tokenizer
+    from zoomr.rundir import write_summary
     from zoomr.schemas import to_dataclass
 
     p: KVzapPairsPipeline = to_dataclass(KVzapPairsPipeline, cfg.pipeline)

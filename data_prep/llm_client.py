@@ -14,52 +14,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import random
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from zoomr.schemas.endpoint import EndpointSettings
+
 log = logging.getLogger(__name__)
 
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
-
-
-@dataclass
-class EndpointSettings:
-    """Where and how to call the summariser (ZoomR A.1: Llama-3-70B behind an OpenAI-compatible server)."""
-
-    base_url: str = "http://127.0.0.1:8000/v1"
-    model: str = "meta-llama/Meta-Llama-3-70B-Instruct"
-    api_key_env: str | None = "OPENAI_API_KEY"  # name of the environment variable holding the key
-    concurrency: int = 64
-    timeout_s: float = 120.0
-    max_retries: int = 8
-    backoff_base_s: float = 1.0
-    backoff_max_s: float = 60.0
-    stall_timeout_s: float = 600.0  # stop when no answer has been accepted for this long
-    max_tokens: int = 128
-    temperature: float = 0.0
-    seed: int | None = None
-    extra_body: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.concurrency < 1 or self.max_retries < 0 or self.timeout_s <= 0 or self.stall_timeout_s <= 0:
-            raise ValueError(
-                "endpoint: concurrency >= 1, max_retries >= 0, timeout_s > 0, stall_timeout_s > 0 required"
-            )
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"endpoint.base_url must be an http(s) URL, got {self.base_url!r}")
-
-    def api_key(self) -> str | None:
-        return os.environ.get(self.api_key_env) if self.api_key_env else None
-
-    def __repr__(self) -> str:  # the key is never part of the settings, but keep reprs short and safe
-        return f"EndpointSettings(base_url={self.base_url!r}, model={self.model!r}, concurrency={self.concurrency})"
 
 
 @dataclass

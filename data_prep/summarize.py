@@ -18,14 +18,16 @@ import logging
 import re
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from data_prep.llm_client import ChatClient, EndpointSettings, FatalRequestError, RequestFailed, Validator
+from data_prep.llm_client import ChatClient, FatalRequestError, RequestFailed, Validator
 from data_prep.summary_store import StoredSummary, SummaryStore, paragraph_hash
 from data_prep.traces import TraceRow
 from zoomr import tokens
+from zoomr.schemas.endpoint import EndpointSettings
+from zoomr.schemas.zoomr import SummarizePipeline
 from zoomr.segments import Paragraph, ThoughtSplit, insert_summaries, split_paragraphs, split_thought
 
 log = logging.getLogger(__name__)
@@ -86,6 +88,12 @@ class SummarizeSettings:
     keep_truncated: bool = False  # traces without <|end_of_thought|>: drop (default) or summarise anyway
     reject_truncated_answers: bool = True  # a summary cut by max_tokens is retried
     progress: bool = True
+
+    @classmethod
+    def from_pipeline(cls, pipe: SummarizePipeline) -> SummarizeSettings:
+        """The settings of a ``pipeline=summarize`` config (its entry-point fields dropped)."""
+        names = [f.name for f in fields(cls)]
+        return cls(**{name: getattr(pipe, name) for name in names})
 
 
 @dataclass
@@ -370,11 +378,10 @@ def summarize_traces(
 def run(cfg) -> dict[str, Any]:
     """Entry point of ``python -m data_prep +pipeline=summarize [data=...]``."""
     from data_prep.traces import load_trace_rows
-    from train.report import write_summary
     from zoomr.entry import model_spec, start_run, to_plain
     from zoomr.models import load_tokenizer
+    from zoomr.rundir import write_summary
     from zoomr.schemas import to_dataclass
-    from zoomr.schemas.zoomr import SummarizePipeline
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
     pipe: SummarizePipeline = to_dataclass(SummarizePipeline, cfg.pipeline)
@@ -395,7 +402,7 @@ def run(cfg) -> dict[str, Any]:
     try:
         stats = summarize_traces(
             rows,
-            pipe.settings(),
+            SummarizeSettings.from_pipeline(pipe),
             out_dir,
             store_path=pipe.store,
             tokenizer=tokenizer,

@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from train.report import finish_run
 from zoomr.abridge.artifacts import save_abridge_config
 from zoomr.abridge.attention import use_abridge_attention
 from zoomr.abridge.forward import heldout_ce, heldout_full_kv_ce
@@ -30,7 +29,7 @@ from zoomr.abridge.trainer import (
 )
 from zoomr.entry import model_spec, start_run, to_plain
 from zoomr.models import DTYPES
-from zoomr.rundir import prepare_run
+from zoomr.rundir import finish_run, prepare_run
 from zoomr.schemas import to_dataclass
 from zoomr.schemas.abridge import AbridgeMethod
 from zoomr.training import train_or_restore
@@ -92,7 +91,7 @@ def run(cfg) -> dict[str, Any]:
 
 
 def summarize(cfg, m, layout, quotas, streams, trainer, elapsed, resume, added) -> dict[str, Any]:
-    from train.report import training_losses
+    from zoomr.training import training_losses
 
     mean_q = sum(quotas) / len(quotas)
     return {

@@ -115,7 +115,7 @@ def run(cfg) -> dict[str, Any]:
         [[i, c, q] for i, (c, q) in enumerate(zip(costs, schedule))],
     )
     logger.image("layer_costs", plot)
-    from train.report import write_summary
+    from zoomr.rundir import write_summary
 
     summary = {
         "checkpoint": str(ckpt),

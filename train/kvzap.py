@@ -83,9 +83,8 @@ def format_table(cols: list[str], table: list[list[Any]]) -> str:
 
 
 def run(cfg) -> dict[str, Any]:
-    from train.report import write_summary
     from zoomr.entry import pick_device, start_run, to_plain
-    from zoomr.rundir import prepare_run
+    from zoomr.rundir import prepare_run, write_summary
 
     method: KVzapMethod = to_dataclass(KVzapMethod, cfg.method)
     fit = method.fit

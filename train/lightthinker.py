@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from train.report import finish_run
 from zoomr.abridge.attention import use_abridge_attention
 from zoomr.abridge.data import StreamSet
 from zoomr.abridge.forward import heldout_full_kv_ce, heldout_masked_ce
@@ -28,7 +27,7 @@ from zoomr.lightthinker.data import ThoughtStats, build_streams
 from zoomr.lightthinker.layout import ThoughtTokens, add_lightthinker_tokens, paper_cache_tokens, save_config
 from zoomr.lightthinker.mask import splitter_accuracy, thought_masks
 from zoomr.models import DTYPES
-from zoomr.rundir import prepare_run
+from zoomr.rundir import finish_run, prepare_run
 from zoomr.schemas import to_dataclass
 from zoomr.schemas.lightthinker import LightThinkerMethod
 from zoomr.training import load_sft_dataset, train_or_restore
@@ -154,7 +153,7 @@ def run(cfg) -> dict[str, Any]:
 
 
 def summarize(cfg, m, n, streams, stats, trainer, elapsed, resume, added) -> dict[str, Any]:
-    from train.report import training_losses
+    from zoomr.training import training_losses
 
     return {
         "method": m.name,

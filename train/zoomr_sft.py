@@ -1,4 +1,4 @@
-"""ZoomR delimiter SFT (``+method=zoomr_sft``, ZoomR §3.2): the SFT recipe of :mod:`train.sft` plus
+"""ZoomR delimiter SFT (``+method=zoomr_sft``, ZoomR §3.2): the SFT of :func:`zoomr.sft.train_sft` plus
 
 - the summary delimiters as special tokens (added and embeddings resized when the tokenizer lacks them;
   new rows start at the mean embedding, transformers' default);
@@ -12,10 +12,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from train import sft
 from zoomr import tokens
 from zoomr.entry import to_plain
+from zoomr.schemas import to_dataclass
 from zoomr.schemas.zoomr import ZoomRSFTMethod
+from zoomr.sft import train_sft
 from zoomr.training import load_sft_dataset
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ def expose_head_bias(model) -> None:
 
 
 def prepare(model, tokenizer, method: ZoomRSFTMethod, peft_config) -> tuple[Any, Any, dict[str, Any]]:
-    """The :func:`train.sft.run` hook: delimiter tokens + trainable rows (the PEFT model is built here)."""
+    """The :func:`zoomr.sft.train_sft` hook: delimiter tokens + trainable rows (the PEFT model is built here)."""
     ids = ensure_tokens(model, tokenizer, method.trainable_tokens)
     extra: dict[str, Any] = {"trainable_tokens": dict(zip(method.trainable_tokens, ids))}
     if peft_config is None:  # full fine-tuning: every row trains anyway
@@ -92,7 +93,7 @@ def summary_coverage(dataset) -> dict[str, float]:
 
 
 def run(cfg) -> dict[str, Any]:
-    method = sft.to_dataclass(ZoomRSFTMethod, cfg.method)
+    method = to_dataclass(ZoomRSFTMethod, cfg.method)
     if method.require_summaries:
         cover = summary_coverage(load_sft_dataset(to_plain(cfg.data), None))
         if cover["rows_with_summaries"] == 0:
@@ -102,4 +103,4 @@ def run(cfg) -> dict[str, Any]:
                 "or pass method.require_summaries=false"
             )
         log.info("summary coverage: %s", cover)
-    return sft.run(cfg, schema=ZoomRSFTMethod, prepare=prepare)
+    return train_sft(cfg, schema=ZoomRSFTMethod, prepare=prepare)

@@ -394,3 +394,23 @@ def torch_archive_whole(path: Path) -> bool:
         return path.is_file() and zipfile.is_zipfile(path)
     except OSError:
         return False
+
+
+def write_summary(run: RunPlan | Path, summary: dict[str, Any], title: str) -> str:
+    """Write ``summary.json`` atomically (through the run's plan, which also records that the run finished,
+    when given one) and print and return a readable block."""
+    if isinstance(run, RunPlan):
+        run.finish(summary)
+    else:
+        write_json(Path(run) / SUMMARY_FILE, summary)
+    text = format_block(summary, title)
+    print(text, flush=True)
+    return text
+
+
+def finish_run(plan: RunPlan | Path, logger: Any, summary: dict[str, Any], title: str) -> dict[str, Any]:
+    """Write and print the summary (recording through the run plan that the run finished), log its numbers."""
+    write_summary(plan, summary, title)
+    logger.summary({k: v for k, v in summary.items() if isinstance(v, int | float)})
+    logger.finish()
+    return summary

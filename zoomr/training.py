@@ -94,3 +94,20 @@ def load_sft_dataset(data: dict[str, Any], tokenizer):
     if not loader:
         raise ValueError(f"data config {data.get('name')!r} has no loader module")
     return importlib.import_module(loader).sft_dataset(data, tokenizer)
+
+
+def loss_curve(log_history: list[dict[str, Any]], key: str = "loss") -> list[tuple[int, float]]:
+    """(step, value) of every logged ``key`` in a Trainer's ``log_history``."""
+    return [(int(h["step"]), float(h[key])) for h in log_history if key in h and "step" in h]
+
+
+def training_losses(trainer: Any) -> dict[str, Any]:
+    """Steps, first and last logged loss, and the whole-run mean loss (across resumes) of a finished Trainer."""
+    history = trainer.state.log_history
+    curve = loss_curve(history)
+    return {
+        "steps": trainer.state.global_step,
+        "loss_start": curve[0][1] if curve else float("nan"),
+        "loss_end": curve[-1][1] if curve else float("nan"),
+        "train_loss": whole_run_loss(history),  # the whole run, across resumes
+    }

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from data_prep.llm_client import EndpointSettings
 from zoomr import tokens
 from zoomr.schemas.cache import PolicyConfig
+from zoomr.schemas.endpoint import EndpointSettings
 from zoomr.schemas.sft import SFTMethod
 
 
@@ -30,17 +30,6 @@ class SummarizePipeline:
     max_rows: int | None = None
     count_tokens: bool = True  # report lengths in tokens of the config's model tokenizer
     progress: bool = True
-
-    def settings(self):
-        from data_prep.summarize import SummarizeSettings
-
-        return SummarizeSettings(
-            endpoint=self.endpoint,
-            min_paragraph_chars=self.min_paragraph_chars,
-            keep_truncated=self.keep_truncated,
-            reject_truncated_answers=self.reject_truncated_answers,
-            progress=self.progress,
-        )
 
 
 @dataclass

@@ -31,7 +31,7 @@ for B in math500 aime25; do
   ev sumr +method=sumr
   ev zoomr +method=zoomr method.window=32
   ev abridge +method=abridge model.tiny=null model.hf_id="$R/train/abridge/final" model.name=tiny-qwen2
-  # thresholds for this random tiny model's surrogate (zoomr.kvzap.compression), window 16 < the 82-token prompts
+  # thresholds for this random tiny model's surrogate (analysis.kvzap_compression), window 16 < the 82-token prompts
   for T in -7.8 -7.5 -7.2; do
     ev "kvzap_t$T" +method=kvzap method.surrogate_dir="$R/kvzap/surrogates" method.threshold=$T method.window=16
   done

@@ -5,7 +5,7 @@ KVzap cache; reported per τ: fraction of KV pairs removed after prefill and at 
 prompts: the paper's input-adaptivity, §4.7), per layer, and the ratios of resident KV bytes and wall time
 to the full-KV arm run on the same prompts.
 
-    python -m zoomr.kvzap.compression --model tiny-qwen2 --surrogate runs/kvzap/tiny-qwen2/mlp \\
+    python -m analysis.kvzap_compression --model tiny-qwen2 --surrogate runs/kvzap/tiny-qwen2/mlp \\
         --thresholds=-8,-7.9,-7.8 --prompts 32 --max-new-tokens 128 --json runs/kvzap/compression.json
 """
 
@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from eval.prompts import MATH_INSTRUCTION
+
 MATH500 = "eval/data/benchmarks/math500/test.jsonl"
-INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
 
 def math500_prompts(tokenizer, n: int, path: str = MATH500) -> list[list[int]]:
@@ -31,7 +32,7 @@ def math500_prompts(tokenizer, n: int, path: str = MATH500) -> list[list[int]]:
     rows = [json.loads(line) for line in resolve_repo_path(path).read_text().splitlines() if line.strip()]
     prompts = []
     for row in rows[:n]:
-        messages = [{"role": "user", "content": f"{row['problem']}\n\n{INSTRUCTION}"}]
+        messages = [{"role": "user", "content": f"{row['problem']}\n\n{MATH_INSTRUCTION}"}]
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         prompts.append(tokenizer(text, add_special_tokens=False).input_ids)
     return prompts

@@ -1,0 +1,44 @@
+"""Where and how to call an OpenAI-compatible chat endpoint: a config the library owns.
+
+``data_prep.llm_client.ChatClient`` sends the requests; the ``pipeline=summarize`` schema
+(:class:`zoomr.schemas.zoomr.SummarizePipeline`) nests these settings under ``endpoint``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class EndpointSettings:
+    """Where and how to call the summariser (ZoomR A.1: Llama-3-70B behind an OpenAI-compatible server)."""
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    model: str = "meta-llama/Meta-Llama-3-70B-Instruct"
+    api_key_env: str | None = "OPENAI_API_KEY"  # name of the environment variable holding the key
+    concurrency: int = 64
+    timeout_s: float = 120.0
+    max_retries: int = 8
+    backoff_base_s: float = 1.0
+    backoff_max_s: float = 60.0
+    stall_timeout_s: float = 600.0  # stop when no answer has been accepted for this long
+    max_tokens: int = 128
+    temperature: float = 0.0
+    seed: int | None = None
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1 or self.max_retries < 0 or self.timeout_s <= 0 or self.stall_timeout_s <= 0:
+            raise ValueError(
+                "endpoint: concurrency >= 1, max_retries >= 0, timeout_s > 0, stall_timeout_s > 0 required"
+            )
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"endpoint.base_url must be an http(s) URL, got {self.base_url!r}")
+
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+    def __repr__(self) -> str:  # the key is never part of the settings, but keep reprs short and safe
+        return f"EndpointSettings(base_url={self.base_url!r}, model={self.model!r}, concurrency={self.concurrency})"

@@ -1,0 +1,102 @@
+"""Supervised fine-tuning with TRL's SFTTrainer, full or LoRA, assistant-only loss: the body of the
+``+method=sft`` recipe and of the recipes built on it (``+method=zoomr_sft``, ZoomR §3.2).
+
+Checkpoints go to ``<run_dir>/checkpoints``; ``resume=auto`` continues from the newest complete one, so a
+requeued SLURM job picks up where it stopped; a rerun with other settings is refused and a rerun of a finished
+run does nothing (:mod:`zoomr.rundir`). DeepSpeed ZeRO-2/3 via ``deepspeed=zero2|zero3``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from zoomr.entry import model_spec, start_run, to_plain
+from zoomr.models import load_model, load_tokenizer
+from zoomr.rundir import finish_run, prepare_run
+from zoomr.schemas import to_dataclass
+from zoomr.schemas.sft import SFTMethod
+from zoomr.training import LogAtSave, load_sft_dataset, train_or_restore, trainer_arguments, training_losses
+
+
+def lora_config(method: SFTMethod):
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=method.lora.r,
+        lora_alpha=method.lora.alpha,
+        lora_dropout=method.lora.dropout,
+        target_modules=list(method.lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
+
+
+def sft_args(method: SFTMethod, output_dir: Path, seed: int, report_to: list[str], deepspeed: dict | None):
+    from trl import SFTConfig
+
+    return SFTConfig(
+        **trainer_arguments(method, method, output_dir, seed, report_to, deepspeed),
+        max_length=method.max_length,
+        assistant_only_loss=method.assistant_only_loss,
+        warmup_steps=method.warmup_ratio,  # a float < 1 is a fraction of the steps (transformers 5)
+        lr_scheduler_type=method.lr_scheduler,
+        num_train_epochs=method.epochs,
+        dataset_num_proc=None,
+    )
+
+
+def train_sft(cfg: Any, schema: type = SFTMethod, prepare: Callable | None = None) -> dict[str, Any]:
+    """Train one SFT run from the entry point's composed config; recipes built on it pass their method ``schema`` (a subclass of SFTMethod) and
+    ``prepare(model, tokenizer, method, peft_config) -> (model, peft_config, extra_summary)``,
+    called before the trainer is built (e.g. train/zoomr_sft.py adds tokens and trainable rows)."""
+    from trl import SFTTrainer
+
+    method: SFTMethod = to_dataclass(schema, cfg.method)
+    spec = model_spec(cfg)
+    plan = prepare_run(cfg.run_dir, to_plain(cfg), cfg.resume, title="SFT")
+    if plan.finished:
+        return plan.finished
+    run_dir, logger = start_run(cfg, job_type="train")
+    tokenizer = load_tokenizer(spec, cfg.cache_dir)
+    model = load_model(spec, cfg.cache_dir)
+    peft_config = lora_config(method) if method.use_lora else None
+    extra: dict[str, Any] = {}
+    if prepare is not None:
+        model, peft_config, extra = prepare(model, tokenizer, method, peft_config)
+    dataset = load_sft_dataset(to_plain(cfg.data), tokenizer)
+    ckpt_dir = run_dir / "checkpoints"
+    trainer = SFTTrainer(
+        model=model,
+        args=sft_args(
+            method,
+            ckpt_dir,
+            cfg.seed,
+            ["wandb"] if logger.enabled else [],
+            to_plain(cfg.deepspeed.config) if cfg.deepspeed.config else None,
+        ),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        callbacks=[LogAtSave()],
+    )
+    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in trainer.model.parameters())
+    elapsed = train_or_restore(trainer, plan, method.max_steps)
+    final_dir = run_dir / "final"
+    trainer.save_model(str(final_dir))
+    tokenizer.save_pretrained(str(final_dir))
+    summary = {
+        "method": method.name,
+        "model": spec.name,
+        "data": f"{cfg.data.name} ({len(dataset)} examples)",
+        "mode": f"LoRA r={method.lora.r}" if method.use_lora else "full fine-tuning",
+        "trainable_params": f"{trainable:,} / {total:,}",
+        "resumed_from": plan.resume_from or "-",
+        **training_losses(trainer),
+        "seconds": round(elapsed, 1),
+        "checkpoint": str(final_dir),
+        "run_dir": str(run_dir),
+        **extra,
+    }
+    return finish_run(plan, logger, summary, f"SFT finished: {cfg.run_name}")
