@@ -203,6 +203,226 @@ class _Recorder:
 # --------------------------------------------------------------------------------------------- generate
 
 
+def _pad(ids: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad the prompts into ``input_ids [B, S]`` and ``valid [B, S]`` (pads are never stored)."""
+    B, S = len(ids), max(len(p) for p in ids)
+    input_ids = torch.full((B, S), pad_id, dtype=torch.long)
+    valid = torch.zeros(B, S, dtype=torch.bool)
+    for b, p in enumerate(ids):
+        input_ids[b, S - len(p) :] = torch.tensor(p)
+        valid[b, S - len(p) :] = True
+    return input_ids.to(device), valid.to(device)
+
+
+class _Decode:
+    """One :func:`generate` call: the batch's sequences, and the steps that decode them.
+
+    ``active`` maps the cache's batch rows to sequence indices; ``pending[r]`` is the token just sampled for
+    row ``r``. The steps, in the order :func:`generate` runs them: :meth:`prefill`, then per token
+    :meth:`account` (append the sampled tokens, find finished sequences), :meth:`drop_finished` (they leave
+    the cache) and :meth:`step` (one forward, one sample), and :meth:`finish` (the outputs).
+    """
+
+    def __init__(self, model, tokenizer, cache: PolicyCache, ids: list[list[int]], settings: DecodeSettings,
+                 script: Sequence[Sequence[int | None]] | None) -> None:  # fmt: skip
+        B = len(ids)
+        self.model, self.tokenizer, self.cache, self.ids, self.s, self.script = (
+            model, tokenizer, cache, ids, settings, script
+        )  # fmt: skip
+        self.device = next(model.parameters()).device
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        seeds = settings.seed if isinstance(settings.seed, list) else [settings.seed + i for i in range(B)]
+        if len(seeds) != B:
+            raise ValueError(f"{len(seeds)} seeds for {B} prompts")
+        if script is not None and len(script) != B:
+            raise ValueError(f"{len(script)} scripts for {B} prompts")
+        self.gens = (
+            [torch.Generator(device=self.device).manual_seed(int(sd)) for sd in seeds]
+            if settings.temperature
+            else [None] * B
+        )
+        self.stop_ids = _stop_ids(tokenizer, model, settings)
+        self.tail = 2 + max(
+            (len(tokenizer(s, add_special_tokens=False).input_ids) for s in settings.stop_strings), default=0
+        )
+        self.out_ids: list[list[int]] = [[] for _ in range(B)]
+        self.n_forced = [0] * B
+        self.n_scripted = [0] * B
+        self.reason: list[str | None] = [None] * B
+        self.rec = [_Recorder() for _ in range(B)]
+        self.active = list(range(B))
+        self.step_index = 0
+
+    # ---- one forward and its stats
+    def forward(self, step_ids: torch.Tensor, step_valid: torch.Tensor, positions: torch.Tensor | None = None,
+                prefill: bool = False, last_chunk: bool = False, keep_last: bool = False):  # fmt: skip
+        """Run the model on one step the cache was told about; returns (logits, seconds of the forward)."""
+        cache = self.cache
+        step = cache.begin_step(
+            step_valid, positions=positions, input_ids=step_ids, is_prefill=prefill, ends_prefill=last_chunk
+        )
+        t0 = time.perf_counter()
+        kwargs = {"logits_to_keep": 1} if keep_last else {}
+        logits = self.model(
+            input_ids=step_ids, position_ids=step.positions, cache=cache, use_cache=True, **kwargs
+        ).logits
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        dt = time.perf_counter() - t0
+        cache.end_step()
+        return logits, dt
+
+    def record(self, dt: float, force: bool = False) -> None:
+        """Append this step's rows, bytes and times to every active sequence's stats (every ``stats_every``)."""
+        if not force and self.step_index % self.s.stats_every:
+            return
+        cache = self.cache
+        rows = cache.resident_rows()  # [L, B, H]
+        held = cache.resident_bytes()
+        seq = cache.sequence_kv_bytes()
+        sel = cache.pop_select_seconds()
+        rows_np = rows.numpy().astype(np.int32)
+        dev_kv = seq["device"].tolist() if "device" in seq else [0] * len(self.active)
+        host_kv = seq["host"].tolist() if "host" in seq else [0] * len(self.active)
+        for r, i in enumerate(self.active):
+            self.rec[i].add(
+                step=self.step_index,
+                rows=rows_np[:, r, :],
+                kv_bytes=int(dev_kv[r]),
+                kv_bytes_host=int(host_kv[r]),
+                device_bytes=held["device"],
+                host_bytes=held["host"],
+                batch_size=len(self.active),
+                select_s=sel,
+                step_s=dt,
+            )
+
+    def sample(self, logits: torch.Tensor, cols: list[int]) -> list[int]:
+        return sample_tokens(logits, cols, self.s, [self.gens[i] for i in self.active])
+
+    # ---- the steps
+    def prefill(self) -> list[int]:
+        """Feed the padded prompts (in chunks of ``prefill_chunk``: a policy may evict between them) and sample
+        each sequence's first token."""
+        input_ids, valid = _pad(self.ids, self.pad_id, self.device)
+        S = input_ids.shape[1]
+        chunk = self.s.prefill_chunk or S
+        t_prefill = 0.0
+        for start in range(0, S, chunk):
+            sl = slice(start, min(S, start + chunk))
+            logits, dt = self.forward(
+                input_ids[:, sl], valid[:, sl], prefill=True, last_chunk=sl.stop == S, keep_last=True
+            )
+            t_prefill += dt
+        self.record(t_prefill, force=True)
+        return self.sample(logits[:, -1][:, None], [0] * len(self.active))
+
+    def account(self, pending: list[int]) -> list[int]:
+        """Append each active sequence's sampled token (or the script's, where it writes) and mark the
+        sequences that stop on it (EOS, a stop string, the token cap). Returns the tokens appended."""
+        s, script = self.s, self.script
+        pending = list(pending)
+        for r, i in enumerate(self.active):
+            out = self.out_ids[i]
+            t = len(out)
+            if script is not None and t < len(script[i]) and script[i][t] is not None:
+                pending[r] = int(script[i][t])
+                self.n_scripted[i] += 1
+            tok = pending[r]
+            out.append(tok)
+            if tok in self.stop_ids:
+                self.reason[i] = "eos"
+            elif s.stop_strings and any(
+                x in self.tokenizer.decode(out[-self.tail :], skip_special_tokens=False)
+                for x in s.stop_strings
+            ):
+                self.reason[i] = "stop_string"
+            elif len(out) >= s.max_new_tokens:
+                self.reason[i] = "length"
+        return pending
+
+    def drop_finished(self, pending: list[int]) -> tuple[list[int], dict[int, ForcedInput]] | None:
+        """Ask the policy for forced inputs, then let finished sequences leave the cache (their rows are
+        freed). Returns the remaining rows' (pending tokens, forced inputs), or None when every sequence is done."""
+        cache, active = self.cache, self.active
+        forced = cache.forced_inputs(
+            [pending[r] if self.reason[i] is None else None for r, i in enumerate(active)]
+        )
+        rows_left = [r for r, i in enumerate(active) if self.reason[i] is None]
+        if not rows_left:
+            return None
+        if len(rows_left) < len(active):
+            cache.select_batch(torch.tensor(rows_left, device=self.device))
+            forced = {rows_left.index(r): f for r, f in forced.items() if r in rows_left}
+            pending = [pending[r] for r in rows_left]
+            self.active = [active[r] for r in rows_left]
+        return pending, forced
+
+    def _feed(self, pending: list[int], forced: dict[int, ForcedInput]) -> tuple[torch.Tensor, ...]:
+        """``(step_ids, step_valid, positions)`` of one step: [pending token, forced tokens...] per sequence."""
+        B = len(self.active)
+        if not forced:  # plain decoding: one token per sequence
+            step_ids = torch.tensor(pending, dtype=torch.long).view(-1, 1)
+            step_valid = torch.ones(B, 1, dtype=torch.bool)
+        else:
+            feeds = [[pending[r], *(forced[r].token_ids if r in forced else [])] for r in range(B)]
+            Q = max(len(f) for f in feeds)
+            step_ids = torch.full((B, Q), self.pad_id, dtype=torch.long)
+            step_valid = torch.zeros(B, Q, dtype=torch.bool)
+            for r, f in enumerate(feeds):
+                step_ids[r, : len(f)] = torch.tensor(f)
+                step_valid[r, : len(f)] = True
+                self.n_forced[self.active[r]] += len(f) - 1
+        step_ids, step_valid = step_ids.to(self.device), step_valid.to(self.device)
+        positions = self.cache.next_positions(step_valid)
+        for r, f in forced.items():
+            if f.positions is not None:
+                if len(f.positions) != len(f.token_ids):
+                    raise ValueError(
+                        f"forced input: {len(f.positions)} positions for {len(f.token_ids)} tokens"
+                    )
+                positions[r, 1 : 1 + len(f.positions)] = torch.tensor(f.positions, device=self.device)
+        return step_ids, step_valid, positions
+
+    def step(self, pending: list[int], forced: dict[int, ForcedInput]) -> list[int]:
+        """One decode forward over every active sequence; returns the tokens sampled from it."""
+        step_ids, step_valid, positions = self._feed(pending, forced)
+        logits, dt = self.forward(step_ids, step_valid, positions=positions)
+        self.step_index += 1
+        cols = [
+            len(forced[r].token_ids) if r in forced and forced[r].sample_from_last else 0
+            for r in range(len(self.active))
+        ]
+        pending = self.sample(logits, cols)
+        self.record(dt)
+        return pending
+
+    def finish(self) -> list[SequenceOutput]:
+        """Every sequence's text (EOS dropped, cut after a stop string), tokens, stop reason and stats."""
+        outputs = []
+        for i, toks in enumerate(self.out_ids):
+            reason = self.reason[i]
+            text = self.tokenizer.decode(toks[:-1] if reason == "eos" else toks, skip_special_tokens=False)
+            if reason == "stop_string":
+                stops = self.s.stop_strings
+                text = text[: min((text.find(x) + len(x) for x in stops if x in text), default=len(text))]
+            outputs.append(
+                SequenceOutput(
+                    index=i,
+                    text=text,
+                    token_ids=toks,
+                    n_tokens=len(toks),
+                    prompt_tokens=len(self.ids[i]),
+                    hit_cap=reason == "length",
+                    stop_reason=reason or "length",
+                    n_forced=self.n_forced[i],
+                    stats=self.rec[i].build(),
+                    n_scripted=self.n_scripted[i],
+                )
+            )
+        return outputs
+
+
 @torch.no_grad()
 def generate(
     model: torch.nn.Module,
@@ -224,190 +444,28 @@ def generate(
     cache = policy if isinstance(policy, PolicyCache) else build_policy(policy, model.config, tokenizer)
     if cache.steps_done:
         raise ValueError("generate needs a fresh cache (build one per call with build_policy)")
-    device = next(model.parameters()).device
     ids = [
         list(p) if not isinstance(p, str) else tokenizer(p, add_special_tokens=False).input_ids
         for p in prompts
     ]
     if not ids or any(len(p) == 0 for p in ids):
         raise ValueError("every prompt must have at least one token")
-    B = len(ids)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    S = max(len(p) for p in ids)
-    input_ids = torch.full((B, S), pad_id, dtype=torch.long)
-    valid = torch.zeros(B, S, dtype=torch.bool)
-    for b, p in enumerate(ids):
-        input_ids[b, S - len(p) :] = torch.tensor(p)
-        valid[b, S - len(p) :] = True
-    input_ids, valid = input_ids.to(device), valid.to(device)
-    seeds = settings.seed if isinstance(settings.seed, list) else [settings.seed + i for i in range(B)]
-    if len(seeds) != B:
-        raise ValueError(f"{len(seeds)} seeds for {B} prompts")
-    if script is not None and len(script) != B:
-        raise ValueError(f"{len(script)} scripts for {B} prompts")
-    gens = (
-        [torch.Generator(device=device).manual_seed(int(sd)) for sd in seeds]
-        if settings.temperature
-        else [None] * B
+    run = _Decode(model, tokenizer, cache, ids, settings, script)
+    bar = tqdm(
+        total=settings.max_new_tokens, desc=f"decode[{cache.policy_name}]", disable=not settings.progress
     )
-    stop_ids = _stop_ids(tokenizer, model, settings)
-    tail = (
-        max((len(tokenizer(s, add_special_tokens=False).input_ids) for s in settings.stop_strings), default=0)
-        + 2
-    )
-
-    out_ids: list[list[int]] = [[] for _ in range(B)]
-    n_forced = [0] * B
-    n_scripted = [0] * B
-    reason: list[str | None] = [None] * B
-    rec = [_Recorder() for _ in range(B)]
-    active = list(range(B))  # batch row -> sequence index
-
-    def forward(step_ids, step_valid, positions=None, prefill=False, last_chunk=False, keep_last=False):
-        step = cache.begin_step(
-            step_valid, positions=positions, input_ids=step_ids, is_prefill=prefill, ends_prefill=last_chunk
-        )
-        t0 = time.perf_counter()
-        kwargs = {"logits_to_keep": 1} if keep_last else {}
-        logits = model(
-            input_ids=step_ids, position_ids=step.positions, cache=cache, use_cache=True, **kwargs
-        ).logits
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        dt = time.perf_counter() - t0
-        cache.end_step()
-        return logits, dt
-
-    def record(step_index: int, dt: float, force: bool = False) -> None:
-        if not force and step_index % settings.stats_every:
-            return
-        rows = cache.resident_rows()  # [L, B, H]
-        held = cache.resident_bytes()
-        seq = cache.sequence_kv_bytes()
-        sel = cache.pop_select_seconds()
-        rows_np = rows.numpy().astype(np.int32)
-        dev_kv = seq["device"].tolist() if "device" in seq else [0] * len(active)
-        host_kv = seq["host"].tolist() if "host" in seq else [0] * len(active)
-        for r, i in enumerate(active):
-            rec[i].add(
-                step=step_index,
-                rows=rows_np[:, r, :],
-                kv_bytes=int(dev_kv[r]),
-                kv_bytes_host=int(host_kv[r]),
-                device_bytes=held["device"],
-                host_bytes=held["host"],
-                batch_size=len(active),
-                select_s=sel,
-                step_s=dt,
-            )
-
-    with _policy_attention(model), _attached(cache, model):
-        # ---- prefill (optionally chunked: a policy may evict between chunks)
-        chunk = settings.prefill_chunk or S
-        t_prefill = 0.0
-        for start in range(0, S, chunk):
-            sl = slice(start, min(S, start + chunk))
-            last = sl.stop == S
-            logits, dt = forward(
-                input_ids[:, sl], valid[:, sl], prefill=True, last_chunk=last, keep_last=True
-            )
-            t_prefill += dt
-        record(0, t_prefill, force=True)
-        next_logits = logits[:, -1]
-        pending = sample_tokens(next_logits[:, None], [0] * len(active), settings, [gens[i] for i in active])
-        bar = tqdm(
-            total=settings.max_new_tokens, desc=f"decode[{cache.policy_name}]", disable=not settings.progress
-        )
-        step_index = 0
+    with _policy_attention(model), _attached(cache, model), bar:
+        pending = run.prefill()
         while True:
-            # ---- account the sampled tokens, stop finished sequences
-            for r, i in enumerate(active):
-                t = len(out_ids[i])
-                if script is not None and t < len(script[i]) and script[i][t] is not None:
-                    pending[r] = int(script[i][t])
-                    n_scripted[i] += 1
-                tok = pending[r]
-                out_ids[i].append(tok)
-                if tok in stop_ids:
-                    reason[i] = "eos"
-                elif settings.stop_strings and any(
-                    s in tokenizer.decode(out_ids[i][-tail:], skip_special_tokens=False)
-                    for s in settings.stop_strings
-                ):
-                    reason[i] = "stop_string"
-                elif len(out_ids[i]) >= settings.max_new_tokens:
-                    reason[i] = "length"
+            pending = run.account(pending)
             bar.update(1)
-            forced = cache.forced_inputs(
-                [pending[r] if reason[i] is None else None for r, i in enumerate(active)]
-            )
-            rows_left = [r for r, i in enumerate(active) if reason[i] is None]
-            if not rows_left:
+            left = run.drop_finished(pending)
+            if left is None:
                 break
-            if len(rows_left) < len(active):
-                cache.select_batch(torch.tensor(rows_left, device=device))
-                forced = {rows_left.index(r): f for r, f in forced.items() if r in rows_left}
-                pending = [pending[r] for r in rows_left]
-                active = [active[r] for r in rows_left]
-            # ---- build the step: [pending token, forced tokens...] per sequence
-            feeds = [[pending[r], *(forced[r].token_ids if r in forced else [])] for r in range(len(active))]
-            if not forced:  # plain decoding: one token per sequence
-                step_ids = torch.tensor(pending, dtype=torch.long).view(-1, 1)
-                step_valid = torch.ones(len(active), 1, dtype=torch.bool)
-            else:
-                Q = max(len(f) for f in feeds)
-                step_ids = torch.full((len(active), Q), pad_id, dtype=torch.long)
-                step_valid = torch.zeros(len(active), Q, dtype=torch.bool)
-                for r, f in enumerate(feeds):
-                    step_ids[r, : len(f)] = torch.tensor(f)
-                    step_valid[r, : len(f)] = True
-                    n_forced[active[r]] += len(f) - 1
-            step_ids, step_valid = step_ids.to(device), step_valid.to(device)
-            positions = cache.next_positions(step_valid)
-            for r, f in forced.items():
-                if f.positions is not None:
-                    if len(f.positions) != len(f.token_ids):
-                        raise ValueError(
-                            f"forced input: {len(f.positions)} positions for {len(f.token_ids)} tokens"
-                        )
-                    positions[r, 1 : 1 + len(f.positions)] = torch.tensor(f.positions, device=device)
-            logits, dt = forward(step_ids, step_valid, positions=positions)
-            step_index += 1
-            cols = [
-                len(feeds[r]) - 1 if r in forced and forced[r].sample_from_last else 0
-                for r in range(len(active))
-            ]
-            pending = sample_tokens(logits, cols, settings, [gens[i] for i in active])
-            record(step_index, dt)
+            pending = run.step(*left)
             if settings.progress:
-                bar.set_postfix(
-                    active=len(active), rows=int(cache.resident_rows().float().mean()) if len(active) else 0
-                )
-        bar.close()
-
-    outputs = []
-    for i in range(B):
-        toks = out_ids[i]
-        text_ids = toks[:-1] if reason[i] == "eos" else toks
-        text = tokenizer.decode(text_ids, skip_special_tokens=False)
-        if reason[i] == "stop_string":
-            cut = min((text.find(s) + len(s) for s in settings.stop_strings if s in text), default=len(text))
-            text = text[:cut]
-        outputs.append(
-            SequenceOutput(
-                index=i,
-                text=text,
-                token_ids=toks,
-                n_tokens=len(toks),
-                prompt_tokens=len(ids[i]),
-                hit_cap=reason[i] == "length",
-                stop_reason=reason[i] or "length",
-                n_forced=n_forced[i],
-                stats=rec[i].build(),
-                n_scripted=n_scripted[i],
-            )
-        )
-    return outputs
+                bar.set_postfix(active=len(run.active), rows=int(cache.resident_rows().float().mean()))
+    return run.finish()
 
 
 __all__ = [
