@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import tiny_spec
-from zoomr.cache import build_policy
+from zoomr.cache import PagedKV, build_policy
 from zoomr.cache.evict_block import block_keep
 from zoomr.cache.h2o import heavy_recent_keep
 from zoomr.cache.queries import push_queries
@@ -120,6 +120,37 @@ def test_h2o_decode_evicts_one_row_per_step(tiny2):
     )
     rows = out[0].stats.rows
     assert rows.max() == 10 and (rows[-1] == 10).all()
+
+
+def test_h2o_steady_step_equals_the_general_rule(tiny2, monkeypatch):
+    """The one-row-over-budget fast path (argmin + ``drop_rows``) keeps exactly what ``heavy_recent_keep`` keeps:
+    the same logits and the same rows at every decode step, batch of two."""
+    model, _ = tiny2
+    cfg = {"policy": "h2o", "budget_rows": 12, "recent_rows": 4}
+    fast, slow = build_policy(cfg, model.config), build_policy(cfg, model.config)
+
+    def general(layer):  # the mask path for every step
+        store = layer.store
+        if store.n_max > 12:
+            slow.evict(layer.idx, heavy_recent_keep(store.attr("score"), store.n, 8, 4))
+
+    slow.after_attention = general
+    dropped = []
+    drop_rows = PagedKV.drop_rows
+    monkeypatch.setattr(PagedKV, "drop_rows", lambda store, j: (dropped.append(1), drop_rows(store, j)))
+    ids = torch.randint(0, 4000, (2, 40), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        a = [model(ids[:, :16], cache=fast, use_cache=True).logits]
+        b = [model(ids[:, :16], cache=slow, use_cache=True).logits]
+        for t in range(16, 40):
+            pos = torch.full((2, 1), t)
+            a.append(model(ids[:, t : t + 1], cache=fast, use_cache=True, position_ids=pos).logits)
+            b.append(model(ids[:, t : t + 1], cache=slow, use_cache=True, position_ids=pos).logits)
+            for layer in range(2):
+                assert kept_positions(fast, layer, 1) == kept_positions(slow, layer, 1), (t, layer)
+    assert torch.equal(torch.cat(a, 1), torch.cat(b, 1))
+    assert fast.layers[0].store.n_max == 12
+    assert len(dropped) == 24 * 2  # every decode step of every layer took the fast path
 
 
 def test_snapkv_prefill_keeps_window_vote(tiny2):

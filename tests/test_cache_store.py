@@ -194,3 +194,35 @@ def test_streaming_span_path_equals_the_mask_path(cache_dir):
         ra, rb = la.store.rows(), lb.store.rows()
         assert torch.equal(ra.keys, rb.keys) and torch.equal(ra.order, rb.order)
         assert ra.order[0, 0, :5].tolist() == [0, 1, 2, 3, 38]  # sinks + the most recent rows
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_drop_rows_equals_retain_of_the_same_rows(seed):
+    """``drop_rows`` (one row per (b, h), H2O's steady step) keeps what ``retain`` keeps, attributes included,
+    on even slabs (the sort-free slide) and on uneven or paged stores (the fallback)."""
+    rng = random.Random(seed)
+    B, H = rng.randint(1, 3), rng.randint(1, 3)
+    fast, slow = _store(B=B, H=H, p=rng.choice([1, 4])), _store(B=B, H=H, p=rng.choice([1, 4]))
+    ref = [[[] for _ in range(H)] for _ in range(B)]
+    cnt = 0
+    for step in range(12):
+        valid = torch.ones(B, 3, dtype=torch.bool) if seed % 2 == 0 or step < 2 else torch.rand(B, 3) < 0.7
+        before = cnt
+        cnt = _append(fast, ref, before, 3, valid)
+        _append(slow, [[[] for _ in range(H)] for _ in range(B)], before, 3, valid)
+        delta = torch.rand(B, H, fast.n_max)
+        fast.add_to_attr("s", delta)
+        slow.add_to_attr("s", delta)
+        if fast.n_min == 0:
+            continue
+        j = torch.stack([torch.randint(0, int(n), (1,)) for n in fast.n.flatten()]).view(B, H)
+        fast.drop_rows(j)
+        keep = torch.arange(slow.n_max) != j[:, :, None]
+        slow.retain(keep & slow.rows().valid)
+        for b in range(B):
+            for h in range(H):
+                del ref[b][h][int(j[b, h])]
+        _check(fast, ref)
+        assert torch.equal(fast.attr("s"), slow.attr("s"))
+        held = fast.rows().valid
+        assert torch.equal(fast.rows().keys[held], slow.rows().keys[held])

@@ -56,6 +56,13 @@ class H2OCache(PolicyCache):
         if store.n_max <= self.config.budget_rows:
             return
         with self.selecting():
-            recent = self.config.recent
-            keep = heavy_recent_keep(store.attr("score"), store.n, self.config.budget_rows - recent, recent)
+            recent, heavy = self.config.recent, self.config.budget_rows - self.config.recent
+            N = store.n_max
+            if heavy > 0 and store.slab and store.n_min == N == heavy + recent + 1:
+                # the steady decode step: each (b, h) is one row over the budget, so the top ``heavy`` of the
+                # ``heavy + 1`` older rows drop exactly the lowest-scored one (ties: the oldest of them)
+                older = store.attrs["score"][:, :, store.start : store.start + N - recent]
+                store.drop_rows(older.argmin(dim=-1))
+                return
+            keep = heavy_recent_keep(store.attr("score"), store.n, heavy, recent)
             self.evict(layer.idx, keep)

@@ -529,6 +529,24 @@ class PagedKV:
                 t[:, :, s + lo : s + lo + N - hi].copy_(src.clone() if e < N - hi else src)
         self._set_kept(self.n - e, N - e, N - e)
 
+    def drop_rows(self, j: torch.Tensor) -> None:
+        """Free row ``j[b, h]`` of every (b, h) (one row each, e.g. H2O's lowest-scored row once a step's
+        append passed the budget). A slab whose (b, h) all hold the same rows slides only the rows after the
+        first dropped one down by one, with a gather built without a sort; anything else goes through
+        :meth:`retain`."""
+        N = self.n_max
+        j = j.to(self.device)
+        if not (self.slab and self.n_min == N) or N == 0:
+            keep = torch.arange(N, device=self.device) != j[:, :, None]
+            self.retain(keep & self._valid(N))
+            return
+        first = int(j.min())
+        span = N - 1 - first  # destination rows first .. N-2 take the kept rows after them
+        if span:
+            ar = torch.arange(span, device=self.device)
+            self._move(ar + (ar >= (j - first)[:, :, None]), self.start + first, self.start + first, span)
+        self._set_kept(self.n - 1, N - 1, N - 1)
+
     def _set_kept(self, n_keep: torch.Tensor, k_lo: int, k_hi: int) -> None:
         self.n = n_keep
         self.n_min, self.n_max = k_lo, k_hi
