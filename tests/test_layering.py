@@ -58,9 +58,9 @@ def upward_imports(package: str) -> list[str]:
         rel = path.relative_to(ROOT).as_posix()
         for line, module in imported_modules(path):
             top = module.split(".")[0]
-            if top == "tests" or (top in PACKAGES and top != package and top not in MAY_IMPORT[package]):
-                if (rel, top) not in PENDING:
-                    bad.setdefault((rel, line), f"{rel}:{line} imports {module}")
+            upward = top == "tests" or (top in PACKAGES and top != package and top not in MAY_IMPORT[package])
+            if upward and (rel, top) not in PENDING:
+                bad.setdefault((rel, line), f"{rel}:{line} imports {module}")
     return sorted(bad.values())
 
 
