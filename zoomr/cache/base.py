@@ -349,7 +349,11 @@ class PolicyCache(Cache):
             positions = self.next_positions(valid)
         positions = positions.to(valid.device).long()
         fed = self.fed.to(valid.device)
-        if all_valid:  # the common decode step: no pads, fewer ops
+        if all_valid and valid.shape[1] == 1:  # the plain decode step: one token each, fewest ops
+            order = fed[:, None]
+            self.fed = fed + 1
+            top = positions[:, 0] + 1
+        elif all_valid:  # no pads
             order = fed[:, None] + torch.arange(valid.shape[1], device=valid.device)
             self.fed = fed + valid.shape[1]
             top = positions.amax(dim=1) + 1

@@ -3,7 +3,8 @@
 Two layouts, chosen by the store itself (the interface is the same):
 
 - **slab** (the fast path): per layer, contiguous buffers ``k``/``v`` ``[B, H, cap, d]`` and ``pos``/``order``/
-  attributes ``[B, H, cap]``; row j of (b, h) lives at ``start + j``. ``rows()`` returns *views*
+  attributes ``[B, H, cap]`` (keys and values are the two halves of one buffer, positions and order too, so
+  every move of rows is one copy per pair); row j of (b, h) lives at ``start + j``. ``rows()`` returns *views*
   ``k[:, :, start:start + N]`` (no copy, no gather). ``cap`` grows geometrically (×1.25, in whole pages).
   Eviction compacts *in place*: the kept rows after the first evicted one slide down, or — when that moves
   fewer rows, as in StreamingLLM where the evicted row sits just after the sinks — the kept rows before the
@@ -164,16 +165,26 @@ class PagedKV:
         B, H, d = self.batch, self.heads, self.head_dim
         self.slab, self.cap, self.start = True, cap, 0
         # zeros, not garbage: a masked-out slot is still multiplied by its 0 weight (NaN * 0 = NaN)
-        self.k = self._empty(B, H, cap, d, dtype=self.dtype, fill=0.0)
-        self.v = self._empty(B, H, cap, d, dtype=self.dtype, fill=0.0)
-        self.pos = self._empty(B, H, cap, dtype=torch.long, fill=-1)
-        self.order = self._empty(B, H, cap, dtype=torch.long, fill=-1)
+        self.kv = self._empty(2, B, H, cap, d, dtype=self.dtype, fill=0.0)  # keys and values, one buffer
+        self.meta = self._empty(2, B, H, cap, dtype=torch.long, fill=-1)  # positions and feed order
         self.attrs = {a: self._empty(B, H, cap, dtype=torch.float32, fill=0.0) for a in self.attr_names}
+        self._slab_views()
         self.table = self.free = self._flat = None
+
+    def _slab_views(self) -> None:
+        """``k``/``v`` and ``pos``/``order``: contiguous views of the fused slab buffers, so a memory move of
+        the rows (compaction, a burst, a resize) is one operation per buffer pair."""
+        self.k, self.v = self.kv[0], self.kv[1]
+        self.pos, self.order = self.meta[0], self.meta[1]
+
+    def _slab_bufs(self) -> list[tuple[torch.Tensor, int]]:
+        """The slab's buffers, each with the dimension its rows run along."""
+        return [(self.kv, 3), (self.meta, 3), *((a, 2) for a in self.attrs.values())]
 
     def _to_paged(self, n_pages: int) -> None:
         p, d = self.page_size, self.head_dim
         self.slab, self.cap, self.start = False, 0, 0
+        self.kv = self.meta = None
         self.k = self._empty(n_pages, p, d, dtype=self.dtype)
         self.v = self._empty(n_pages, p, d, dtype=self.dtype)
         self.pos = self._empty(n_pages, p, dtype=torch.long, fill=-1)
@@ -206,11 +217,11 @@ class PagedKV:
     def _slab_resize(self, cap: int) -> None:
         """Move the held rows into new buffers of ``cap`` rows per (b, h), starting at 0 (growth or shrink)."""
         N, s = self.n_max, self.start
-        old = self._pools()
+        old = self._slab_bufs()
         self._to_slab(cap)
-        for new_t, old_t in zip(self._pools(), old):
-            if N:
-                new_t[:, :, :N].copy_(old_t[:, :, s : s + N])
+        if N:
+            for (new_t, dim), (old_t, _) in zip(self._slab_bufs(), old):
+                new_t.narrow(dim, 0, N).copy_(old_t.narrow(dim, s, N))
 
     def _reserve(self, need: int) -> None:
         """Make room for ``need`` rows from ``start``: slide the rows to the front (a burst: only when at least
@@ -219,9 +230,9 @@ class PagedKV:
             return
         if self.start and need <= self.cap - max(1, self.cap // 8):
             N, s = self.n_max, self.start
-            for t in self._pools():
-                src = t[:, :, s : s + N]
-                t[:, :, :N].copy_(src.clone() if s < N else src)  # overlapping ranges go through a copy
+            for t, dim in self._slab_bufs():
+                src = t.narrow(dim, s, N)
+                t.narrow(dim, 0, N).copy_(src.clone() if s < N else src)  # overlapping ranges go through a copy
             self.start = 0
             return
         grown = max(need, int(self.cap * GROWTH), self.cap + self.page_size)
@@ -518,15 +529,15 @@ class PagedKV:
             return
         e, s = hi - lo, self.start
         if lo <= N - hi:  # slide the head up: start advances by e
-            for t in self._pools():
-                if lo:
-                    src = t[:, :, s : s + lo]
-                    t[:, :, s + e : s + e + lo].copy_(src.clone() if e < lo else src)
+            if lo:
+                for t, dim in self._slab_bufs():
+                    src = t.narrow(dim, s, lo)
+                    t.narrow(dim, s + e, lo).copy_(src.clone() if e < lo else src)
             self.start = s + e
         else:  # slide the tail down
-            for t in self._pools():
-                src = t[:, :, s + hi : s + N]
-                t[:, :, s + lo : s + lo + N - hi].copy_(src.clone() if e < N - hi else src)
+            for t, dim in self._slab_bufs():
+                src = t.narrow(dim, s + hi, N - hi)
+                t.narrow(dim, s + lo, N - hi).copy_(src.clone() if e < N - hi else src)
         self._set_kept(self.n - e, N - e, N - e)
 
     def drop_rows(self, j: torch.Tensor) -> None:
@@ -560,12 +571,10 @@ class PagedKV:
         B, H, count = idx.shape
         base = torch.arange(B * H, device=self.device).view(B, H, 1) * self.cap + src0
         ids = (base + idx).view(-1)
-        for t in self._pools():
-            if t.dim() == 4:
-                moved = t.view(-1, t.shape[-1]).index_select(0, ids).view(B, H, count, -1)
-            else:
-                moved = t.view(-1).index_select(0, ids).view(B, H, count)
-            t[:, :, dst0 : dst0 + count].copy_(moved)
+        for t, dim in self._slab_bufs():
+            lead, tail = t.shape[: dim - 2], t.shape[dim + 1 :]  # (2,) for the fused pairs; (d,) for keys
+            moved = t.view(*lead, -1, *tail).index_select(dim - 2, ids).view(*lead, B, H, count, *tail)
+            t.narrow(dim, dst0, count).copy_(moved)
 
     def _slab_fits(self, n: torch.Tensor, n_max: int) -> bool:
         """Whether rows counts ``n [B, H]`` are even enough for a slab (see ``SLAB_SLACK``)."""
@@ -578,7 +587,9 @@ class PagedKV:
         index = index.to(self.device)
         if self.slab:
             self.batch = int(index.numel())
-            self._set_pools([t[index] for t in self._pools()])
+            self.kv, self.meta = self.kv[:, index], self.meta[:, index]
+            self.attrs = {a: t[index] for a, t in self.attrs.items()}
+            self._slab_views()
             self.n = self.n[index]
             self._update_extent()
             self.version += 1
@@ -634,8 +645,9 @@ class PagedKV:
 
     # ------------------------------------------------------------------ accounting
     def tensors(self) -> list[torch.Tensor]:
-        extra = [] if self.slab else [self.table, self.free, self._flat]
-        return [*self._pools(), self.n, *extra]
+        if self.slab:
+            return [self.kv, self.meta, *self.attrs.values(), self.n]
+        return [*self._pools(), self.n, self.table, self.free, self._flat]
 
     def bytes(self) -> int:
         """Bytes of every tensor this store holds (buffers with their free capacity, tables, counters)."""
