@@ -92,6 +92,7 @@ class Step:
     auto: bool = False  # opened by the cache itself (stock ``generate``), closed at the next step
     layers_done: set[int] = field(default_factory=set)
     all_valid: bool = False  # every slot of ``valid`` is True (computed once per step, read by every layer)
+    pos_order: torch.Tensor | None = None  # [2, B, S] positions and order stacked (all-valid steps): one copy
 
 
 @dataclass
@@ -374,6 +375,7 @@ class PolicyCache(Cache):
             ends_prefill=prefill if ends_prefill is None else ends_prefill,
             auto=auto,
             all_valid=all_valid,
+            pos_order=torch.stack((positions, order)) if all_valid else None,
         )
         if self.step.ends_prefill:
             self.prompt_lengths = self.fed.clone()
@@ -414,8 +416,9 @@ class PolicyCache(Cache):
                 key_states.shape[0], key_states.dtype, self.store_device(key_states.device)
             )
         layer.store.append(
-            key_states, value_states, step.positions, step.order, step.valid, all_valid=step.all_valid
-        )
+            key_states, value_states, step.positions, step.order, step.valid, all_valid=step.all_valid,
+            pos_order=step.pos_order,
+        )  # fmt: skip
         self.on_append(layer)
         layer.view = self.load_rows(layer, key_states.device)
         layer.attended = False

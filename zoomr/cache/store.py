@@ -56,7 +56,8 @@ class Rows:
 
     ``keys``/``values`` ``[B, H, N, d]`` (views into a slab store: do not write), ``pos``/``order`` ``[B, H, N]``
     (-1 where invalid), ``valid [B, H, N]`` bool, ``n [B, H]``. A store builds ``pos``/``order``/``valid`` only
-    when a consumer reads them (plain decoding reads none of them).
+    when a consumer reads them (plain decoding reads none of them), and ``n`` too when every (b, h) holds
+    ``n_even`` rows.
     """
 
     def __init__(
@@ -70,10 +71,18 @@ class Rows:
         *,
         source: _Source | None = None,
         all_valid: bool | None = None,
+        n_even: int | None = None,
     ) -> None:
-        self.keys, self.values, self.n = keys, values, n
+        self.keys, self.values, self._n, self._n_even = keys, values, n, n_even
         self._pos, self._order, self._valid = pos, order, valid
         self._source, self._all_valid = source, all_valid
+
+    @property
+    def n(self) -> torch.Tensor | None:
+        if self._n is None and self._n_even is not None:
+            B, H = self.keys.shape[:2]
+            self._n = torch.full((B, H), self._n_even, dtype=torch.long, device=self.keys.device)
+        return self._n
 
     def _get(self, name: str) -> torch.Tensor:
         t = getattr(self, "_" + name)
@@ -148,10 +157,22 @@ class PagedKV:
         self.dtype, self.device, self.page_size, self.role = dtype, torch.device(device), page_size, role
         self.pin = bool(pin and torch.cuda.is_available() and self.device.type == "cpu")
         self.attr_names = tuple(attrs)
-        self.n = torch.zeros(batch, heads, dtype=torch.long, device=self.device)
+        self._n: torch.Tensor | None = None  # None: every (b, h) holds n_max rows (built on first read)
         self.n_max = self.n_min = 0  # python copies of n.max() / n.min() (no device sync on the hot path)
         self.version = 0  # bumped by every change of the rows (a copy made at version v is stale after)
         self._to_slab(0)
+
+    @property
+    def n(self) -> torch.Tensor:
+        """``[B, H]`` rows held per (b, h). Even changes of even rows (a plain decode append, a span evicted
+        everywhere) only move ``n_min``/``n_max``; the tensor is then built when someone reads it."""
+        if self._n is None:
+            self._n = torch.full((self.batch, self.heads), self.n_max, dtype=torch.long, device=self.device)
+        return self._n
+
+    @n.setter
+    def n(self, value: torch.Tensor | None) -> None:
+        self._n = value
 
     # ------------------------------------------------------------------ allocation
     def _empty(self, *shape: int, dtype: torch.dtype, fill: float | None = None) -> torch.Tensor:
@@ -254,12 +275,14 @@ class PagedKV:
         order: torch.Tensor,
         valid: torch.Tensor,
         all_valid: bool | None = None,
+        pos_order: torch.Tensor | None = None,
     ) -> None:
         """Append the valid tokens of a step: ``keys``/``values`` ``[B, H, S, d]``; ``pos``/``order``/``valid`` ``[B, S]``.
 
         Every KV head of sequence b gets the same new rows (its valid tokens, in order); invalid tokens
         (left padding, idle sequences) are not stored at all. ``all_valid``: the caller already knows
-        whether every token is valid (saves a reduction).
+        whether every token is valid (saves a reduction); ``pos_order``: ``pos`` and ``order`` stacked
+        ``[2, B, S]``, when the caller has them so (one copy instead of two).
         """
         B, H, S, _ = keys.shape
         if (self.batch, self.heads) != (B, H):
@@ -270,12 +293,12 @@ class PagedKV:
         if not all_valid and not bool(valid.any()):
             return  # nothing to store (the rows did not change)
         if self.slab:
-            self._append_slab(keys, values, pos, order, valid, all_valid)
+            self._append_slab(keys, values, pos, order, valid, all_valid, pos_order)
         else:
             self._append_paged(keys, values, pos, order, valid, all_valid)
         self.version += 1
 
-    def _append_slab(self, keys, values, pos, order, valid, all_valid: bool) -> None:
+    def _append_slab(self, keys, values, pos, order, valid, all_valid: bool, pos_order=None) -> None:
         B, H, S, d = keys.shape
         dev = self.device
         if all_valid and self.n_min == self.n_max:  # every (b, h) holds the same rows: plain slice writes
@@ -284,11 +307,14 @@ class PagedKV:
             j1 = j0 + S
             self.k[:, :, j0:j1].copy_(keys)  # copy_ converts device / dtype and broadcasts
             self.v[:, :, j0:j1].copy_(values)
-            self.pos[:, :, j0:j1].copy_(pos[:, None, :])
-            self.order[:, :, j0:j1].copy_(order[:, None, :])
+            if pos_order is not None:
+                self.meta[:, :, :, j0:j1].copy_(pos_order[:, :, None, :])
+            else:
+                self.pos[:, :, j0:j1].copy_(pos[:, None, :])
+                self.order[:, :, j0:j1].copy_(order[:, None, :])
             for t in self.attrs.values():
                 t[:, :, j0:j1].zero_()
-            self.n = self.n + S
+            self.n = None  # still even: n_max everywhere
             self.n_max += S
             self.n_min += S
             return
@@ -425,7 +451,8 @@ class PagedKV:
             s = self.start
             keys, values = self.k[:, :, s : s + N], self.v[:, :, s : s + N]
             rows = Rows(
-                keys, values, n=self.n, source=_Source(self.pos, self.order, N, s), all_valid=self.n_min == N
+                keys, values, n=self._n, source=_Source(self.pos, self.order, N, s), all_valid=self.n_min == N,
+                n_even=N if self._n is None else None,
             )
         else:
             flat = self._flat[:, :, :N]
@@ -538,7 +565,7 @@ class PagedKV:
             for t, dim in self._slab_bufs():
                 src = t.narrow(dim, s + hi, N - hi)
                 t.narrow(dim, s + lo, N - hi).copy_(src.clone() if e < N - hi else src)
-        self._set_kept(self.n - e, N - e, N - e)
+        self._set_kept(None, N - e, N - e)
 
     def drop_rows(self, j: torch.Tensor) -> None:
         """Free row ``j[b, h]`` of every (b, h) (one row each, e.g. H2O's lowest-scored row once a step's
@@ -556,9 +583,9 @@ class PagedKV:
         if span:
             ar = torch.arange(span, device=self.device)
             self._move(ar + (ar >= (j - first)[:, :, None]), self.start + first, self.start + first, span)
-        self._set_kept(self.n - 1, N - 1, N - 1)
+        self._set_kept(None, N - 1, N - 1)
 
-    def _set_kept(self, n_keep: torch.Tensor, k_lo: int, k_hi: int) -> None:
+    def _set_kept(self, n_keep: torch.Tensor | None, k_lo: int, k_hi: int) -> None:
         self.n = n_keep
         self.n_min, self.n_max = k_lo, k_hi
         if _round_up(k_hi, self.page_size) <= self.cap * SHRINK_AT:
@@ -569,7 +596,7 @@ class PagedKV:
         """``buffer[:, :, dst0 + i] = buffer[:, :, src0 + idx[..., i]]`` for every buffer, ``idx < span``
         (row gathers with ``index_select`` into a temporary, so overlapping ranges are safe)."""
         B, H, count = idx.shape
-        base = torch.arange(B * H, device=self.device).view(B, H, 1) * self.cap + src0
+        base = torch.arange(src0, src0 + B * H * self.cap, self.cap, device=self.device).view(B, H, 1)
         ids = (base + idx).view(-1)
         for t, dim in self._slab_bufs():
             lead, tail = t.shape[: dim - 2], t.shape[dim + 1 :]  # (2,) for the fused pairs; (d,) for keys
@@ -585,18 +612,19 @@ class PagedKV:
     def select_batch(self, index: torch.Tensor) -> None:
         """Keep only the sequences ``index`` (in that order); the others' rows are freed."""
         index = index.to(self.device)
+        n = self.n[index]  # before the batch size changes (an even ``n`` is built from it)
         if self.slab:
             self.batch = int(index.numel())
             self.kv, self.meta = self.kv[:, index], self.meta[:, index]
             self.attrs = {a: t[index] for a, t in self.attrs.items()}
             self._slab_views()
-            self.n = self.n[index]
+            self.n = n
             self._update_extent()
             self.version += 1
             return
         flat, valid = self.flat_index()
         self.batch = int(index.numel())
-        self.n = self.n[index]
+        self.n = n
         self._rebuild(flat[index], valid[index])
 
     def _rebuild(self, flat: torch.Tensor, keep: torch.Tensor) -> None:
@@ -645,9 +673,10 @@ class PagedKV:
 
     # ------------------------------------------------------------------ accounting
     def tensors(self) -> list[torch.Tensor]:
+        n = [] if self._n is None else [self._n]
         if self.slab:
-            return [self.kv, self.meta, *self.attrs.values(), self.n]
-        return [*self._pools(), self.n, self.table, self.free, self._flat]
+            return [self.kv, self.meta, *self.attrs.values(), *n]
+        return [*self._pools(), *n, self.table, self.free, self._flat]
 
     def bytes(self) -> int:
         """Bytes of every tensor this store holds (buffers with their free capacity, tables, counters)."""
