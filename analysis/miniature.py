@@ -16,22 +16,14 @@ A rerun does only what is missing: a finished model or arm is reused when its co
 
 from __future__ import annotations
 
-import json
-import logging
-import os
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from analysis.miniature_plan import ARMS, MODELS, Arm, full_arm, plan
-
-log = logging.getLogger("miniature")
-CMD_FILE = "miniature_command.json"
+from eval.arms import load_arm, run_arm, run_command, testbed_command
 
 
 def checkpoint(model: str, trace_tokens: int) -> Path:
@@ -48,15 +40,11 @@ def train_command(model: str, trace_tokens: int) -> list[str]:
     return [sys.executable, "-m", "train", *args, *length, f"run_name={m.run_name(trace_tokens)}", "logger=none"]
 
 
-def benchmark_options(model: str, task: Any) -> list[str]:
+def benchmark_options(model: str, task: Any) -> dict[str, Any]:
+    """The testbed the model was trained on, at the task's length, on the held-out problems."""
     summaries = MODELS[model].summaries or any(MODELS[d].summaries for d in MODELS[model].needs)
-    return [
-        f"+benchmark.options.trace_tokens={task.trace_tokens}",
-        f"+benchmark.options.summaries={str(summaries).lower()}",
-        f"+benchmark.options.model_writes_summaries={str(summaries).lower()}",
-        f"+benchmark.options.n_test={task.n}",
-        f"+benchmark.options.test_seed={task.test_seed}",
-    ]
+    return {"trace_tokens": task.trace_tokens, "summaries": summaries, "model_writes_summaries": summaries,
+            "n_test": task.n, "test_seed": task.test_seed}  # fmt: skip
 
 
 def arm_dir(task: Any, name: str) -> Path:
@@ -64,29 +52,11 @@ def arm_dir(task: Any, name: str) -> Path:
 
 
 def eval_command(arm: Arm, task: Any, match_rows: float | None) -> list[str]:
-    cmd = [
-        sys.executable, "-m", "eval", "benchmark=testbed", "model=tiny-testbed",
-        f"model.hf_id={checkpoint(arm.model, task.trace_tokens)}", *benchmark_options(arm.model, task),
-        "generation.temperature=0", "generation.n_samples=1", f"generation.max_new_tokens={task.trace_tokens + 64}",
-        f"generation.batch_size={task.batch_size}", "logger=none", f"run_dir={arm_dir(task, arm.name)}",
-        f"run_name={arm.name.replace('@', '_at_')}",
-    ]  # fmt: skip
-    if arm.yaml:
-        cmd += [f"+method={arm.yaml}", *arm.overrides]
+    method = [f"+method={arm.yaml}", *arm.overrides] if arm.yaml else []
     if match_rows is not None:
-        cmd.append(f"method.budget_rows={max(8, round(match_rows * arm.match_scale))}")
-    return cmd
-
-
-def run_logged(cmd: list[str], where: Path, threads: int) -> None:
-    """Run ``cmd`` (output to the console and ``where/…log``); a failure stops the miniature, naming it."""
-    where.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
-    print("$ " + shlex.join(cmd[1:]), flush=True)
-    t0 = time.perf_counter()
-    if subprocess.run(cmd, env=env).returncode != 0:
-        raise SystemExit(f"miniature: this command failed (its run directory keeps what finished):\n  {shlex.join(cmd)}")
-    print(f"  done in {time.perf_counter() - t0:.0f} s", flush=True)
+        method.append(f"method.budget_rows={max(8, round(match_rows * arm.match_scale))}")
+    ckpt = checkpoint(arm.model, task.trace_tokens)
+    return testbed_command(ckpt, arm_dir(task, arm.name), benchmark_options(arm.model, task), method, task.batch_size)
 
 
 def ensure_model(name: str, task: Any) -> Path:
@@ -95,42 +65,18 @@ def ensure_model(name: str, task: Any) -> Path:
     if task.dry_run:
         print("train: " + shlex.join(cmd[1:]))
     elif not (ckpt.parent / "summary.json").exists():
-        run_logged(cmd, ckpt.parent, task.threads)
+        run_command(cmd, task.threads, what=f"training {name}")
     return ckpt
 
 
-def arm_rows(metrics_dir: Path) -> float:
-    return float(json.loads((metrics_dir / "metrics.json").read_text())["pooled"]["rows_mean"])
-
-
-def ensure_arm(name: str, task: Any) -> Path:
+def ensure_arm(name: str, task: Any) -> None:
     arm = ARMS[name]
-    out = arm_dir(task, name)
-    match_rows = arm_rows(arm_dir(task, arm.match)) if arm.match and not task.dry_run else None
+    match_rows = load_arm(arm_dir(task, arm.match)).rows.mean() if arm.match and not task.dry_run else None
     cmd = eval_command(arm, task, match_rows)
     if task.dry_run:
         print("eval:  " + shlex.join(cmd[1:]))
-        return out
-    saved = out / CMD_FILE
-    done = (out / "metrics.json").exists() and saved.exists() and json.loads(saved.read_text()) == cmd[1:]
-    if not done:
-        run_logged(cmd, out, task.threads)
-        saved.write_text(json.dumps(cmd[1:]))
-    return out
-
-
-def load_arm(out: Path) -> dict[str, Any]:
-    """Per-problem correctness, recall and resident rows of a finished eval run, in problem order."""
-    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
-    rows.sort(key=lambda r: int(r["problem_id"].rsplit("-", 1)[1]))
-    metrics = json.loads((out / "metrics.json").read_text())
-    return {
-        "ids": [r["problem_id"] for r in rows],
-        "correct": np.array([float(r["correct"]) for r in rows]),
-        "recall": np.array([r["recall_accuracy"] for r in rows], dtype=float),
-        "rows": np.array([r["kv"]["rows_mean"] for r in rows], dtype=float),
-        "metrics": metrics,
-    }
+    else:
+        run_arm(cmd, arm_dir(task, name), task.threads)
 
 
 def summarize(arms: list[str], task: Any) -> list[dict[str, Any]]:
@@ -143,27 +89,27 @@ def summarize(arms: list[str], task: Any) -> list[dict[str, Any]]:
     for name in arms:
         arm, r = ARMS[name], loaded[name]
         full = loaded[full_arm(arm)]
-        if r["ids"] != full["ids"]:
+        if r.ids != full.ids:
             raise SystemExit(f"miniature: arm {name} and {full_arm(arm)} ran different problems; rerun both")
-        ci = paired_bootstrap(r["correct"], full["correct"], idx)
-        recall_ci = paired_bootstrap(r["recall"], full["recall"], idx)
-        testbed = r["metrics"].get("testbed", {})
+        ci = paired_bootstrap(r.correct, full.correct, idx)
+        recall_ci = paired_bootstrap(r.recall, full.recall, idx)
+        testbed = r.metrics.get("testbed", {})
         out.append(
             {
                 "name": name,
                 "method": arm.method,
                 "model": MODELS[arm.model].run_name(task.trace_tokens),
                 "paired_with": full_arm(arm),
-                "rows_over_full": float(r["rows"].mean() / full["rows"].mean()),
-                "rows_mean": float(r["rows"].mean()),
-                "answer_accuracy": float(r["correct"].mean()),
-                "recall": float(r["recall"].mean()),
+                "rows_over_full": float(r.rows.mean() / full.rows.mean()),
+                "rows_mean": float(r.rows.mean()),
+                "answer_accuracy": r.accuracy,
+                "recall": float(r.recall.mean()),
                 "ci_vs_full": [ci.low, ci.high],
                 "delta_vs_full": ci.delta,
                 "recall_ci_vs_full": [recall_ci.low, recall_ci.high],
                 "recall_by_distance": {k[len("recall_"):]: v for k, v in testbed.items()
                                        if k.startswith("recall_") and not k.endswith("_n") and k != "recall_all"},
-                "compression": float(r["metrics"]["pooled"].get("compression", 0.0)),
+                "compression": float(r.metrics["pooled"].get("compression", 0.0)),
                 **({"matched_to": arm.match, "match_scale": arm.match_scale} if arm.match else {}),
                 **arm.extra,
             }

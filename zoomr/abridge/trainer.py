@@ -25,6 +25,7 @@ from zoomr.abridge.layout import IGNORE, AbridgeLayout, pause_token_ids
 from zoomr.abridge.mask import layer_masks
 from zoomr.abridge.optim import lr_factor
 from zoomr.models import ModelSpec, load_model, load_tokenizer
+from zoomr.paths import resolve_repo_path
 from zoomr.schemas.abridge import AbridgeMethod, AbridgeOptim
 from zoomr.training import LogAtSave, load_sft_dataset, trainer_arguments
 
@@ -135,7 +136,8 @@ def load_streams(
 def load_start_model(spec: ModelSpec, m: AbridgeMethod | Any, cache_dir: str, device: torch.device):
     """The model and tokenizer to fine-tune: ``m.init_from`` (a checkpoint directory) or the model config."""
     if m.init_from:
-        start = ModelSpec(name=spec.name, arch=spec.arch, hf_id=m.init_from, dtype=spec.dtype)
+        path = resolve_repo_path(m.init_from)  # a checkpoint shipped in the repo works from any directory
+        start = ModelSpec(name=spec.name, arch=spec.arch, hf_id=str(path), dtype=spec.dtype)
         return load_model(start, cache_dir, device=device), load_tokenizer(start, cache_dir)
     return load_model(spec, cache_dir, device=device), load_tokenizer(spec, cache_dir)
 
