@@ -5,7 +5,7 @@ format, 3 layers; trained by :data:`BASE_TRAIN`); substitute it with ``str.forma
 
 - :data:`MODELS`: what KVzap needs before its arms can run, in order, as ``python -m <entry> <overrides>``:
   the pairs (``data_prep``, the base model's own hidden states on testbed traces of the training stream
-  3000017, scored by the recall pretext; ~70 s here) and the linear and MLP surrogates fitted on them
+  2, scored by the recall pretext; ~70 s here) and the linear and MLP surrogates fitted on them
   (``train``, ~30 s; held-out R² per head against the constant predictor in ``r2.json``/``summary.json``).
 - :data:`EVAL_COMMON`: the overrides every KVzap arm shares (greedy, 1,100 new tokens, batch 64); the
   miniature adds its own ``benchmark.options.n_test`` / ``+benchmark.options.test_seed`` and ``run_dir``.

@@ -105,7 +105,7 @@ def test_pipeline_writes_the_models_own_hidden_states(tmp_path):
     assert (summary["pairs_train"], summary["pairs_val"]) == (120, 80)
     manifest = json.loads((tmp_path / "pairs" / "manifest.json").read_text())
     assert Counter(d["split"] for d in manifest["documents"]) == {"train": 3, "val": 2}
-    assert manifest["settings"]["testbed"]["source"]["seed"] == 3_000_017
+    assert manifest["settings"]["testbed"]["source"]["seed"] == 2
     spec = model_spec(cfg)
     model = load_model(spec, f"{tmp_path}/cache")
     tokenizer = tt.build_tokenizer()

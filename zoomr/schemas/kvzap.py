@@ -41,11 +41,11 @@ class TestbedPairsSource:
 
     __test__ = False  # not a pytest class despite the name
 
-    seed: int = 3_000_017
+    seed: int = 2  # a training stream: 3,000,017 is a held-out test seed (analysis/results/testbed_cue_3layer)
     n_train: int = 256
     n_val: int = 16
     pretext: str = "recall"  # recall | copy
-    exclude_seeds: list[int] = field(default_factory=lambda: [1_000_003, 2_000_003])
+    exclude_seeds: list[int] = field(default_factory=lambda: [1_000_003, 2_000_003, 3_000_017])
     data: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
