@@ -17,15 +17,23 @@ from dataclasses import dataclass, field
 # a layer keeping q of them compresses a completed block C:q (q = 16: 4:1, q = 8: 8:1).
 BLOCK, PAUSES = 64, 16
 ABRIDGE_STEPS = 3000
+KVZAP_THRESHOLDS = (-8.0, -7.0, -6.0, -5.0, -4.0)  # log-score thresholds τ (analysis/miniature_kvzap.py)
 ZOOMR_WINDOW = 64  # N_w: the paper's 512 is half a 1,024-token testbed trace; 64 ~ one paragraph
 
 
 @dataclass(frozen=True)
 class Model:
+    """A step that produces what arms need: by default a ``python -m train`` run whose ``final/`` is a
+    checkpoint; ``entry``/``done`` for other steps (KVzap's pairs and surrogates), ``serves`` the model whose
+    checkpoint the arms load (KVzap serves the base model with its surrogates)."""
+
     name: str
     overrides: tuple[str, ...]
     needs: tuple[str, ...] = ()
     summaries: bool = False  # trained on traces with a summary after every paragraph (written by the model)
+    entry: str = "train"
+    done: str | None = None  # a file whose existence marks the step finished; default: <run dir>/summary.json
+    serves: str | None = None
 
     def run_name(self, trace_tokens: int) -> str:
         return f"mini-{self.name}-T{trace_tokens}"
@@ -71,6 +79,12 @@ MODELS: dict[str, Model] = {
         Model("abridge_4to1_more", _abridge(16, steps=2000, extra=("method.optim.learning_rate=5e-4", "data.seed=1"), start="abridge_4to1"),
               needs=("abridge_4to1",)),
         Model("abridge_8to1", _abridge(8, steps=1500), needs=("base",)),  # half the steps: CPU time
+        # KVzap (analysis/miniature_kvzap.py): pairs from the base model's own hidden states on training-stream
+        # traces, then the linear and MLP surrogates; the arms serve the base model with them
+        Model("kvzap_pairs", ("+pipeline=kvzap_pairs_testbed", "model=tiny-testbed", "model.hf_id={base}"),
+              needs=("base",), entry="data_prep", done="runs/kvzap/{base_name}/pairs/manifest.json", serves="base"),
+        Model("kvzap", ("+method=kvzap", "model=tiny-testbed", "model.hf_id={base}"), needs=("base", "kvzap_pairs"),
+              done="runs/kvzap/{base_name}/mlp/model.safetensors", serves="base"),
     ]
 }
 
@@ -93,6 +107,11 @@ ARMS: dict[str, Arm] = {
         Arm("abridge_8to1", "abridge", "abridge_8to1", extra={"ratio": BLOCK / 8}),
         Arm("streaming@abridge_8to1", "streaming", "base", match="abridge_8to1"),
         Arm("h2o@abridge_8to1", "h2o", "base", match="abridge_8to1"),
+        *(Arm(f"kvzap@{t:g}", "kvzap", "kvzap", (f"method.threshold={t}",), extra={"threshold": t})
+          for t in KVZAP_THRESHOLDS),
+        *(Arm(f"kvzap_linear@{t:g}", "kvzap_linear", "kvzap", (f"method.threshold={t}",), extra={"threshold": t})
+          for t in KVZAP_THRESHOLDS),
+        Arm("kvzap_oracle", "kvzap_oracle", "base"),
         Arm("full_summaries", "full", "base_sum"),
         Arm("zoomr", "zoomr", "base_sum", (f"method.window={ZOOMR_WINDOW}",)),
         Arm("sumr", "sumr", "base_sum", (f"method.window={ZOOMR_WINDOW}",)),
