@@ -1,4 +1,7 @@
-"""The packages import one way: zoomr (the library) < data_prep < train, eval < analysis; tests above all.
+"""The packages import one way: zoomr (the library) < data_prep < eval < train < analysis; tests above all.
+
+(A recipe may run the evaluator at its end, e.g. AbridgeKV's testbed arms through ``eval.arms``; the
+evaluator never imports a recipe.)
 
 Read with ``ast`` (every import, lazy ones inside functions included), so a violation fails here before
 it can become an import circle. Issue 12, part 4.
@@ -18,8 +21,8 @@ PACKAGES = ("zoomr", "data_prep", "train", "eval", "analysis")
 MAY_IMPORT = {
     "zoomr": set(),
     "data_prep": {"zoomr"},
-    "train": {"zoomr", "data_prep"},
     "eval": {"zoomr", "data_prep"},
+    "train": {"zoomr", "data_prep", "eval"},
     "analysis": {"zoomr", "data_prep", "train", "eval"},
 }
 # Known violations in files another change is moving (the testbed unit, issue 12 part 1); remove as they go.
