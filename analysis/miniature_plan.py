@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 # a layer keeping q of them compresses a completed block C:q (q = 16: 4:1, q = 8: 8:1).
 BLOCK, PAUSES = 64, 16
 ABRIDGE_STEPS = 3000
-KVZAP_THRESHOLDS = (-8.0, -7.0, -6.0, -5.0, -4.0)  # log-score thresholds τ (analysis/miniature_kvzap.py)
+KVZAP_THRESHOLDS = (-8.0, -7.0, -6.0, -5.5, -5.0, -4.0)  # log-score thresholds τ (analysis/miniature_kvzap.py)
 ZOOMR_WINDOW = 64  # N_w: the paper's 512 is half a 1,024-token testbed trace; 64 ~ one paragraph
 
 
