@@ -94,6 +94,20 @@ def run(cfg) -> dict[str, Any]:
     return finish_run(plan, logger, summary, f"AbridgeKV training finished: {cfg.run_name}")
 
 
+def uncompressed_start(path: Path) -> Path:
+    """The first checkpoint up the ``method.init_from`` chain that is not itself an AbridgeKV model (a second
+    training stage starts from one, whose weights no longer work uncompressed): full KV's model."""
+    import json
+
+    while (path / "abridge.json").exists():
+        run_config = path.parent / "config.json"
+        start = json.loads(run_config.read_text()).get("method", {}).get("init_from") if run_config.is_file() else None
+        if not start:
+            break
+        path = resolve_repo_path(start)
+    return path
+
+
 def testbed_comparison(data: dict[str, Any], m: AbridgeMethod, final_dir: Path, out: Path) -> dict[str, Any]:
     """On the recall testbed: held-out greedy answer accuracy of this AbridgeKV model, of full KV (the
     model it started from) and of StreamingLLM on that model at this model's mean resident rows, each run
@@ -105,7 +119,7 @@ def testbed_comparison(data: dict[str, Any], m: AbridgeMethod, final_dir: Path, 
     fields = ("trace_tokens", "summaries", "model_writes_summaries", "query_form", "test_seed")
     opts = {k: data[k] for k in fields if k in data} | {"n_test": m.testbed_eval_problems}
     threads = torch.get_num_threads()
-    start = resolve_repo_path(m.init_from)
+    start = uncompressed_start(resolve_repo_path(m.init_from))
 
     def arm(name: str, ckpt: Path, method: list[str] | None = None):
         return run_arm(testbed_command(ckpt, out / name, opts, method), out / name, threads)
