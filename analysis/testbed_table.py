@@ -28,7 +28,9 @@ from typing import Any
 import numpy as np
 import torch
 
-BUCKETS = ("<64", "64-256", ">256")
+from zoomr.testbed.grading import BUCKETS as DISTANCE_BUCKETS
+
+BUCKETS = tuple(name for *_, name in DISTANCE_BUCKETS)  # recall columns, nearest first
 
 
 def arms_for(fractions: list[float], rows: float, n_sink: int) -> dict[str, dict[str, Any]]:
@@ -41,9 +43,9 @@ def arms_for(fractions: list[float], rows: float, n_sink: int) -> dict[str, dict
 
 
 def evaluate_arm(model, tok, records, policy, batch: int) -> dict[str, Any]:
-    from analysis.testbed_arms import run_arm
-    from data_prep.testbed_grading import summarize
     from zoomr.engine import mean_rows
+    from zoomr.testbed.checkpoint import run_arm
+    from zoomr.testbed.grading import summarize
 
     t0 = time.perf_counter()
     outs, grades, _ = run_arm(model, tok, records, policy, batch)
@@ -141,7 +143,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from dataclasses import asdict
 
-    from analysis.testbed_arms import full_rows, load_testbed_model, test_records, trained_data
+    from zoomr.testbed.checkpoint import full_rows, load_testbed_model, test_records, trained_data
 
     out = Path(args.out)
     (out / "arms").mkdir(parents=True, exist_ok=True)

@@ -162,8 +162,8 @@ def rows_vs_length(
 
 
 def run_one(model, tok, records, cfg, batch: int, window: int, consensus: int, prompt_len: int, keep_rows: bool) -> dict[str, Any]:
-    from analysis.testbed_arms import run_arm
     from zoomr.engine import mean_rows
+    from zoomr.testbed.checkpoint import run_arm
 
     t0 = time.perf_counter()
     outs, grades, caches = run_arm(model, tok, records, cfg, batch)
@@ -212,11 +212,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--out", default="runs/zoomr_testbed")
     args = p.parse_args(argv)
 
-    from analysis.testbed_arms import load_testbed_model, test_records, trained_data
     from analysis.testbed_table import cached
-    from data_prep import testbed_tokenizer as tt
     from eval.bootstrap import index_matrix, paired_bootstrap
     from zoomr.cache import match_budget
+    from zoomr.testbed import vocab as tt
+    from zoomr.testbed.checkpoint import load_testbed_model, test_records, trained_data
 
     out_dir = Path(args.out)
     (out_dir / "arms").mkdir(parents=True, exist_ok=True)

@@ -60,7 +60,7 @@ def testbed_hooks(bench: BenchmarkConfig, tokenizer: Any, problems: list, max_ne
     """For ``task=testbed``: the environment's script per problem and per-fact recall in every row."""
     if bench.task != "testbed":
         return {}
-    from data_prep.testbed_grading import grade, script_ids
+    from zoomr.testbed.grading import grade, script_ids
 
     longest = max(p.meta["record"]["response_tokens"] + 1 for p in problems)
     if max_new_tokens < longest:
@@ -155,7 +155,7 @@ def _finish(cfg, run_dir, logger, bench, spec, rows, counts, max_error_rate, plu
 
     metrics = compute_metrics(rows)
     if bench.task == "testbed":  # per-fact recall by reference distance, pooled over rows
-        from data_prep.testbed_grading import summarize
+        from zoomr.testbed.grading import summarize
 
         metrics["testbed"] = {k: v for k, v in summarize(rows).items() if k.startswith("recall")}
     metrics["grading_timeouts_this_run"] = counts["timeouts"]

@@ -189,10 +189,10 @@ SOURCES: dict[str, Source] = {
 
 
 def testbed_problems(options: dict[str, Any]) -> list[Problem]:
-    """The recall testbed's fixed test set (``data_prep/testbed.py``), generated from ``options``
+    """The recall testbed's fixed test set (``zoomr/testbed/task.py``), generated from ``options``
     (:class:`zoomr.schemas.testbed.TestbedData` fields; ``n_test`` problems from ``test_seed``)."""
-    from data_prep.testbed_grading import load_test_problems
     from zoomr.schemas.testbed import TestbedData
+    from zoomr.testbed.grading import load_test_problems
 
     try:
         cfg = TestbedData(**options)

@@ -399,7 +399,7 @@ class Grader:
             if task == "gpqa":
                 g = grade_letter(text, gold)
             elif task == "testbed":
-                from data_prep.testbed_grading import grade_answer
+                from zoomr.testbed.grading import grade_answer
 
                 extracted, ok = grade_answer(text, gold)
                 g = Grade(extracted, ok, "exact" if ok else "none")

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from analysis import testbed_arms, testbed_table
+from analysis import testbed_table
+from zoomr.testbed import checkpoint as testbed_arms
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """From-scratch training on the recall testbed (``+method=sft_testbed data=testbed model=tiny-testbed``).
 
-A plain PyTorch loop over freshly generated problems (:mod:`data_prep.testbed_curriculum`), on the
+A plain PyTorch loop over freshly generated problems (:mod:`zoomr.testbed.curriculum`), on the
 project's model class (a tiny llama from :mod:`zoomr.models`), saved with ``save_pretrained`` so the
 evaluator loads it with ``from_pretrained``. TRL's SFTTrainer (``+method=sft data=testbed`` also works)
 has no curriculum or copy warm-up and recomputes chat templates per example; this loop is what meets
@@ -31,18 +31,19 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from data_prep import testbed_tokenizer as tt
-from data_prep.testbed import problems
-from data_prep.testbed_curriculum import Batch, Curriculum, collate, encode_problem
 from zoomr import tokens
 from zoomr.entry import model_spec, start_run
 from zoomr.models import describe, load_model, load_tokenizer
 from zoomr.schemas import to_dataclass
 from zoomr.schemas.testbed import TestbedData, TestbedTrainMethod
 from zoomr.summary_pointer import capture_qk, count_hits, pointer_loss
+from zoomr.testbed import vocab as tt
+from zoomr.testbed.checkpoint import DATA_FILE
+from zoomr.testbed.curriculum import Batch, Curriculum, collate, encode_problem
+from zoomr.testbed.grading import BUCKETS
+from zoomr.testbed.task import problems
 
 log = logging.getLogger(__name__)
-BUCKETS = ((0, 64, "<64"), (64, 257, "64-256"), (257, 1 << 30, ">256"))
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -156,7 +157,7 @@ def check_tokenizer(tokenizer) -> None:
     if missing:
         raise SystemExit(
             f"model tokenizer lacks testbed words {missing}: use model=tiny-testbed (or a model config with "
-            "extra.tokenizer: data_prep.testbed_tokenizer:build_tokenizer)"
+            "extra.tokenizer: zoomr.testbed.vocab:build_tokenizer)"
         )
 
 
@@ -179,8 +180,6 @@ def save_checkpoint(model, tokenizer, opt, step: int, elapsed: float, ckpt_dir: 
 def finalize(model, tokenizer, data: TestbedData, out: Path) -> None:
     """Save for ``from_pretrained``, with the data config it learned (``testbed_data.json``: the evaluation
     scripts test a model on its own distribution); generation stops at ``<|im_end|>``."""
-    from analysis.testbed_arms import DATA_FILE
-
     im_end = tokenizer.convert_tokens_to_ids(tokens.IM_END)
     model.generation_config.eos_token_id = [im_end, tokenizer.eos_token_id]
     model.generation_config.pad_token_id = tokenizer.pad_token_id

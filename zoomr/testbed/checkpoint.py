@@ -40,14 +40,14 @@ def trained_data(path: str | Path, **overrides: Any):
 
 
 def test_records(data, n: int) -> list[dict[str, Any]]:
-    from data_prep.testbed_grading import load_test_problems
+    from zoomr.testbed.grading import load_test_problems
 
     return load_test_problems(data, n)
 
 
 def full_rows(records: list[dict[str, Any]]) -> float:
     """Mean rows full KV holds at the end of a problem (prompt with chat markup + response + end of turn)."""
-    from data_prep import testbed_tokenizer as tt
+    from zoomr.testbed import vocab as tt
 
     enc = tt.FastEncoder()
     return float(np.mean([len(enc.prompt(r["prompt"].split())) + r["response_tokens"] + 1 for r in records]))
@@ -57,10 +57,10 @@ def run_arm(model, tokenizer, records: list[dict[str, Any]], policy: dict[str, A
     """Decode every record greedily with ``policy`` (a fresh cache per batch); returns (outputs, grades, caches)."""
     from tqdm.auto import tqdm
 
-    from data_prep import testbed_tokenizer as tt
-    from data_prep.testbed_grading import grade, script_ids
     from zoomr.cache import build_policy
     from zoomr.engine import DecodeSettings, generate
+    from zoomr.testbed import vocab as tt
+    from zoomr.testbed.grading import grade, script_ids
 
     enc = tt.FastEncoder(tokenizer)
     stop = [tokenizer.convert_tokens_to_ids(tokens.IM_END)]

@@ -9,7 +9,7 @@ tokens, ChatML) and the project chat template, so every method runs on it unchan
 Built with the ``tokenizers`` library (``WordLevel`` model, whitespace pre-tokenisation, the
 paragraph break ``"\\n\\n"`` as an added token) and wrapped as ``PreTrainedTokenizerFast``; saved and
 loaded with ``save_pretrained`` / ``from_pretrained``. A model names it with
-``extra: {tokenizer: data_prep.testbed_tokenizer:build_tokenizer}`` (see ``zoomr.models``).
+``extra: {tokenizer: zoomr.testbed.vocab:build_tokenizer}`` (see ``zoomr.models``).
 """
 
 from __future__ import annotations
