@@ -81,6 +81,14 @@ def kv_stats(stats: Any, prompt_tokens: int, n_tokens: int) -> dict[str, float]:
     }
 
 
+def jsonable(details: dict[str, Any]) -> dict[str, Any]:
+    """``details`` as they read back from ``results.jsonl`` (tensors and numpy scalars as numbers, dict keys
+    as strings), so a fresh row and a resumed one hold the same values."""
+    import json
+
+    return json.loads(json.dumps(details, default=lambda x: x.tolist() if hasattr(x, "tolist") else str(x)))
+
+
 def engine_generator(
     model: Any, tokenizer: Any, policy: dict[str, Any] | None, gen: Any, inspect: Inspect | None = None
 ) -> GenerateFn:
@@ -108,7 +116,7 @@ def engine_generator(
                 truncated=bool(o.hit_cap),
                 prompt_tokens=o.prompt_tokens,
                 kv=kv_stats(o.stats, o.prompt_tokens, o.n_tokens),
-                decode=inspect(cache, i, o) if inspect else {},
+                decode=jsonable(inspect(cache, i, o)) if inspect else {},
             )
             for i, o in enumerate(outs)
         ]

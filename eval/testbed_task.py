@@ -6,16 +6,23 @@ the environment writes the trace's random facts through the decode engine's scri
 (:func:`zoomr.testbed.grading.script_ids`) and the model writes every answer. A sample is correct when
 its final ``\\boxed{}`` holds exactly the gold queries and answers; every row carries per-fact recall
 with the reference distance, and ``metrics.json["testbed"]`` pools recall by distance bucket.
+:func:`testbed_arm` runs one cache-policy arm of a loaded checkpoint through the evaluator (the analysis
+scripts' arms, ``analysis/testbed_table.py``, ``analysis/zoomr_testbed.py``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from eval.benchmarks import Problem
-from eval.generation import Generation
+from eval.generation import Generation, Inspect
 from eval.grading import Grade
 from eval.tasks import Task
+
+if TYPE_CHECKING:
+    from eval.arm import ArmResult
 
 
 def testbed_problems(options: dict[str, Any]) -> list[Problem]:
@@ -85,3 +92,33 @@ class TestbedTask(Task):
 
 
 TESTBED = TestbedTask()
+
+
+def decode_stats(cache: Any, index: int, output: Any) -> dict[str, Any]:
+    """An ``inspect`` hook (:func:`eval.generation.engine_generator`): the mean decode step time (prefill
+    excluded; the batch's wall time per step) and the response tokens the environment wrote."""
+    step_s = output.stats.step_s
+    return {"step_s": float(step_s[1:].mean()) if len(step_s) > 1 else None, "n_scripted": output.n_scripted}
+
+
+def testbed_arm(
+    model: Any,
+    tokenizer: Any,
+    data: Any,
+    n: int,
+    policy: dict[str, Any] | None,
+    run_dir: str | Path,
+    batch_size: int = 64,
+    inspect: Inspect | None = decode_stats,
+) -> ArmResult:
+    """One cache-policy arm on ``n`` test problems of ``data`` (a ``TestbedData``) through the evaluator,
+    greedy, into ``run_dir`` (resumed when rerun): :func:`eval.arm.run_arm` with ``benchmark=testbed``.
+    The cap is the longest trace plus its end of turn plus 8 tokens; a checkpoint of the trainer stops
+    at ``<|im_end|>`` (its generation config)."""
+    from eval.arm import run_arm
+
+    options = {**asdict(data), "n_test": n}
+    longest = max(p.meta["record"]["response_tokens"] for p in testbed_problems(options))
+    bench = {"name": "testbed", "task": "testbed", "sources": ["testbed"], "options": options}
+    gen = {"temperature": 0.0, "n_samples": 1, "batch_size": batch_size, "max_new_tokens": longest + 1 + 8}
+    return run_arm(model, tokenizer, bench, policy, run_dir, generation=gen, inspect=inspect)

@@ -12,6 +12,7 @@ import pytest
 
 from analysis import testbed_table
 from zoomr.testbed import checkpoint as testbed_arms
+from zoomr.testbed.grading import load_test_problems
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def test_table_arms_budgets_and_resume(checkpoint, tmp_path):
     (name,) = results
     arms = results[name]
     assert set(arms) == {"full", "streaming@0.5", "h2o@0.5", "_meta"}
-    rows = testbed_arms.full_rows(testbed_arms.test_records(testbed_arms.trained_data(checkpoint), 3))
+    rows = testbed_arms.full_rows(load_test_problems(testbed_arms.trained_data(checkpoint), 3))
     budget = round(0.5 * rows)
     assert arms["streaming@0.5"]["policy"]["budget_rows"] == budget == arms["h2o@0.5"]["policy"]["budget_rows"]
     assert arms["full"]["rows_ratio"] == 1.0

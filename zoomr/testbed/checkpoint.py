@@ -1,20 +1,18 @@
-"""Running cache-policy arms on the recall testbed: load a trained model, decode its test problems through
-the project's engine with the environment's script, grade them exactly.
+"""A trained testbed checkpoint: the model, its tokenizer and the data config it learned.
 
-Shared by :mod:`analysis.testbed_table` (full KV vs eviction baselines) and :mod:`analysis.zoomr_testbed`.
+``+method=sft_testbed`` saves ``<run>/final`` with ``save_pretrained`` and writes :data:`DATA_FILE` beside
+it, so the evaluation scripts test a model on its own distribution (summaries or not, trace length, query
+form). Arms run through the evaluator (:func:`eval.testbed_task.testbed_arm`).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-
-from zoomr import tokens
 
 DATA_FILE = "testbed_data.json"  # the TestbedData a checkpoint was trained on (written by the trainer)
 
@@ -39,43 +37,9 @@ def trained_data(path: str | Path, **overrides: Any):
     return TestbedData(**{**base, **{k: v for k, v in overrides.items() if v is not None}})
 
 
-def test_records(data, n: int) -> list[dict[str, Any]]:
-    from zoomr.testbed.grading import load_test_problems
-
-    return load_test_problems(data, n)
-
-
 def full_rows(records: list[dict[str, Any]]) -> float:
     """Mean rows full KV holds at the end of a problem (prompt with chat markup + response + end of turn)."""
     from zoomr.testbed import vocab as tt
 
     enc = tt.FastEncoder()
     return float(np.mean([len(enc.prompt(r["prompt"].split())) + r["response_tokens"] + 1 for r in records]))
-
-
-def run_arm(model, tokenizer, records: list[dict[str, Any]], policy: dict[str, Any], batch: int = 64):
-    """Decode every record greedily with ``policy`` (a fresh cache per batch); returns (outputs, grades, caches)."""
-    from tqdm.auto import tqdm
-
-    from zoomr.cache import build_policy
-    from zoomr.engine import DecodeSettings, generate
-    from zoomr.testbed import vocab as tt
-    from zoomr.testbed.grading import grade, script_ids
-
-    enc = tt.FastEncoder(tokenizer)
-    stop = [tokenizer.convert_tokens_to_ids(tokens.IM_END)]
-    outs, caches = [], []
-    for i in tqdm(range(0, len(records), batch), desc=f"testbed[{policy_dict(policy).get('policy')}]", unit="batch"):
-        chunk = records[i : i + batch]
-        scripts = [script_ids(r, tokenizer) for r in chunk]
-        settings = DecodeSettings(
-            max_new_tokens=max(map(len, scripts)) + 8, temperature=0.0, stop_token_ids=stop, progress=False
-        )
-        cache = build_policy(policy, model.config, tokenizer)
-        outs += generate(model, tokenizer, [enc.prompt(r["prompt"].split()) for r in chunk], cache, settings, scripts)
-        caches.append(cache)
-    return outs, [grade(r, o.text) for r, o in zip(records, outs)], caches
-
-
-def policy_dict(cfg: Any) -> dict[str, Any]:
-    return cfg if isinstance(cfg, dict) else asdict(cfg)
