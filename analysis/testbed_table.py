@@ -48,14 +48,16 @@ def evaluate_arm(model, tok, data, n: int, policy: dict[str, Any], batch: int, r
     """One arm through the evaluator (:func:`eval.testbed_task.testbed_arm`, resumed from ``run_dir``),
     summarised from its rows: accuracy, recall by distance, resident rows, step time."""
     from eval.testbed_task import testbed_arm
-    from zoomr.testbed.grading import summarize
+    from zoomr.testbed.grading import grade, load_test_problems, summarize
 
     t0 = time.perf_counter()
     rows = testbed_arm(model, tok, data, n, policy, run_dir, batch).rows
     step_s = [r["decode"]["step_s"] for r in rows if r["decode"]["step_s"] is not None]
+    # the full grade of each row's text (the rows keep recall; with summaries it also scores the summary blocks)
+    grades = [grade(rec, r["text"]) for rec, r in zip(load_test_problems(data, n), rows)]
     return {
         "policy": policy,
-        **summarize(rows),
+        **summarize(grades),
         "rows_mean": float(np.mean([r["kv"]["rows_mean"] for r in rows])),
         "step_ms": 1000 * float(np.mean(step_s)),
         "seconds": round(time.perf_counter() - t0, 1),

@@ -74,7 +74,7 @@ def decode_and_grade(
 
     if task.scoped:
         write_scope(run_dir, problems)
-    generate = engine_generator(model, tokenizer, policy, gen, inspect)
+    generate = engine_generator(model, tokenizer, policy, gen, inspect, task.stop_token_ids(tokenizer))
     with Grader(
         grading.workers, grading.timeout_s, grading.start_method, grading.math_verify, grading.strip_reasoning
     ) as grader:

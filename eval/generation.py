@@ -90,11 +90,17 @@ def jsonable(details: dict[str, Any]) -> dict[str, Any]:
 
 
 def engine_generator(
-    model: Any, tokenizer: Any, policy: dict[str, Any] | None, gen: Any, inspect: Inspect | None = None
+    model: Any,
+    tokenizer: Any,
+    policy: dict[str, Any] | None,
+    gen: Any,
+    inspect: Inspect | None = None,
+    stop_token_ids: list[int] | None = None,
 ) -> GenerateFn:
     """A :data:`GenerateFn` decoding through ``zoomr.engine.generate`` with the cache policy config
     ``policy`` (the ``+method=`` node; None = full KV). A fresh cache is built for every batch;
-    ``inspect`` reads per-sample details off it and the engine's outputs (:attr:`Generation.decode`)."""
+    ``inspect`` reads per-sample details off it and the engine's outputs (:attr:`Generation.decode`).
+    ``stop_token_ids``: what ends a sample (None: the model's and the tokenizer's EOS)."""
     from zoomr.cache import build_policy
     from zoomr.engine import DecodeSettings, generate
 
@@ -105,6 +111,7 @@ def engine_generator(
             top_p=gen.top_p,
             top_k=gen.top_k,
             seed=list(seeds),
+            stop_token_ids=stop_token_ids,
             progress=False,
         )
         cache = build_policy(policy or {"policy": "full"}, model.config, tokenizer) if inspect else policy

@@ -74,6 +74,12 @@ class TestbedTask(Task):
 
         return script_ids(problem.meta["record"], tokenizer)
 
+    def stop_token_ids(self, tokenizer: Any) -> list[int]:
+        """The end of turn ``<|im_end|>`` the script ends with (whatever EOS the checkpoint was saved with)."""
+        from zoomr import tokens
+
+        return [tokenizer.convert_tokens_to_ids(tokens.IM_END)]
+
     def details(self, problem: Problem, generation: Generation) -> dict[str, Any]:
         from zoomr.testbed.grading import grade
 
@@ -113,8 +119,7 @@ def testbed_arm(
 ) -> ArmResult:
     """One cache-policy arm on ``n`` test problems of ``data`` (a ``TestbedData``) through the evaluator,
     greedy, into ``run_dir`` (resumed when rerun): :func:`eval.arm.run_arm` with ``benchmark=testbed``.
-    The cap is the longest trace plus its end of turn plus 8 tokens; a checkpoint of the trainer stops
-    at ``<|im_end|>`` (its generation config)."""
+    The cap is the longest trace plus its end of turn plus 8 tokens; a sample ends at ``<|im_end|>``."""
     from eval.arm import run_arm
 
     options = {**asdict(data), "n_test": n}

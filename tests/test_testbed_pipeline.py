@@ -58,3 +58,23 @@ def test_table_arms_budgets_and_resume(checkpoint, tmp_path):
     assert len(stamps) == 3
     testbed_table.main(argv)
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "arms").glob("*.json")} == stamps
+
+
+def test_zoomr_arms_through_the_evaluator_keep_the_recompute_log(checkpoint, tmp_path):
+    """``analysis.zoomr_testbed``: ZoomR's per-cue selection comes from the recompute log its cache kept,
+    read by the evaluator's inspect hook into the rows; a rerun reuses the finished arms."""
+    from analysis import zoomr_testbed
+    from eval.results import RESULTS_FILE
+
+    argv = ["--model", str(checkpoint), "--n", "2", "--batch", "2", "--arms", "full", "zoomr", "--out", str(tmp_path)]
+    results = zoomr_testbed.main(argv)
+    records = load_test_problems(testbed_arms.trained_data(checkpoint), 2)
+    sel = results["zoomr"]["selection"]
+    assert sel["cues"] == sum(len(r["queries"]) for r in records) and 0.0 <= sel["hit_rate"] <= 1.0
+    (run_dir,) = [p for p in (tmp_path / "arms").iterdir() if p.is_dir() and p.name.startswith("zoomr-")]
+    rows = [json.loads(line) for line in (run_dir / RESULTS_FILE).read_text().splitlines()]
+    assert len(rows) == 2 and all(r["decode"]["recomputes"] for r in rows)
+    assert len(results["zoomr"]["rows_vs_length"]["zoomr_rows"]) > 0 and results["full"]["rows_over_full"] == 1.0
+    stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "arms").glob("*.json")}
+    zoomr_testbed.main(argv)
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "arms").glob("*.json")} == stamps
