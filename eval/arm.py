@@ -64,8 +64,10 @@ def decode_and_grade(
     benchmark: str,
     inspect: Inspect | None = None,
     progress: bool = True,
+    stop_token_ids: list[int] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """Run every missing (problem, sample) of ``task`` into ``run_dir``; (all rows in scope, grader counts).
+    ``inspect`` and ``stop_token_ids``: see :func:`eval.generation.engine_generator`.
     Raises :class:`eval.grading.GraderBroken` when the grading workers keep dying (finished rows are kept)."""
     from eval.generation import engine_generator
     from eval.grading import Grader
@@ -74,7 +76,7 @@ def decode_and_grade(
 
     if task.scoped:
         write_scope(run_dir, problems)
-    generate = engine_generator(model, tokenizer, policy, gen, inspect, task.stop_token_ids(tokenizer))
+    generate = engine_generator(model, tokenizer, policy, gen, inspect, stop_token_ids)
     with Grader(
         grading.workers, grading.timeout_s, grading.start_method, grading.math_verify, grading.strip_reasoning
     ) as grader:
@@ -138,13 +140,15 @@ def run_arm(
     grading: GradingConfig | dict[str, Any] | None = None,
     inspect: Inspect | None = None,
     progress: bool = True,
+    stop_token_ids: list[int] | None = None,
 ) -> ArmResult:
     """One arm (a loaded model, a benchmark, a cache policy config; None = full KV) through the evaluator
     into ``run_dir``: finished rows are kept and skipped when rerun, other settings in the same directory
     are refused. ``benchmark`` / ``generation`` / ``grading`` are the eval config's nodes (dicts of their
     fields or the dataclasses; unset fields keep their defaults). ``inspect(cache, i, output)`` adds
-    per-sample decode details to the rows (``row["decode"]``; e.g. ZoomR's recompute log). Writes
-    ``results.jsonl``, ``fingerprint.json`` and ``metrics.json``."""
+    per-sample decode details to the rows (``row["decode"]``; e.g. ZoomR's recompute log);
+    ``stop_token_ids`` end a sample (None: the model's EOS). Writes ``results.jsonl``, ``fingerprint.json``
+    and ``metrics.json``."""
     from eval.results import RunLock, check_fingerprint
 
     bench = benchmark if isinstance(benchmark, BenchmarkConfig) else to_dataclass(BenchmarkConfig, benchmark)
@@ -154,9 +158,10 @@ def run_arm(
     problems = load_problems(task, bench, tokenizer, gen)
     model_id = getattr(model, "name_or_path", None) or type(model).__name__
     with RunLock(run_dir):
-        check_fingerprint(run_dir, fingerprint(str(model_id), policy, _plain(bench), _plain(gen), _plain(grade)))
+        fp = fingerprint(str(model_id), policy, _plain(bench), _plain(gen), _plain(grade))
+        check_fingerprint(run_dir, {**fp, "stop_token_ids": stop_token_ids})
         rows, counts = decode_and_grade(
-            task, problems, model, tokenizer, policy, gen, grade, run_dir, bench.name, inspect, progress
+            task, problems, model, tokenizer, policy, gen, grade, run_dir, bench.name, inspect, progress, stop_token_ids
         )
     metrics = arm_metrics(task, rows, counts, grade.max_error_rate, policy)
     (Path(run_dir) / "metrics.json").write_text(json.dumps(metrics, indent=2))

@@ -6,8 +6,7 @@ A :class:`Task` says how to
   or read them from the hub, so a run records their ids in ``problems.json``);
 - ``check(problems, gen)`` the generation settings against them (before anything is written);
 - ``prompt(problem, tokenizer, system_prompt, enable_thinking)`` render one problem for the model;
-- ``script(problem, tokenizer)`` the environment's tokens, if the task has an environment (the testbed),
-  and ``stop_token_ids(tokenizer)`` what ends a sample (None: the model's EOS);
+- ``script(problem, tokenizer)`` the environment's tokens, if the task has an environment (the testbed);
 - grade a sample: ``answer_check(text, gold)`` inside the shared :class:`eval.grading.Grader` (None: the
   grader's own math stages, exact then math-verify), or ``grade(problem, generation)`` on its own;
 - ``details(problem, generation)`` extra per-sample fields of its rows;
@@ -87,10 +86,6 @@ class Task:
     answer_check: Callable[[str, str], Grade] | None = None
     # a grade of one sample outside the shared grader (replaces answer_check)
     grade: Callable[[Problem, Generation], Grade] | None = None
-
-    def stop_token_ids(self, tokenizer: Any) -> list[int] | None:
-        """The ids that end a sample; None: the model's and the tokenizer's EOS."""
-        return None
 
     def details(self, problem: Problem, generation: Generation) -> dict[str, Any]:
         return {}

@@ -74,12 +74,6 @@ class TestbedTask(Task):
 
         return script_ids(problem.meta["record"], tokenizer)
 
-    def stop_token_ids(self, tokenizer: Any) -> list[int]:
-        """The end of turn ``<|im_end|>`` the script ends with (whatever EOS the checkpoint was saved with)."""
-        from zoomr import tokens
-
-        return [tokenizer.convert_tokens_to_ids(tokens.IM_END)]
-
     def details(self, problem: Problem, generation: Generation) -> dict[str, Any]:
         from zoomr.testbed.grading import grade
 
@@ -119,11 +113,15 @@ def testbed_arm(
 ) -> ArmResult:
     """One cache-policy arm on ``n`` test problems of ``data`` (a ``TestbedData``) through the evaluator,
     greedy, into ``run_dir`` (resumed when rerun): :func:`eval.arm.run_arm` with ``benchmark=testbed``.
-    The cap is the longest trace plus its end of turn plus 8 tokens; a sample ends at ``<|im_end|>``."""
+    The cap is the longest trace plus its end of turn plus 8 tokens; a sample ends at the end of turn
+    ``<|im_end|>`` the script writes, whatever EOS the checkpoint was saved with (``python -m eval`` stops at
+    the model's EOS)."""
     from eval.arm import run_arm
+    from zoomr import tokens
 
     options = {**asdict(data), "n_test": n}
     longest = max(p.meta["record"]["response_tokens"] for p in testbed_problems(options))
     bench = {"name": "testbed", "task": "testbed", "sources": ["testbed"], "options": options}
     gen = {"temperature": 0.0, "n_samples": 1, "batch_size": batch_size, "max_new_tokens": longest + 1 + 8}
-    return run_arm(model, tokenizer, bench, policy, run_dir, generation=gen, inspect=inspect)
+    stop = [tokenizer.convert_tokens_to_ids(tokens.IM_END)]
+    return run_arm(model, tokenizer, bench, policy, run_dir, generation=gen, inspect=inspect, stop_token_ids=stop)

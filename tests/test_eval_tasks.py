@@ -50,7 +50,8 @@ def testbed_model(cache_dir):
 
 def test_an_arm_through_the_evaluator_resumes_and_keeps_decode_details(testbed_model, tmp_path):
     """``eval.arm.run_arm`` (via ``testbed_arm``): the inspect hook sees the arm's own cache and the
-    engine's output; a rerun decodes nothing and returns the same rows; other settings are refused."""
+    engine's output; a sample ends at the end of turn; a rerun decodes nothing and returns the same rows;
+    other settings are refused."""
     from eval.results import RESULTS_FILE
     from eval.testbed_task import testbed_arm, testbed_problems
     from zoomr.schemas.testbed import TestbedData
@@ -72,6 +73,7 @@ def test_an_arm_through_the_evaluator_resumes_and_keeps_decode_details(testbed_m
         # the environment wrote every trace token the model does not write, then the end of turn
         assert r["decode"]["n_scripted"] == rec["response_tokens"] - len(rec["model_writes"]) + 1
         assert r["kv"]["rows_peak"] <= 32 + 1 and len(r["recall"]) == len(rec["queries"])
+        assert r["n_tokens"] == rec["response_tokens"] + 1  # ends at the scripted <|im_end|> (not the model's EOS)
     assert arm.metrics["testbed"]["recall_n"] == sum(len(r["queries"]) for r in records.values())
     assert json.loads((tmp_path / "arm" / "metrics.json").read_text())["pooled"]["samples"] == 3
 
