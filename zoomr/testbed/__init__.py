@@ -6,6 +6,8 @@
 - :mod:`zoomr.testbed.curriculum`: the training stream (copy, bare recall, then traces of growing length);
 - :mod:`zoomr.testbed.grading`: the fixed test set, the environment's script, exact grading, recall by
   reference distance (:data:`~zoomr.testbed.grading.BUCKETS`);
+- :mod:`zoomr.testbed.teacher_forced`: teacher-forced accuracy (and ZoomR's pointer hit rate) that
+  training logs on held-out traces;
 - :mod:`zoomr.testbed.checkpoint`: a trained checkpoint and the data config it learned
   (:data:`~zoomr.testbed.checkpoint.DATA_FILE`).
 

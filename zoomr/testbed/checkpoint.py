@@ -2,17 +2,21 @@
 
 ``+method=sft_testbed`` saves ``<run>/final`` with ``save_pretrained`` and writes :data:`DATA_FILE` beside
 it, so the evaluation scripts test a model on its own distribution (summaries or not, trace length, query
-form). Arms run through the evaluator (:func:`eval.testbed_task.testbed_arm`).
+form): :func:`finalize` writes it, :func:`trained_data` reads it. Arms run through the evaluator (:func:`eval.testbed_task.testbed_arm`).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from zoomr import tokens
+from zoomr.schemas.testbed import TestbedData
 
 DATA_FILE = "testbed_data.json"  # the TestbedData a checkpoint was trained on (written by the trainer)
 
@@ -26,10 +30,8 @@ def load_testbed_model(path: str | Path, attn_implementation: str | None = None)
     return model.eval(), PreTrainedTokenizerFast.from_pretrained(path)
 
 
-def trained_data(path: str | Path, **overrides: Any):
+def trained_data(path: str | Path, **overrides: Any) -> TestbedData:
     """The checkpoint's training data config (summaries or not, …) with ``overrides`` (None values ignored)."""
-    from zoomr.schemas.testbed import TestbedData
-
     file = Path(path) / DATA_FILE
     base = json.loads(file.read_text()) if file.exists() else {}
     if base and "query_form" not in base:  # trained before issue 13: the "? k v" format
@@ -43,3 +45,14 @@ def full_rows(records: list[dict[str, Any]]) -> float:
 
     enc = tt.FastEncoder()
     return float(np.mean([len(enc.prompt(r["prompt"].split())) + r["response_tokens"] + 1 for r in records]))
+
+
+def finalize(model, tokenizer, data: TestbedData, out: Path) -> None:
+    """Save for ``from_pretrained``, with the data config it learned (``testbed_data.json``: the evaluation
+    scripts test a model on its own distribution); generation stops at ``<|im_end|>``."""
+    im_end = tokenizer.convert_tokens_to_ids(tokens.IM_END)
+    model.generation_config.eos_token_id = [im_end, tokenizer.eos_token_id]
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / DATA_FILE).write_text(json.dumps(asdict(data), indent=2))
