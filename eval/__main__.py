@@ -20,10 +20,10 @@ log = logging.getLogger("eval")
 def fingerprint(cfg: Any) -> dict[str, Any]:
     """What decides the content of a result row; n_samples / problem_limit / batching / workers only
     choose which rows exist or how fast, so a run may be extended or resumed with other values."""
-    from eval.arm import fingerprint as arm_fingerprint
+    from eval.steps import fingerprint as steps_fingerprint
 
     plain = to_plain(cfg)
-    return arm_fingerprint(plain["model"], plain.get("method"), plain["benchmark"], plain["generation"], plain["grading"])
+    return steps_fingerprint(plain["model"], plain.get("method"), plain["benchmark"], plain["generation"], plain["grading"])
 
 
 def check_policy(method: dict[str, Any] | None, model: Any, tokenizer: Any) -> dict[str, Any] | None:
@@ -40,11 +40,11 @@ def check_policy(method: dict[str, Any] | None, model: Any, tokenizer: Any) -> d
 
 
 def run(cfg: Any) -> dict[str, Any]:
-    from eval.arm import decode_and_grade, load_problems
     from eval.budget import resolve_budget
     from eval.grading import GraderBroken
     from eval.results import RunLock, check_fingerprint
     from eval.settings import validate
+    from eval.steps import decode_and_grade, load_problems
     from eval.tasks import get_task
     from zoomr.models import load_model, load_tokenizer
 
@@ -79,10 +79,10 @@ def run(cfg: Any) -> dict[str, Any]:
 
 def _finish(cfg, run_dir, logger, task, bench, spec, rows, counts, max_error_rate, budget) -> dict[str, Any]:
     """Metrics, summary, console table and tracker; fails the run when grading failed too often."""
-    from eval.arm import arm_metrics
+    from eval.steps import run_metrics
     from eval.summary import console_table
 
-    metrics = arm_metrics(task, rows, counts, max_error_rate, to_plain(cfg.method) if cfg.get("method") else None, budget)
+    metrics = run_metrics(task, rows, counts, max_error_rate, to_plain(cfg.method) if cfg.get("method") else None, budget)
     grading_this_run = metrics["grading_this_run"]
     (Path(run_dir) / "metrics.json").write_text(json.dumps(metrics, indent=2))
     pooled = metrics["pooled"]

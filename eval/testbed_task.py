@@ -22,7 +22,7 @@ from eval.grading import Grade
 from eval.tasks import Task
 
 if TYPE_CHECKING:
-    from eval.arm import ArmResult
+    from eval.steps import ArmRun
 
 
 def testbed_problems(options: dict[str, Any]) -> list[Problem]:
@@ -110,13 +110,13 @@ def testbed_arm(
     run_dir: str | Path,
     batch_size: int = 64,
     inspect: Inspect | None = decode_stats,
-) -> ArmResult:
+) -> ArmRun:
     """One cache-policy arm on ``n`` test problems of ``data`` (a ``TestbedData``) through the evaluator,
-    greedy, into ``run_dir`` (resumed when rerun): :func:`eval.arm.run_arm` with ``benchmark=testbed``.
+    greedy, into ``run_dir`` (resumed when rerun): :func:`eval.steps.evaluate_arm` with ``benchmark=testbed``.
     The cap is the longest trace plus its end of turn plus 8 tokens; a sample ends at the end of turn
     ``<|im_end|>`` the script writes, whatever EOS the checkpoint was saved with (``python -m eval`` stops at
     the model's EOS)."""
-    from eval.arm import run_arm
+    from eval.steps import evaluate_arm
     from zoomr import tokens
 
     options = {**asdict(data), "n_test": n}
@@ -124,4 +124,4 @@ def testbed_arm(
     bench = {"name": "testbed", "task": "testbed", "sources": ["testbed"], "options": options}
     gen = {"temperature": 0.0, "n_samples": 1, "batch_size": batch_size, "max_new_tokens": longest + 1 + 8}
     stop = [tokenizer.convert_tokens_to_ids(tokens.IM_END)]
-    return run_arm(model, tokenizer, bench, policy, run_dir, generation=gen, inspect=inspect, stop_token_ids=stop)
+    return evaluate_arm(model, tokenizer, bench, policy, run_dir, generation=gen, inspect=inspect, stop_token_ids=stop)

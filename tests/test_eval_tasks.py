@@ -25,7 +25,7 @@ def test_an_unknown_task_is_refused_naming_the_known_ones():
         get_task("nope")
 
 
-@pytest.mark.parametrize("module", ["__main__", "grading", "prompts", "runner", "arm", "generation"])
+@pytest.mark.parametrize("module", ["__main__", "grading", "prompts", "runner", "steps", "generation"])
 def test_the_evaluator_core_names_no_task(module):
     """Tasks are plugged in through the registry: no string literal of the evaluator's core is a task name."""
     tree = ast.parse((REPO_ROOT / "eval" / f"{module}.py").read_text())
@@ -49,7 +49,7 @@ def testbed_model(cache_dir):
 
 
 def test_an_arm_through_the_evaluator_resumes_and_keeps_decode_details(testbed_model, tmp_path):
-    """``eval.arm.run_arm`` (via ``testbed_arm``): the inspect hook sees the arm's own cache and the
+    """``eval.steps.evaluate_arm`` (via ``testbed_arm``): the inspect hook sees the arm's own cache and the
     engine's output; a sample ends at the end of turn; a rerun decodes nothing and returns the same rows;
     other settings are refused."""
     from eval.results import RESULTS_FILE
@@ -87,10 +87,10 @@ def test_an_arm_through_the_evaluator_resumes_and_keeps_decode_details(testbed_m
 
 
 def test_a_testbed_cap_shorter_than_a_trace_is_refused_before_anything_is_written(testbed_model, tmp_path):
-    from eval.arm import run_arm
+    from eval.steps import evaluate_arm
 
     model, tok = testbed_model
     bench = {"name": "testbed", "task": "testbed", "sources": ["testbed"], "options": {"n_test": 2, "trace_tokens": 128}}
     with pytest.raises(ValueError, match="max_new_tokens=40 cuts the traces short"):
-        run_arm(model, tok, bench, None, tmp_path / "short", generation={"max_new_tokens": 40})
+        evaluate_arm(model, tok, bench, None, tmp_path / "short", generation={"max_new_tokens": 40})
     assert not Path(tmp_path / "short").exists()

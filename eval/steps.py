@@ -1,10 +1,12 @@
-"""One arm through the evaluator: a task's problems decoded with a cache policy, graded, with resume.
+"""The steps of one evaluation run: a task's problems decoded with a cache policy, graded, with resume.
 
 The steps ``python -m eval`` runs (:mod:`eval.__main__`) and that analysis scripts call directly with a
-loaded model (:func:`run_arm`, e.g. ``analysis/testbed_table.py``): :func:`load_problems` (the task's
+loaded model (:func:`evaluate_arm`, e.g. ``analysis/testbed_table.py``): :func:`load_problems` (the task's
 problems, its settings checked), :func:`decode_and_grade` (:func:`eval.runner.evaluate` into a run
-directory, so a rerun resumes and a killed run loses no finished row) and :func:`arm_metrics`
+directory, so a rerun resumes and a killed run loses no finished row) and :func:`run_metrics`
 (``metrics.json``: the pooled metrics, the grader's counters, the task's own metrics, the eviction report).
+In process, an arm can hand back per-sample decode details (an ``inspect`` hook on the cache after each
+batch); :mod:`eval.arms` runs an arm as a ``python -m eval`` subprocess instead.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ CONTENT_GENERATION = ("temperature", "top_p", "top_k", "seed", "max_new_tokens",
 
 
 @dataclass
-class ArmResult:
+class ArmRun:
     """``metrics``: what ``metrics.json`` holds; ``rows``: every (problem, sample) row, in order."""
 
     metrics: dict[str, Any]
@@ -104,7 +106,7 @@ def grading_report(counts: dict[str, int], max_error_rate: float) -> dict[str, A
     return {**counts, "failed": failed, "failure_rate": rate, "max_error_rate": max_error_rate}
 
 
-def arm_metrics(
+def run_metrics(
     task: Task,
     rows: list[dict[str, Any]],
     counts: dict[str, int],
@@ -130,7 +132,7 @@ def _plain(obj: Any) -> dict[str, Any]:
     return asdict(obj) if is_dataclass(obj) else dict(obj or {})
 
 
-def run_arm(
+def evaluate_arm(
     model: Any,
     tokenizer: Any,
     benchmark: BenchmarkConfig | dict[str, Any],
@@ -141,7 +143,7 @@ def run_arm(
     inspect: Inspect | None = None,
     progress: bool = True,
     stop_token_ids: list[int] | None = None,
-) -> ArmResult:
+) -> ArmRun:
     """One arm (a loaded model, a benchmark, a cache policy config; None = full KV) through the evaluator
     into ``run_dir``: finished rows are kept and skipped when rerun, other settings in the same directory
     are refused. ``benchmark`` / ``generation`` / ``grading`` are the eval config's nodes (dicts of their
@@ -163,6 +165,6 @@ def run_arm(
         rows, counts = decode_and_grade(
             task, problems, model, tokenizer, policy, gen, grade, run_dir, bench.name, inspect, progress, stop_token_ids
         )
-    metrics = arm_metrics(task, rows, counts, grade.max_error_rate, policy)
+    metrics = run_metrics(task, rows, counts, grade.max_error_rate, policy)
     (Path(run_dir) / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    return ArmResult(metrics, rows, Path(run_dir))
+    return ArmRun(metrics, rows, Path(run_dir))
