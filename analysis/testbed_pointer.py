@@ -27,10 +27,10 @@ def teacher_forced_hit_rate(
     model, data, n: int, top_k: int = 2, c: int = 2, window: int = 64, batch: int = 8
 ) -> dict[str, Any]:
     """Hit rates of the rule over ``n`` problems of ``data`` (its test seed), every layer and each layer alone."""
-    from data_prep import testbed_tokenizer as tt
-    from data_prep.testbed import problems
-    from data_prep.testbed_curriculum import collate, encode_problem
     from zoomr.summary_pointer import capture_qk, count_hits
+    from zoomr.testbed import vocab as tt
+    from zoomr.testbed.curriculum import collate, encode_problem
+    from zoomr.testbed.task import problems
 
     enc = tt.FastEncoder()
     rows = [encode_problem(p, enc, window) for p in problems(data, n, data.test_seed)]
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--out", default="runs/testbed_pointer")
     args = p.parse_args(argv)
 
-    from analysis.testbed_arms import load_testbed_model, trained_data
+    from zoomr.testbed.checkpoint import load_testbed_model, trained_data
 
     data = trained_data(args.model, test_seed=args.test_seed)
     if not data.summaries:

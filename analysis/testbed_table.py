@@ -6,13 +6,15 @@ the full rows, with recall by reference distance (issue 7; a table, a JSON and a
     python -m analysis +task=testbed_table 'task.args=[--model,<checkpoint>]'
 
 Each model is evaluated on the test problems of the data it was trained on (``testbed_data.json`` in the
-checkpoint: with or without summaries), ``--n`` fixed problems from the data's test seed. Every answer is
-the model's greedy choice through the project's decode engine; the environment writes the trace's random
+checkpoint: with or without summaries), ``--n`` fixed problems from the data's test seed. Every arm runs
+through the evaluator (``benchmark=testbed``, :func:`eval.testbed_task.testbed_arm`): every answer is the
+model's greedy choice through the project's decode engine; the environment writes the trace's random
 facts (``zoomr.engine.generate(script=…)``). A budget of fraction f is ``round(f x R)`` rows per layer and
 KV head, R the mean rows full KV holds at the end of a problem; the table also reports the measured mean
 resident rows over the decode and its ratio to full KV's. Intervals: paired bootstrap over problems
 against full KV (one shared index matrix, ``eval/bootstrap.py``). Finished arms are saved under
-``<out>/arms/`` and reused when rerun with the same settings.
+``<out>/arms/`` and reused when rerun with the same settings; an arm's evaluator run directory sits beside
+its JSON, so a killed arm resumes from its finished rows.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from typing import Any
 import numpy as np
 import torch
 
-BUCKETS = ("<64", "64-256", ">256")
+from zoomr.testbed.grading import BUCKETS as DISTANCE_BUCKETS
+
+BUCKETS = tuple(name for *_, name in DISTANCE_BUCKETS)  # recall columns, nearest first
 
 
 def arms_for(fractions: list[float], rows: float, n_sink: int) -> dict[str, dict[str, Any]]:
@@ -40,34 +44,43 @@ def arms_for(fractions: list[float], rows: float, n_sink: int) -> dict[str, dict
     return arms
 
 
-def evaluate_arm(model, tok, records, policy, batch: int) -> dict[str, Any]:
-    from analysis.testbed_arms import run_arm
-    from data_prep.testbed_grading import summarize
-    from zoomr.engine import mean_rows
+def evaluate_arm(model, tok, data, n: int, policy: dict[str, Any], batch: int, run_dir: Path) -> dict[str, Any]:
+    """One arm through the evaluator (:func:`eval.testbed_task.testbed_arm`, resumed from ``run_dir``),
+    summarised from its rows: accuracy, recall by distance, resident rows, step time."""
+    from eval.testbed_task import testbed_arm
+    from zoomr.testbed.grading import grade, load_test_problems, summarize
 
     t0 = time.perf_counter()
-    outs, grades, _ = run_arm(model, tok, records, policy, batch)
-    step_s = [float(np.mean(o.stats.step_s[1:])) for o in outs if len(o.stats.step_s) > 1]
+    rows = testbed_arm(model, tok, data, n, policy, run_dir, batch).rows
+    step_s = [r["decode"]["step_s"] for r in rows if r["decode"]["step_s"] is not None]
+    # the full grade of each row's text (the rows keep recall; with summaries it also scores the summary blocks)
+    grades = [grade(rec, r["text"]) for rec, r in zip(load_test_problems(data, n), rows)]
     return {
         "policy": policy,
         **summarize(grades),
-        "rows_mean": mean_rows(outs),
+        "rows_mean": float(np.mean([r["kv"]["rows_mean"] for r in rows])),
         "step_ms": 1000 * float(np.mean(step_s)),
         "seconds": round(time.perf_counter() - t0, 1),
-        "model_tokens": int(np.mean([o.n_tokens - o.n_scripted for o in outs])),
-        "correct": [float(g["correct"]) for g in grades],
-        "recall": [g["recall_accuracy"] for g in grades],
+        "model_tokens": int(np.mean([r["n_tokens"] - r["decode"]["n_scripted"] for r in rows])),
+        "correct": [float(r["correct"]) for r in rows],
+        "recall": [r["recall_accuracy"] for r in rows],
     }
 
 
+def key_digest(key: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def cached(path: Path, key: dict[str, Any], compute) -> dict[str, Any]:
-    """Reuse ``path`` if it was written for ``key``; otherwise compute and write it (crash-safe per arm)."""
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    """Reuse ``path`` if it was written for ``key``; otherwise compute and write it. ``compute(run_dir)``
+    decodes through the evaluator into ``<path stem>-<key digest>/`` next to it, so an arm killed midway
+    resumes from its finished rows."""
+    digest = key_digest(key)
     if path.exists():
         saved = json.loads(path.read_text())
         if saved.get("key_digest") == digest:
             return saved
-    result = {**compute(), "key": key, "key_digest": digest}
+    result = {**compute(path.with_name(f"{path.stem}-{digest}")), "key": key, "key_digest": digest}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(result))
     tmp.replace(path)
@@ -141,7 +154,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from dataclasses import asdict
 
-    from analysis.testbed_arms import full_rows, load_testbed_model, test_records, trained_data
+    from zoomr.testbed.checkpoint import full_rows, load_testbed_model, trained_data
+    from zoomr.testbed.grading import load_test_problems
 
     out = Path(args.out)
     (out / "arms").mkdir(parents=True, exist_ok=True)
@@ -151,14 +165,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         data = trained_data(path, trace_tokens=args.trace_tokens, test_seed=args.test_seed)
         name = f"{Path(path).parent.name}{' (summaries)' if data.summaries else ''}"
         model, tok = load_testbed_model(path)
-        records = test_records(data, args.n)
+        records = load_test_problems(data, args.n)
         rows = full_rows(records)
         results = {}
         for arm, policy in arms_for(args.fractions, rows, args.n_sink).items():
             key = {"model": str(Path(path).resolve()), "data": asdict(data), "n": args.n, "policy": policy}
             tag = hashlib.sha256(key["model"].encode()).hexdigest()[:8]
             results[arm] = cached(
-                out / "arms" / f"{tag}-{arm}.json", key, functools.partial(evaluate_arm, model, tok, records, policy, args.batch)
+                out / "arms" / f"{tag}-{arm}.json", key, functools.partial(evaluate_arm, model, tok, data, args.n, policy, args.batch)
             )
             r = results[arm]
             print(

@@ -7,7 +7,9 @@ Arms (greedy, the project's engine, same problems): full KV; ZoomR (k, c, window
 checkpoint must have been trained with ``data.model_writes_summaries=true``; the environment still feeds
 the facts); optionally ZoomR recomputing at every step; then StreamingLLM and H2O at ZoomR's measured mean
 budget (resident rows per layer and KV head, ZoomR paper §4). Grading: the testbed's exact grader (final
-``\\boxed{}`` answer and per-fact recall by distance). Intervals: paired bootstrap over problems against
+``\\boxed{}`` answer and per-fact recall by distance). Every arm runs through the evaluator
+(:func:`eval.testbed_task.testbed_arm`, ``benchmark=testbed``); ZoomR's recompute log is read off its
+cache after each batch by an ``inspect`` hook and kept in the rows (``row["decode"]``). Intervals: paired bootstrap over problems against
 full KV (eval/bootstrap.py, one shared index matrix).
 
 Measured for ZoomR (issue 13): the selection hit rate of the paper's rule at every query's boundary ``:``
@@ -32,6 +34,7 @@ import numpy as np
 import torch
 
 from zoomr import tokens
+from zoomr.testbed.grading import load_test_problems
 
 BASE_ARMS = ("full", "zoomr", "sumr", "zoomr_writes", "sumr_writes", "zoomr_every")
 MATCHED = ("streaming", "h2o")
@@ -122,17 +125,18 @@ def segment_lengths(records: list[dict[str, Any]]) -> tuple[float, float]:
 
 
 def rows_vs_length(
-    outs, logs: list[list[dict[str, Any]]], records, window: int, consensus: int, prompt_len: int, bin_tokens: int = 64
+    step_rows: list[list[float]], logs: list[list[dict[str, Any]]], records, window: int, consensus: int,
+    prompt_len: int, bin_tokens: int = 64,
 ) -> dict[str, Any]:
-    """Measured ZoomR resident rows per generated length beside the MS formula's |I_f| with the testbed's
-    L̄_R, L̄_S and the measured |I_all| (voted summaries) of the recomputes in that length bin."""
+    """Measured ZoomR resident rows per generated length (``step_rows``: per sample, the mean rows per layer
+    and KV head at every recorded step) beside the MS formula's |I_f| with the testbed's L̄_R, L̄_S and the
+    measured |I_all| (voted summaries) of the recomputes in that length bin."""
     from zoomr.memory_model import ZoomRFootprint
 
     lr, ls = segment_lengths(records)
-    width = max(len(o.stats.rows) for o in outs)
+    width = max(len(r) for r in step_rows)
     total, count = np.zeros(width), np.zeros(width)
-    for o in outs:
-        r = o.stats.rows.reshape(len(o.stats.rows), -1).mean(1)
+    for r in step_rows:
         total[: len(r)] += r
         count[: len(r)] += 1
     measured = total / np.maximum(count, 1)
@@ -161,27 +165,43 @@ def rows_vs_length(
     }
 
 
-def run_one(model, tok, records, cfg, batch: int, window: int, consensus: int, prompt_len: int, keep_rows: bool) -> dict[str, Any]:
-    from analysis.testbed_arms import run_arm
-    from zoomr.engine import mean_rows
+def zoomr_inspect(keep_rows: bool):
+    """The ``inspect`` hook of a ZoomR arm: the testbed's decode stats, the sequence's recompute log (empty
+    for other policies) and, with ``keep_rows``, its mean resident rows at every recorded step."""
+    from eval.testbed_task import decode_stats
+
+    def inspect(cache, i: int, out) -> dict[str, Any]:
+        details = {**decode_stats(cache, i, out), "recomputes": getattr(cache, "recompute_log", {}).get(i, [])}
+        if keep_rows:
+            details["step_rows"] = out.stats.rows.reshape(len(out.stats.rows), -1).mean(1)
+        return details
+
+    return inspect
+
+
+def run_one(model, tok, data, n: int, cfg, batch: int, window: int, consensus: int, prompt_len: int, keep_rows: bool,
+            run_dir: Path) -> dict[str, Any]:  # fmt: skip
+    """One arm through the evaluator (:func:`eval.testbed_task.testbed_arm`, resumed from ``run_dir``)."""
+    from eval.testbed_task import testbed_arm
 
     t0 = time.perf_counter()
-    outs, grades, caches = run_arm(model, tok, records, cfg, batch)
-    logs = [getattr(c, "recompute_log", {}).get(j, []) for c, n in zip(caches, _chunk_sizes(len(records), batch)) for j in range(n)]
-    emission = [summary_emission(r["response"], o.text) for r, o in zip(records, outs)]
-    step_s = [float(np.mean(o.stats.step_s[1:])) for o in outs if len(o.stats.step_s) > 1]
+    records = load_test_problems(data, n)
+    rows = testbed_arm(model, tok, data, n, cfg, run_dir, batch, zoomr_inspect(keep_rows)).rows
+    logs = [r["decode"]["recomputes"] for r in rows]
+    emission = [summary_emission(rec["response"], r["text"]) for rec, r in zip(records, rows)]
+    step_s = [r["decode"]["step_s"] for r in rows if r["decode"]["step_s"] is not None]
     out = {
         "config": cfg,
-        "answer_accuracy": float(np.mean([g["correct"] for g in grades])),
-        "recall": float(np.mean([g["recall_accuracy"] for g in grades])),
-        "rows_mean": mean_rows(outs),
+        "answer_accuracy": float(np.mean([r["correct"] for r in rows])),
+        "recall": float(np.mean([r["recall_accuracy"] for r in rows])),
+        "rows_mean": float(np.mean([r["kv"]["rows_mean"] for r in rows])),
         "step_ms": 1000 * float(np.mean(step_s)),
         "summary_rate": float(np.mean([e["rate"] for e in emission])),
         "summary_placement": float(np.mean([e["placement"] for e in emission])),
         "summary_exact": float(np.mean([e["exact"] for e in emission])),
         "seconds": round(time.perf_counter() - t0, 1),
-        "correct": [float(g["correct"]) for g in grades],
-        "recalls": [g["recall_accuracy"] for g in grades],
+        "correct": [float(r["correct"]) for r in rows],
+        "recalls": [r["recall_accuracy"] for r in rows],
         "ag": [[r["agreeability"] for r in log if r["agreeability"] is not None] for log in logs],
     }
     if cfg.get("policy") == "zoomr" and cfg.get("consensus", 0) > 0:
@@ -193,7 +213,8 @@ def run_one(model, tok, records, cfg, batch: int, window: int, consensus: int, p
         ]
         out["cue_hits"] = [[s["hit"] for s in seq] for seq in sel]
         if keep_rows:
-            out["rows_vs_length"] = rows_vs_length(outs, logs, records, window, consensus, prompt_len)
+            step_rows = [r["decode"]["step_rows"] for r in rows]
+            out["rows_vs_length"] = rows_vs_length(step_rows, logs, records, window, consensus, prompt_len)
     return out
 
 
@@ -212,11 +233,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--out", default="runs/zoomr_testbed")
     args = p.parse_args(argv)
 
-    from analysis.testbed_arms import load_testbed_model, test_records, trained_data
     from analysis.testbed_table import cached
-    from data_prep import testbed_tokenizer as tt
     from eval.bootstrap import index_matrix, paired_bootstrap
     from zoomr.cache import match_budget
+    from zoomr.testbed import vocab as tt
+    from zoomr.testbed.checkpoint import load_testbed_model, trained_data
 
     out_dir = Path(args.out)
     (out_dir / "arms").mkdir(parents=True, exist_ok=True)
@@ -229,10 +250,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if not writes and any(a.endswith("_writes") for a in wanted):
         raise SystemExit(f"{args.model} was not trained to write summaries (data.model_writes_summaries=false)")
     env_data = replace(trained, model_writes_summaries=False)
-    records = {"env": test_records(env_data, args.n)}
-    if writes:
-        records["model"] = test_records(trained, args.n)
-    prompt_len = len(tt.FastEncoder(tok).prompt(records["env"][0]["prompt"].split()))
+    datas = {"env": env_data, "model": trained}  # who writes the summaries: the environment or the model
+    env_records = load_test_problems(env_data, args.n)
+    prompt_len = len(tt.FastEncoder(tok).prompt(env_records[0]["prompt"].split()))
     zoomr_cfg = {"policy": "zoomr", "top_k": args.top_k, "consensus": args.consensus, "window": args.window}
     sumr_cfg = {**zoomr_cfg, "consensus": 0, "summaries": "all"}
     plan = {
@@ -248,8 +268,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     def arm(name: str, cfg: dict[str, Any], which: str) -> dict[str, Any]:
         key = {**base, "policy": cfg, "summaries_by": which}
-        compute = functools.partial(run_one, model, tok, records[which], cfg, args.batch, args.window, args.consensus,
-                                    prompt_len, name == "zoomr")  # fmt: skip
+        compute = functools.partial(run_one, model, tok, datas[which], args.n, cfg, args.batch, args.window,
+                                    args.consensus, prompt_len, name == "zoomr")  # fmt: skip
         r = cached(out_dir / "arms" / f"{name}.json", key, compute)
         print(name, {k: v for k, v in r.items() if isinstance(v, float | int) or k == "selection"}, flush=True)
         return r
@@ -263,7 +283,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if "full" not in results:
         return results
 
-    idx = index_matrix(len(records["env"]))
+    idx = index_matrix(len(env_records))
     full = results["full"]
     for r in results.values():
         for metric, field in (("correct", "correct"), ("recall", "recalls")):
@@ -280,7 +300,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if "rows_vs_length" in results["zoomr"]:
             plot_rows(results["zoomr"]["rows_vs_length"], out_dir / "rows_vs_length.png")
             figures.append("rows_vs_length.png")
-    meta = {**vars(args), "threads": torch.get_num_threads(), "problems": len(records["env"]), "data": asdict(env_data)}
+    meta = {**vars(args), "threads": torch.get_num_threads(), "problems": len(env_records), "data": asdict(env_data)}
     slim = {n: {k: v for k, v in r.items() if k not in ("ag", "cue_ag", "cue_hits", "key")} for n, r in results.items()}
     (out_dir / "results.json").write_text(json.dumps({"meta": meta, "results": slim}, indent=2))
     (out_dir / "table.md").write_text(text + "\n")
@@ -302,10 +322,6 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             f"| {r['step_time_ratio']:.2f} |"
         )
     return "\n".join(lines)
-
-
-def _chunk_sizes(n: int, batch: int) -> list[int]:
-    return [min(batch, n - i) for i in range(0, n, batch)]
 
 
 def plot_ag(arm: dict[str, Any], path: Path) -> None:

@@ -29,11 +29,11 @@ from pathlib import Path
 
 import torch
 
-from data_prep import testbed
-from data_prep import testbed_tokenizer as tt
 from zoomr.kvzap.pretext import RepeatPretext
 from zoomr.schemas.kvzap import TestbedPairsSource
 from zoomr.schemas.testbed import TestbedData
+from zoomr.testbed import task as testbed
+from zoomr.testbed import vocab as tt
 
 FORMAT_FIELDS = ("query_form", "summaries", "model_writes_summaries", "n_keys")
 

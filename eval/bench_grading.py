@@ -39,7 +39,7 @@ def _replace_last_boxed(text: str, new: str) -> str:
 
 
 def build_samples(n: int, n_pathological: int) -> list[tuple[str, str, str, str]]:
-    """(kind, text, gold, task) quadruples."""
+    """(kind, text, gold) triples (math: the grader's math stages)."""
     problems = load_source("math500", "eval/data/benchmarks")
     depth = 200_000 // 10
     nested = "\\boxed{" + "\\frac{" * depth + "1" + "}{2}" * depth + "}"
@@ -64,7 +64,7 @@ def build_samples(n: int, n_pathological: int) -> list[tuple[str, str, str, str]
             text = _replace_last_boxed(text, other)
         else:  # truncated: the first half of the solution, no final answer
             text = sol[: len(sol) // 2]
-        out.append((kind, text, p.answer, "math"))
+        out.append((kind, text, p.answer))
     return out
 
 
@@ -78,7 +78,7 @@ def plain_loop(samples: list[tuple[str, str, str, str]], inner_timeout: int) -> 
     sympy.core.cache.clear_cache()
     c0, t0 = time.process_time(), time.perf_counter()
     correct = []
-    for _, text, gold, _ in samples:
+    for _, text, gold in samples:
         _, ok = exact_match(text, gold)
         if not ok:
             g = parse(f"\\boxed{{{gold}}}", parsing_timeout=inner_timeout) or parse(f"${gold}$", parsing_timeout=inner_timeout)

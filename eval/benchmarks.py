@@ -188,26 +188,6 @@ SOURCES: dict[str, Source] = {
 }
 
 
-def testbed_problems(options: dict[str, Any]) -> list[Problem]:
-    """The recall testbed's fixed test set (``data_prep/testbed.py``), generated from ``options``
-    (:class:`zoomr.schemas.testbed.TestbedData` fields; ``n_test`` problems from ``test_seed``)."""
-    from data_prep.testbed_grading import load_test_problems
-    from zoomr.schemas.testbed import TestbedData
-
-    try:
-        cfg = TestbedData(**options)
-    except TypeError as e:
-        raise ValueError(f"benchmark.options for the testbed: {e}") from None
-    return [
-        Problem(r["id"], r["prompt"], r["answer"], "testbed", "testbed", meta={"record": r})
-        for r in load_test_problems(cfg)
-    ]
-
-
-# Sources generated from the benchmark's ``options`` instead of read from a file.
-GENERATED: dict[str, Callable[[dict[str, Any]], list[Problem]]] = {"testbed": testbed_problems}
-
-
 def _parse_rows(
     rows: Iterable[tuple[str, dict[str, Any]]], parse: Callable[[dict[str, Any]], Problem]
 ) -> list[Problem]:
@@ -247,14 +227,10 @@ def load_source(
     data_dir: str | Path,
     source: str = "local",
     option_seed: int = 1234,
-    options: dict[str, Any] | None = None,
 ) -> list[Problem]:
-    """Problems of one named source, from the vendored file (``local``) or the hub (``hub``), or
-    generated from ``options`` (:data:`GENERATED`)."""
-    if name in GENERATED:
-        return GENERATED[name](dict(options or {}))
+    """Problems of one named source, from the vendored file (``local``) or the hub (``hub``)."""
     if name not in SOURCES:
-        known = ", ".join(sorted([*SOURCES, *GENERATED]))
+        known = ", ".join(sorted(SOURCES))
         raise ValueError(f"unknown benchmark source {name!r}; known: {known}")
     src = SOURCES[name]
     if source == "local":
@@ -280,7 +256,6 @@ def load_problems(
     source: str = "local",
     option_seed: int = 1234,
     limit: int | None = None,
-    options: dict[str, Any] | None = None,
 ) -> list[Problem]:
     """Problems of several sources in order; duplicate ids across sources are an error."""
     if limit is not None and limit < 1:
@@ -288,7 +263,7 @@ def load_problems(
     problems: list[Problem] = []
     seen: dict[str, str] = {}
     for name in sources:
-        for p in load_source(name, data_dir, source, option_seed, options):
+        for p in load_source(name, data_dir, source, option_seed):
             if p.id in seen:
                 raise ValueError(
                     f"problem {p.id} appears in sources {seen[p.id]!r} and {name!r}: "
@@ -302,7 +277,7 @@ def load_problems(
 def load_benchmark(cfg: Any) -> list[Problem]:
     """Problems of a :class:`zoomr.schemas.eval.BenchmarkConfig` (or any object with its fields)."""
     problems = load_problems(
-        cfg.sources, cfg.data_dir, cfg.source, cfg.option_seed, cfg.problem_limit, getattr(cfg, "options", None)
+        cfg.sources, cfg.data_dir, cfg.source, cfg.option_seed, cfg.problem_limit
     )
     wrong = {p.task for p in problems} - {cfg.task}
     if wrong:

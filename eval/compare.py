@@ -49,8 +49,7 @@ class CompareError(ValueError):
 
 
 def load_run(path: str | Path, label: str | None = None) -> Run:
-    from eval.benchmarks import load_benchmark
-    from eval.tasks import read_scope, task_plugin
+    from eval.tasks import get_task, read_scope
     from zoomr.schemas import to_dataclass
     from zoomr.schemas.eval import BenchmarkConfig
 
@@ -61,13 +60,14 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     config = json.loads(config_file.read_text())
     bench = to_dataclass(BenchmarkConfig, config["benchmark"])
     n = int(config["generation"]["n_samples"])
-    if task_plugin(bench.task):  # generated / hub problems (RULER, LongBench): the ids the run recorded
+    task = get_task(bench.task)
+    if task.scoped:  # generated / hub problems (RULER, LongBench): the ids the run recorded
         try:
             ids = read_scope(path)
         except FileNotFoundError as e:
             raise CompareError(str(e)) from None
     else:
-        ids = [p.id for p in load_benchmark(bench)]
+        ids = [p.id for p in task.load(bench)]
     scope = [(pid, s) for pid in ids for s in range(n)]
     store = ResultStore(path)
     rows = store.load()

@@ -25,6 +25,7 @@ class Generation:
     truncated: bool
     prompt_tokens: int
     kv: dict[str, float] = field(default_factory=dict)
+    decode: dict[str, Any] = field(default_factory=dict)  # what the generator's inspect hook read off the decode
 
     @property
     def n_tokens(self) -> int:
@@ -33,6 +34,9 @@ class Generation:
 
 # generate(prompts, seeds[, scripts]): scripts (optional) are the environment's tokens per prompt
 GenerateFn = Callable[..., list[Generation]]
+# inspect(cache, index in the batch, engine output) -> JSON-serialisable details of one sample, read off
+# the decode after it finished (e.g. ZoomR's recompute log, the per-step resident rows)
+Inspect = Callable[[Any, int, Any], dict[str, Any]]
 
 
 def sample_seed(seed: int, problem_id: str, sample: int) -> int:
@@ -77,9 +81,27 @@ def kv_stats(stats: Any, prompt_tokens: int, n_tokens: int) -> dict[str, float]:
     }
 
 
-def engine_generator(model: Any, tokenizer: Any, policy: dict[str, Any] | None, gen: Any) -> GenerateFn:
+def jsonable(details: dict[str, Any]) -> dict[str, Any]:
+    """``details`` as they read back from ``results.jsonl`` (tensors and numpy scalars as numbers, dict keys
+    as strings), so a fresh row and a resumed one hold the same values."""
+    import json
+
+    return json.loads(json.dumps(details, default=lambda x: x.tolist() if hasattr(x, "tolist") else str(x)))
+
+
+def engine_generator(
+    model: Any,
+    tokenizer: Any,
+    policy: dict[str, Any] | None,
+    gen: Any,
+    inspect: Inspect | None = None,
+    stop_token_ids: list[int] | None = None,
+) -> GenerateFn:
     """A :data:`GenerateFn` decoding through ``zoomr.engine.generate`` with the cache policy config
-    ``policy`` (the ``+method=`` node; None = full KV). A fresh cache is built for every batch."""
+    ``policy`` (the ``+method=`` node; None = full KV). A fresh cache is built for every batch;
+    ``inspect`` reads per-sample details off it and the engine's outputs (:attr:`Generation.decode`).
+    ``stop_token_ids``: what ends a sample (None: the model's and the tokenizer's EOS)."""
+    from zoomr.cache import build_policy
     from zoomr.engine import DecodeSettings, generate
 
     def run(prompts: list[str], seeds: list[int], scripts: list[list[int | None]] | None = None) -> list[Generation]:
@@ -89,9 +111,11 @@ def engine_generator(model: Any, tokenizer: Any, policy: dict[str, Any] | None, 
             top_p=gen.top_p,
             top_k=gen.top_k,
             seed=list(seeds),
+            stop_token_ids=stop_token_ids,
             progress=False,
         )
-        outs = generate(model, tokenizer, prompts, policy, settings, script=scripts)
+        cache = build_policy(policy or {"policy": "full"}, model.config, tokenizer) if inspect else policy
+        outs = generate(model, tokenizer, prompts, cache, settings, script=scripts)
         return [
             Generation(
                 text=o.text,
@@ -99,8 +123,9 @@ def engine_generator(model: Any, tokenizer: Any, policy: dict[str, Any] | None, 
                 truncated=bool(o.hit_cap),
                 prompt_tokens=o.prompt_tokens,
                 kv=kv_stats(o.stats, o.prompt_tokens, o.n_tokens),
+                decode=jsonable(inspect(cache, i, o)) if inspect else {},
             )
-            for o in outs
+            for i, o in enumerate(outs)
         ]
 
     return run

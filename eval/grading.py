@@ -240,6 +240,9 @@ class _Worker:
         return (None, max(since, self.sent_at)) if index == IDLE else (int(index), since)
 
 
+# (text, gold) or (text, gold, check): check(text, gold) -> Grade is a task's own answer check
+Sample = tuple[str, str] | tuple[str, str, Callable[[str, str], "Grade"] | None]
+
 READY = "ready"
 PRELOAD = ["math_verify", "sympy", "eval.grading", "eval.grading_warm"]  # forkserver: imported (and warmed) once
 START_TIMEOUT_S = 120.0  # a worker that has not started by then (a machine thrashing) is a broken pool
@@ -377,12 +380,13 @@ class Grader:
             return strip_reasoning(text)
         return text
 
-    def grade(
-        self, samples: Sequence[tuple[str, str, str]], on_result: Callable[[int, Grade], None] | None = None
-    ) -> list[Grade]:
-        """Grade ``(text, gold, task)`` triples (task: math | gpqa | testbed); results in input order.
+    def grade(self, samples: Sequence[Sample], on_result: Callable[[int, Grade], None] | None = None) -> list[Grade]:
+        """Grade ``(text, gold)`` pairs or ``(text, gold, check)`` triples; results in input order.
 
-        ``on_result(i, grade)`` is called as each sample finishes (in completion order).
+        ``check(text, gold) -> Grade`` is a task's own answer check (GPQA's letter, the testbed's exact
+        answer; :attr:`eval.tasks.Task.answer_check`); without one (or None) a sample goes through the math
+        stages: the exact ``\\boxed{}`` match, then math-verify in the workers. ``on_result(i, grade)`` is
+        called as each sample finishes (in completion order).
         """
         results: list[Grade | None] = [None] * len(samples)
         pending: deque[int] = deque()
@@ -393,32 +397,25 @@ class Grader:
             if on_result:
                 on_result(i, g)
 
-        prepared = [(self.prepare(text), gold, task) for text, gold, task in samples]
-        for i, (text, gold, task) in enumerate(prepared):
+        prepared = [(self.prepare(text), gold) for text, gold, *_ in samples]
+        for i, ((text, gold), sample) in enumerate(zip(prepared, samples)):
             t0 = time.perf_counter()
-            if task == "gpqa":
-                g = grade_letter(text, gold)
-            elif task == "testbed":
-                from data_prep.testbed_grading import grade_answer
-
-                extracted, ok = grade_answer(text, gold)
-                g = Grade(extracted, ok, "exact" if ok else "none")
-            elif task == "math":
+            check = sample[2] if len(sample) > 2 else None
+            if check is not None:
+                g = check(text, gold)
+            else:
                 boxed, ok = exact_match(text, gold) if self.exact_first else (None, False)
-                if ok or not self.math_verify:
-                    g = Grade(boxed, ok, "exact" if ok else "none")
-                else:
+                if not ok and self.math_verify:
                     pending.append(i)
                     continue
-            else:
-                raise ValueError(f"unknown task {task!r}")
+                g = Grade(boxed, ok, "exact" if ok else "none")
             g.seconds = time.perf_counter() - t0
             done(i, g)
         if pending:
             self._run_workers(prepared, pending, done)
         return results  # type: ignore[return-value]
 
-    def _send(self, w: _Worker, samples: Sequence[tuple[str, str, str]], pending: deque[int], done) -> None:
+    def _send(self, w: _Worker, samples: Sequence[tuple[str, str]], pending: deque[int], done) -> None:
         """Top ``w`` up to ``depth`` queued samples with one message, once half of its queue is done."""
         # smaller batches as the work runs out, so no worker sits on a long queue while another idles
         n = min(self.depth - len(w.jobs), max(1, -(-len(pending) // (2 * self.n_workers))))
@@ -466,7 +463,7 @@ class Grader:
         return True
 
     def _run_workers(
-        self, samples: Sequence[tuple[str, str, str]], pending: deque[int], done: Callable
+        self, samples: Sequence[tuple[str, str]], pending: deque[int], done: Callable
     ) -> None:
         self.start(len(pending))
         while pending or any(w.jobs for w in self._workers):

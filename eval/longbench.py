@@ -279,7 +279,7 @@ def truncate_middle(prompt: str, tokenizer: Any, max_tokens: int | None) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
-# the evaluator's plugin (eval/tasks.py): benchmark=longbench
+# the evaluator's task (eval/tasks.py): benchmark=longbench
 
 
 def load(bench: Any, tokenizer: Any, gen: Any) -> list:
@@ -329,10 +329,10 @@ def _score_problem(problem: Any, text: str) -> float:
     return score(problem.competition, text, problem.meta["answers"], problem.meta.get("all_classes"))
 
 
-def _plugin() -> Any:
-    from eval.tasks import TaskPlugin
+def _task() -> Any:
+    from eval.tasks import ScoredTask
 
-    return TaskPlugin("longbench", load, _score_problem, averages)
+    return ScoredTask("longbench", load, _score_problem, averages)
 
 
-PLUGIN = _plugin()
+TASK = _task()

@@ -583,7 +583,7 @@ def to_json(example: Example) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
-# the evaluator's plugin (eval/tasks.py): benchmark=ruler
+# the evaluator's task (eval/tasks.py): benchmark=ruler
 
 
 def settings_of(bench: Any) -> RulerSettings:
@@ -639,10 +639,10 @@ def _summarize(scores: dict[str, float]) -> dict[str, float]:
     return {"average": float(sum(scores.values()) / len(scores)) if scores else 0.0}
 
 
-def _plugin() -> Any:
-    from eval.tasks import TaskPlugin
+def _task() -> Any:
+    from eval.tasks import ScoredTask
 
-    return TaskPlugin("ruler", load, _score_problem, _summarize)
+    return ScoredTask("ruler", load, _score_problem, _summarize)
 
 
-PLUGIN = _plugin()
+TASK = _task()

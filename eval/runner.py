@@ -17,6 +17,8 @@ from eval.generation import GenerateFn, Generation, sample_seed
 from eval.grading import Grade, Grader
 from eval.results import Key, ResultStore, is_grading_error
 
+AnswerCheck = Callable[[str, str], Grade]  # a task's own check of one (text, gold)
+
 
 def work_items(problems: list[Problem], n_samples: int, done: set[Key] | dict) -> list[tuple[Problem, int]]:
     """(problem, sample index) pairs still to do, problem-major order."""
@@ -51,17 +53,21 @@ def make_row(
     }
     if save_ids:
         row["token_ids"] = list(gen.token_ids)
+    if gen.decode:
+        row["decode"] = gen.decode
     return row
 
 
-def regrade_failed(problems: list[Problem], grader: Grader, store: ResultStore, scope: list[Key]) -> int:
+def regrade_failed(
+    problems: list[Problem], grader: Grader, store: ResultStore, scope: list[Key], check: AnswerCheck | None = None
+) -> int:
     """Grade again the rows whose grading failed in an earlier run (a worker died): their text is kept,
     so nothing is generated again; the new row replaces the failed one (:meth:`ResultStore.load`)."""
     by_id = {p.id: p for p in problems}
     failed = [store.rows[k] for k in scope if k in store.rows and is_grading_error(store.rows[k])]
     if not failed:
         return 0
-    grades = grader.grade([(r["text"], by_id[r["problem_id"]].answer, by_id[r["problem_id"]].task) for r in failed])
+    grades = grader.grade([(r["text"], by_id[r["problem_id"]].answer, check) for r in failed])
     for row, grade in zip(failed, grades):
         store.append(
             {**row, "extracted": grade.extracted, "correct": grade.correct, "grade_method": grade.method,
@@ -87,20 +93,23 @@ def evaluate(
     script: Callable[[Problem], list[int | None]] | None = None,
     details: Callable[[Problem, Generation], dict[str, Any]] | None = None,
     grade: Callable[[Problem, Generation], Grade] | None = None,
+    check: AnswerCheck | None = None,
 ) -> list[dict[str, Any]]:
     """Run every missing (problem, sample) and return the rows of all keys in scope, in order.
 
     ``script(problem)``: the environment's tokens for the generator (``zoomr.engine.generate(script=…)``;
     the testbed's facts). ``details(problem, generation)``: extra fields for the row (the testbed's
     per-fact recall). ``grade(problem, generation)``: the task's own grader in place of ``grader``
-    (task plugins, :mod:`eval.tasks`).
+    (scored tasks, :mod:`eval.tasks`). ``check(text, gold)``: the task's answer check inside ``grader``
+    (None: the grader's math stages). A generation's ``decode`` details (the generator's ``inspect``
+    hook, :func:`eval.generation.engine_generator`) go into its row under ``decode``.
     """
     if n_samples < 1 or batch_size < 1:
         raise ValueError(f"n_samples and batch_size must be >= 1, got {n_samples}, {batch_size}")
     store.load()
     todo = work_items(problems, n_samples, store.rows)
     scope = [(p.id, s) for p in problems for s in range(n_samples)]
-    regrade_failed(problems, grader, store, scope)
+    regrade_failed(problems, grader, store, scope, check)
     done_in_scope = [store.rows[k] for k in scope if k in store.rows]
     correct, graded = sum(r["correct"] for r in done_in_scope), len(done_in_scope)
     if graded:  # a resumed run: say what it skips
@@ -137,6 +146,6 @@ def evaluate(
             for i, ((p, _), g) in enumerate(zip(batch, gens)):
                 write(i, grade(p, g))
         else:
-            grader.grade([(g.text, p.answer, p.task) for (p, _), g in zip(batch, gens)], on_result=write)
+            grader.grade([(g.text, p.answer, check) for (p, _), g in zip(batch, gens)], on_result=write)
     bar.close()
     return [store.rows[k] for k in scope]

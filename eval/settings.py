@@ -14,8 +14,6 @@ from typing import Any
 from zoomr.schemas import to_dataclass
 from zoomr.schemas.eval import BenchmarkConfig, GenerationConfig, GradingConfig
 
-TASKS = ("math", "gpqa", "testbed")
-
 
 @dataclass
 class EvalSettings:
@@ -47,10 +45,10 @@ def _benchmark_problems(bench: BenchmarkConfig) -> list[str]:
         out.append(
             f"benchmark.problem_limit must be >= 1 (or null for every problem), got {bench.problem_limit}"
         )
-    from eval.tasks import PLUGINS
+    from eval.tasks import TASKS
 
-    if bench.task not in (*TASKS, *PLUGINS):
-        out.append(f"benchmark.task must be one of {'|'.join((*TASKS, *PLUGINS))}, got {bench.task!r}")
+    if bench.task not in TASKS:
+        out.append(f"benchmark.task must be one of {'|'.join(TASKS)}, got {bench.task!r}")
     if bench.source not in ("local", "hub"):
         out.append(f"benchmark.source must be local|hub, got {bench.source!r}")
     if not bench.sources:

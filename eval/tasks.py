@@ -1,17 +1,28 @@
-"""Task plugins: benchmarks that bring their own problems, prompts, scores and metrics (RULER, LongBench).
+"""Tasks: what a benchmark brings to the evaluator, looked up by ``benchmark.task`` (lighteval-style).
 
-A plugin is looked up by ``benchmark.task`` (:func:`task_plugin`; None for the built-in math / gpqa /
-testbed tasks). The evaluator then
+A :class:`Task` says how to
 
-- builds the problems with ``plugin.load(bench, tokenizer, gen)`` (RULER counts lengths in the model's
-  tokens, so it needs the tokenizer); each problem carries its rendered prompt in ``meta["prompt"]``,
-  its gold strings in ``meta["answers"]`` and its generation budget in ``meta["max_new_tokens"]``;
-- scores each sample with ``plugin.score(problem, text)`` in [0, 1] on the output cut to the problem's
-  budget (greedy decoding to a larger cap and cutting is the same as decoding to the budget, so one run
-  serves subsets with different budgets), writing ``score`` into every row (``correct`` = score 1.0);
-- aggregates per subset (``competition``) and averaged with ``plugin.summarize`` into
-  ``metrics.json[<task>]``, next to each subset's mean achieved compression (fraction of KV pairs
-  removed, from the rows' ``kv.compression`` / ``kv.prefill_compression``; kvpress's definition).
+- ``load(bench, tokenizer, gen)`` its problems (``scoped`` tasks generate them with the model's tokenizer
+  or read them from the hub, so a run records their ids in ``problems.json``);
+- ``check(problems, gen)`` the generation settings against them (before anything is written);
+- ``prompt(problem, tokenizer, system_prompt, enable_thinking)`` render one problem for the model;
+- ``script(problem, tokenizer)`` the environment's tokens, if the task has an environment (the testbed);
+- grade a sample: ``answer_check(text, gold)`` inside the shared :class:`eval.grading.Grader` (None: the
+  grader's own math stages, exact then math-verify), or ``grade(problem, generation)`` on its own;
+- ``details(problem, generation)`` extra per-sample fields of its rows;
+- ``metrics(rows)`` its entries in ``metrics.json`` and ``report(metrics, table)`` its console lines.
+
+:data:`TASKS` names the module and object of every task (imported on first use): math and GPQA
+(:mod:`eval.math_tasks`), the recall testbed (:mod:`eval.testbed_task`), RULER and LongBench
+(:class:`ScoredTask`). The evaluator itself names no task.
+
+A :class:`ScoredTask` (RULER, LongBench) scores each sample with ``score(problem, text)`` in [0, 1] on the
+output cut to the problem's budget (``meta["max_new_tokens"]``; greedy decoding to a larger cap and
+cutting is the same as decoding to the budget, so one run serves subsets with different budgets), writing
+``score`` into every row (``correct`` = score 1.0), and aggregates per subset (``competition``) and
+averaged with ``summarize`` into ``metrics.json[<task>]``, next to each subset's mean achieved compression
+(fraction of KV pairs removed, from the rows' ``kv.compression`` / ``kv.prefill_compression``; kvpress's
+definition). Its problems carry their rendered prompt in ``meta["prompt"]``.
 """
 
 from __future__ import annotations
@@ -21,9 +32,8 @@ import json
 import logging
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -33,28 +43,89 @@ from eval.grading import Grade
 
 log = logging.getLogger(__name__)
 
-SCOPE_FILE = "problems.json"  # a plugin run's problem ids (its scope), written before decoding
+SCOPE_FILE = "problems.json"  # a scoped run's problem ids, written before decoding
 
-# task -> module defining ``PLUGIN`` (imported on first use)
-PLUGINS = {"ruler": "eval.ruler", "longbench": "eval.longbench"}
-
-
-@dataclass(frozen=True)
-class TaskPlugin:
-    """``load(bench, tokenizer, gen) -> problems``; ``score(problem, text) -> [0, 1]``;
-    ``summarize(subset scores in %) -> averages`` (e.g. LongBench's with and without TREC)."""
-
-    name: str
-    load: Callable[[Any, Any, Any], list[Problem]]
-    score: Callable[[Problem, str], float]
-    summarize: Callable[[dict[str, float]], dict[str, float]]
+# benchmark.task -> "module:object" of its Task (imported on first use)
+TASKS = {
+    "math": "eval.math_tasks:MATH",
+    "gpqa": "eval.math_tasks:GPQA",
+    "testbed": "eval.testbed_task:TESTBED",
+    "ruler": "eval.ruler:TASK",
+    "longbench": "eval.longbench:TASK",
+}
 
 
-def task_plugin(task: str) -> TaskPlugin | None:
-    """The plugin of ``task``, or None for the evaluator's built-in tasks."""
-    if task not in PLUGINS:
-        return None
-    return importlib.import_module(PLUGINS[task]).PLUGIN
+class Task:
+    """The evaluator's view of one benchmark task; every method has a default (see the module docs)."""
+
+    name: ClassVar[str] = ""
+    scoped: ClassVar[bool] = False  # problems cannot be listed again without the tokenizer / the hub
+
+    def load(self, bench: Any, tokenizer: Any = None, gen: Any = None) -> list[Problem]:
+        from eval.benchmarks import load_benchmark
+
+        return load_benchmark(bench)
+
+    def check(self, problems: list[Problem], gen: Any) -> None:
+        """Refuse (``ValueError``) or warn about generation settings that do not fit the problems."""
+
+    def user_message(self, problem: Problem) -> str:
+        return problem.question
+
+    def prompt(
+        self, problem: Problem, tokenizer: Any, system_prompt: str | None = None, enable_thinking: bool | None = None
+    ) -> str:
+        """The user message through the model's chat template, the generation prompt appended."""
+        from eval.prompts import chat_text
+
+        return chat_text(self.user_message(problem), tokenizer, system_prompt, enable_thinking)
+
+    # the environment's tokens per problem (None where the model writes); None: no environment
+    script: Callable[[Problem, Any], list[int | None]] | None = None
+    # the grader's check of one (text, gold); None: the grader's math stages (exact, then math-verify)
+    answer_check: Callable[[str, str], Grade] | None = None
+    # a grade of one sample outside the shared grader (replaces answer_check)
+    grade: Callable[[Problem, Generation], Grade] | None = None
+
+    def details(self, problem: Problem, generation: Generation) -> dict[str, Any]:
+        return {}
+
+    def metrics(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """The task's own entries of ``metrics.json`` (beside the pooled metrics)."""
+        return {}
+
+    def report(self, metrics: dict[str, Any], table: str) -> str:
+        """The console table with the task's own lines."""
+        return table
+
+    def hooks(self, tokenizer: Any) -> dict[str, Any]:
+        """The keyword hooks of :func:`eval.runner.evaluate` for this task."""
+        out: dict[str, Any] = {"details": self.details, "check": self.answer_check}
+        if self.script is not None:
+            out["script"] = lambda p: self.script(p, tokenizer)
+        if self.grade is not None:
+            out["grade"] = self.grade
+        return out
+
+
+def get_task(name: str) -> Task:
+    """The task of ``benchmark.task`` (``ValueError`` naming the known ones)."""
+    if name not in TASKS:
+        raise ValueError(f"unknown benchmark.task {name!r}; known: {'|'.join(TASKS)}")
+    module, _, attr = TASKS[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def user_message(problem: Problem) -> str:
+    """The user message of ``problem`` as its task writes it."""
+    return get_task(problem.task).user_message(problem)
+
+
+def render(
+    problem: Problem, tokenizer: Any, system_prompt: str | None = None, enable_thinking: bool | None = None
+) -> str:
+    """The prompt text of ``problem`` as its task renders it (the model's chat template)."""
+    return get_task(problem.task).prompt(problem, tokenizer, system_prompt, enable_thinking)
 
 
 def write_scope(run_dir: str | Path, problems: list[Problem]) -> None:
@@ -86,40 +157,62 @@ def scored_text(generation: Generation, budget: int, tokenizer: Any) -> str:
     return tokenizer.decode(generation.token_ids[:budget], skip_special_tokens=False)
 
 
-def check_budget(problems: list[Problem], max_new_tokens: int) -> None:
-    """Warn when the generation cap is below a problem's budget (its output is then cut shorter)."""
-    need = max((p.meta["max_new_tokens"] for p in problems), default=0)
-    if max_new_tokens < need:
-        log.warning(
-            "generation.max_new_tokens=%d is below the largest task budget (%d tokens): outputs are scored "
-            "as generated; set generation.max_new_tokens=%d for the benchmark's budgets",
-            max_new_tokens, need, need,
-        )  # fmt: skip
+class ScoredTask(Task):
+    """A multi-subset benchmark scored in [0, 1] per sample: ``load(bench, tokenizer, gen) -> problems``;
+    ``score(problem, text) -> [0, 1]``; ``summarize(subset scores in %) -> averages`` (e.g. LongBench's
+    with and without TREC)."""
 
+    scoped = True
 
-def hooks(plugin: TaskPlugin, tokenizer: Any) -> dict[str, Any]:
-    """``grade`` and ``details`` hooks of :func:`eval.runner.evaluate` for a plugin task."""
+    def __init__(
+        self,
+        name: str,
+        load: Callable[[Any, Any, Any], list[Problem]],
+        score: Callable[[Problem, str], float],
+        summarize: Callable[[dict[str, float]], dict[str, float]],
+    ):
+        self.name, self.load, self.score, self.summarize = name, load, score, summarize  # type: ignore[misc,method-assign]
 
-    def scored(problem: Problem, generation: Generation) -> tuple[str, float]:
-        text = scored_text(generation, problem.meta["max_new_tokens"], tokenizer)
-        return text, plugin.score(problem, text)
+    def prompt(self, problem: Problem, tokenizer: Any, *_: Any) -> str:
+        return problem.meta["prompt"]  # rendered by load (RULER opens the reply with its answer prefix)
 
-    def details(problem: Problem, generation: Generation) -> dict[str, Any]:
-        _, s = scored(problem, generation)
-        return {"score": s, "scored_tokens": min(problem.meta["max_new_tokens"], generation.n_tokens)}
+    def check(self, problems: list[Problem], gen: Any) -> None:
+        """Warn when the generation cap is below a problem's budget (its output is then cut shorter)."""
+        need = max((p.meta["max_new_tokens"] for p in problems), default=0)
+        if gen.max_new_tokens < need:
+            log.warning(
+                "generation.max_new_tokens=%d is below the largest task budget (%d tokens): outputs are scored "
+                "as generated; set generation.max_new_tokens=%d for the benchmark's budgets",
+                gen.max_new_tokens, need, need,
+            )  # fmt: skip
 
-    def grade(problem: Problem, generation: Generation) -> Grade:
-        text, s = scored(problem, generation)
-        return Grade(text.strip()[:200], s >= 1.0, plugin.name)
+    def hooks(self, tokenizer: Any) -> dict[str, Any]:
+        def scored(problem: Problem, generation: Generation) -> tuple[str, float]:
+            text = scored_text(generation, problem.meta["max_new_tokens"], tokenizer)
+            return text, self.score(problem, text)
 
-    return {"grade": grade, "details": details}
+        def details(problem: Problem, generation: Generation) -> dict[str, Any]:
+            _, s = scored(problem, generation)
+            return {"score": s, "scored_tokens": min(problem.meta["max_new_tokens"], generation.n_tokens)}
+
+        def grade(problem: Problem, generation: Generation) -> Grade:
+            text, s = scored(problem, generation)
+            return Grade(text.strip()[:200], s >= 1.0, self.name)
+
+        return {"grade": grade, "details": details}
+
+    def metrics(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        return {self.name: subset_metrics(self, rows)}
+
+    def report(self, metrics: dict[str, Any], table: str) -> str:
+        return format_subset_table(self.name, metrics[self.name]) + "\n" + table
 
 
 def _mean(values: list[float]) -> float | None:
     return float(np.mean(values)) if values else None
 
 
-def subset_metrics(plugin: TaskPlugin, rows: list[dict[str, Any]]) -> dict[str, Any]:
+def subset_metrics(task: ScoredTask, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per subset: problems, mean score (%), mean compression and prefill compression; plus the averages."""
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
@@ -139,7 +232,7 @@ def subset_metrics(plugin: TaskPlugin, rows: list[dict[str, Any]]) -> dict[str, 
     comp = [m["compression"] for m in subsets.values() if m["compression"] is not None]
     return {
         "subsets": subsets,
-        **plugin.summarize(scores),
+        **task.summarize(scores),
         "compression": _mean(comp),
     }
 

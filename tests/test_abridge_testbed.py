@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from data_prep import testbed as tb
-from data_prep import testbed_tokenizer as tt
 from zoomr.abridge.forward import full_kv_response_ce, heldout_full_kv_ce
 from zoomr.abridge.layout import IGNORE, RAW, AbridgeLayout
 from zoomr.abridge.trainer import load_streams
 from zoomr.schemas.testbed import TestbedData
+from zoomr.testbed import task as tb
+from zoomr.testbed import vocab as tt
 
 DATA = {**vars(TestbedData(trace_tokens=256, n_train=12, query_form="cue"))}
 

@@ -11,7 +11,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from eval.benchmarks import SOURCES, load_benchmark, load_problems, load_source
-from eval.prompts import MATH_INSTRUCTION, render, user_message
+from eval.math_tasks import MATH_INSTRUCTION
+from eval.tasks import render, user_message
 from zoomr.entry import CONF_DIR
 from zoomr.paths import REPO_ROOT
 from zoomr.schemas import register_with_hydra, to_dataclass

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from eval.benchmarks import load_problems, load_source
-from eval.grading import Grader, exact_match, extract_letter, last_boxed, normalize
+from eval.grading import Grader, exact_match, extract_letter, grade_letter, last_boxed, normalize
 from eval.prompts import strip_reasoning
 
 COMPETITIONS = ["aime_2022_2024", "aime_2024", "aime_2025", "hmmt_feb_2025", "brumo_2025", "cmimc_2025"]
@@ -32,7 +32,7 @@ def mv_grader():
 
 def test_math500_reference_solutions_are_correct(grader, mv_grader):
     problems = load_source("math500", "eval/data/benchmarks")
-    samples = [(p.meta["solution"], p.answer, "math") for p in problems]
+    samples = [(p.meta["solution"], p.answer) for p in problems]
     for g in (grader, mv_grader):
         grades = g.grade(samples)
         assert sum(x.correct for x in grades) >= 0.99 * len(problems)
@@ -46,8 +46,8 @@ def _perturb(answer: str) -> str:
 def test_competition_golds_match_themselves_not_perturbations(mv_grader, grader):
     problems = load_problems(COMPETITIONS[:1] + COMPETITIONS[2:] + ["amc12_2022_2023"])
     load_problems(["aime_2024"])  # the duplicate set loads on its own
-    good = [(f"So the answer is $\\boxed{{{p.answer}}}$.", p.answer, "math") for p in problems]
-    bad = [(f"So the answer is $\\boxed{{{_perturb(p.answer)}}}$.", p.answer, "math") for p in problems]
+    good = [(f"So the answer is $\\boxed{{{p.answer}}}$.", p.answer) for p in problems]
+    bad = [(f"So the answer is $\\boxed{{{_perturb(p.answer)}}}$.", p.answer) for p in problems]
     for g in (grader, mv_grader):
         assert all(x.correct for x in g.grade(good))
         wrong = [p.id for p, x in zip(problems, g.grade(bad)) if x.correct]
@@ -62,7 +62,7 @@ def test_math_verify_judges_equivalent_forms(grader):
         ("\\boxed{7}", "\\frac{1}{2}", False),
         ("no answer at all", "12", False),
     ]
-    grades = grader.grade([(t, g, "math") for t, g, _ in cases])
+    grades = grader.grade([(t, g) for t, g, _ in cases])
     assert [x.correct for x in grades] == [ok for *_, ok in cases]
 
 
@@ -72,7 +72,7 @@ def test_pathological_200kb_nested_boxed_returns_within_timeout():
     assert len(text) >= 190_000
     t0 = time.monotonic()
     with Grader(workers=1, timeout_s=3) as g:
-        (grade,) = g.grade([(text, "\\frac{1}{2}", "math")])
+        (grade,) = g.grade([(text, "\\frac{1}{2}")])
     assert time.monotonic() - t0 < 3 + 5  # the timeout plus worker start/kill slack
     assert grade.correct is False
 
@@ -88,14 +88,14 @@ def _stuck(text: str, gold: str, inner_timeout: int):
 
 
 def test_stuck_and_dead_workers_are_replaced():
-    samples = [("hang", "1", "math"), ("1", "1", "math"), ("crash", "1", "math"), ("1", "1", "math")]
+    samples = [("hang", "1"), ("1", "1"), ("crash", "1"), ("1", "1")]
     t0 = time.monotonic()
     with Grader(workers=1, timeout_s=1.5, exact_first=False, check=_stuck) as g:
         grades = g.grade(samples)
         assert g.timeouts == 1 and g.restarts == 2
         os.kill(g._workers[0].proc.pid, signal.SIGKILL)  # an idle worker killed from outside
         g._workers[0].proc.join(5)
-        assert [x.correct for x in g.grade([("2", "2", "math")])] == [True] and g.restarts == 3
+        assert [x.correct for x in g.grade([("2", "2")])] == [True] and g.restarts == 3
     assert time.monotonic() - t0 < 20
     assert [x.method for x in grades] == ["timeout", "math_verify", "error", "math_verify"]
     assert [x.correct for x in grades] == [False, True, False, True]
@@ -124,7 +124,7 @@ def test_gpqa_letter_extraction_is_anchored():
     assert extract_letter("I think the answer is (C).") == "C"
     assert extract_letter("No letter here. Answer: maybe") is None
     with Grader(workers=1) as g:
-        grades = g.grade([("Answer: C", "C", "gpqa"), ("Answer: A", "C", "gpqa"), ("hmm", "C", "gpqa")])
+        grades = g.grade([("Answer: C", "C", grade_letter), ("Answer: A", "C", grade_letter), ("hmm", "C", grade_letter)])
     assert [x.correct for x in grades] == [True, False, False]
     assert [x.method for x in grades] == ["letter", "letter", "none"]
 
@@ -137,5 +137,5 @@ def test_strip_reasoning():
     assert strip_reasoning(text) == "\\boxed{2}"
     assert strip_reasoning("<think>unfinished \\boxed{1}") == "<think>unfinished \\boxed{1}"
     with Grader(workers=1, strip_reasoning=True, math_verify=False) as g:
-        (grade,) = g.grade([("<think>\\boxed{2}</think> final \\boxed{1}", "2", "math")])
+        (grade,) = g.grade([("<think>\\boxed{2}</think> final \\boxed{1}", "2")])
     assert not grade.correct and grade.extracted == "1"

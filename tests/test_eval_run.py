@@ -116,7 +116,7 @@ def test_sigkill_mid_run_then_resume(tmp_path, cache_dir):
 def test_testbed_benchmark_scripted_and_graded_per_fact(tmp_path, cache_dir):
     """``benchmark=testbed``: the environment's tokens are exactly the problem's, the model writes the
     answers, and every row carries per-fact recall; a cap shorter than a trace is refused up front."""
-    from data_prep.testbed_grading import grade
+    from zoomr.testbed.grading import grade
 
     small = ["benchmark=testbed", "model=tiny-testbed", "benchmark.options.n_test=3",
              "benchmark.options.trace_tokens=128", "generation.temperature=0", "generation.n_samples=1",
@@ -126,7 +126,7 @@ def test_testbed_benchmark_scripted_and_graded_per_fact(tmp_path, cache_dir):
     metrics = _run_in_process(tmp_path / "tb", cache_dir, *small)
     assert metrics["pooled"]["samples"] == 3
     rows = [json.loads(line) for line in _lines(tmp_path / "tb")]
-    from eval.benchmarks import testbed_problems
+    from eval.testbed_task import testbed_problems
 
     records = {p.id: p.meta["record"] for p in testbed_problems({"n_test": 3, "trace_tokens": 128})}
     for r in rows:

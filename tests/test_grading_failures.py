@@ -27,8 +27,8 @@ BIG = "1" * 5000  # past Python's 4,300-digit limit for int <-> str
 def test_integers_longer_than_4300_digits_are_graded():
     assert normalize("00" + BIG) == BIG and normalize("+" + BIG) == BIG and normalize("-0" + BIG) == "-" + BIG
     assert normalize("-000") == "0" and normalize("+7") == "7" and normalize("007") == "7"
-    samples = [(f"\\boxed{{{BIG}}}", BIG, "math"), (f"\\boxed{{{BIG}2}}", BIG, "math"),
-               ("\\boxed{7}", BIG, "math"), (f"\\boxed{{{BIG}}}", "7", "math")]  # fmt: skip
+    samples = [(f"\\boxed{{{BIG}}}", BIG), (f"\\boxed{{{BIG}2}}", BIG),
+               ("\\boxed{7}", BIG), (f"\\boxed{{{BIG}}}", "7")]  # fmt: skip
     with Grader(workers=1) as g:
         grades = g.grade(samples)
     assert [x.correct for x in grades] == [True, False, False, False]
@@ -36,7 +36,7 @@ def test_integers_longer_than_4300_digits_are_graded():
 
 
 def test_errors_and_deaths_are_counted():
-    samples = [("1", "1", "math"), ("boom", "1", "math"), ("2", "1", "math")]
+    samples = [("1", "1"), ("boom", "1"), ("2", "1")]
     with Grader(workers=1, exact_first=False, check=raises_on_boom) as g:
         grades = g.grade(samples)
     assert [x.method for x in grades] == ["math_verify", "error", "none"]
@@ -45,7 +45,7 @@ def test_errors_and_deaths_are_counted():
 
 def test_workers_that_always_die_stop_the_grader():
     with Grader(workers=1, exact_first=False, check=dies) as g, pytest.raises(GraderBroken, match="exit code 7"):
-        g.grade([(str(i), "1", "math") for i in range(10)])
+        g.grade([(str(i), "1") for i in range(10)])
     assert g.deaths == 2 and g.restarts == 2  # two samples graded "error", the third death stops it
 
 
@@ -53,9 +53,9 @@ def test_workers_are_reused_and_each_sample_has_its_own_deadline():
     # 4 samples of 0.5 s sent to one worker in one batch: each finishes within the 1.2 s limit, although
     # the last finishes 2 s after the batch was sent
     with Grader(workers=1, timeout_s=1.2, exact_first=False, check=sleeps) as g:
-        grades = g.grade([("0.5", "x", "math")] * 4)
+        grades = g.grade([("0.5", "x")] * 4)
         pid = g._workers[0].proc.pid
-        g.grade([("0.01", "x", "math")] * 3)
+        g.grade([("0.01", "x")] * 3)
         assert g._workers[0].proc.pid == pid  # the same process graded both calls
     assert [x.method for x in grades] == ["math_verify"] * 4 and g.timeouts == 0 and g.restarts == 0
 

@@ -11,12 +11,12 @@ from hydra import compose, initialize_config_dir
 from safetensors import safe_open
 
 from data_prep import kvzap_pairs_testbed as tb
-from data_prep import testbed
-from data_prep import testbed_tokenizer as tt
 from zoomr.entry import CONF_DIR
 from zoomr.schemas import register_with_hydra
 from zoomr.schemas.kvzap import TestbedPairsSource
 from zoomr.schemas.testbed import TestbedData
+from zoomr.testbed import task as testbed
+from zoomr.testbed import vocab as tt
 
 SHORT = {"query_form": "cue", "trace_tokens": 160}
 

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from analysis import testbed_arms, testbed_table
+from analysis import testbed_table
+from zoomr.testbed import checkpoint as testbed_arms
+from zoomr.testbed.grading import load_test_problems
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,7 @@ def test_table_arms_budgets_and_resume(checkpoint, tmp_path):
     (name,) = results
     arms = results[name]
     assert set(arms) == {"full", "streaming@0.5", "h2o@0.5", "_meta"}
-    rows = testbed_arms.full_rows(testbed_arms.test_records(testbed_arms.trained_data(checkpoint), 3))
+    rows = testbed_arms.full_rows(load_test_problems(testbed_arms.trained_data(checkpoint), 3))
     budget = round(0.5 * rows)
     assert arms["streaming@0.5"]["policy"]["budget_rows"] == budget == arms["h2o@0.5"]["policy"]["budget_rows"]
     assert arms["full"]["rows_ratio"] == 1.0
@@ -55,4 +57,24 @@ def test_table_arms_budgets_and_resume(checkpoint, tmp_path):
     stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "arms").glob("*.json")}
     assert len(stamps) == 3
     testbed_table.main(argv)
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "arms").glob("*.json")} == stamps
+
+
+def test_zoomr_arms_through_the_evaluator_keep_the_recompute_log(checkpoint, tmp_path):
+    """``analysis.zoomr_testbed``: ZoomR's per-cue selection comes from the recompute log its cache kept,
+    read by the evaluator's inspect hook into the rows; a rerun reuses the finished arms."""
+    from analysis import zoomr_testbed
+    from eval.results import RESULTS_FILE
+
+    argv = ["--model", str(checkpoint), "--n", "2", "--batch", "2", "--arms", "full", "zoomr", "--out", str(tmp_path)]
+    results = zoomr_testbed.main(argv)
+    records = load_test_problems(testbed_arms.trained_data(checkpoint), 2)
+    sel = results["zoomr"]["selection"]
+    assert sel["cues"] == sum(len(r["queries"]) for r in records) and 0.0 <= sel["hit_rate"] <= 1.0
+    (run_dir,) = [p for p in (tmp_path / "arms").iterdir() if p.is_dir() and p.name.startswith("zoomr-")]
+    rows = [json.loads(line) for line in (run_dir / RESULTS_FILE).read_text().splitlines()]
+    assert len(rows) == 2 and all(r["decode"]["recomputes"] for r in rows)
+    assert len(results["zoomr"]["rows_vs_length"]["zoomr_rows"]) > 0 and results["full"]["rows_over_full"] == 1.0
+    stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "arms").glob("*.json")}
+    zoomr_testbed.main(argv)
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "arms").glob("*.json")} == stamps

@@ -8,12 +8,12 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from data_prep import testbed_tokenizer as tt
-from data_prep.testbed import generate
-from data_prep.testbed_curriculum import encode_problem
 from zoomr.cache.zoomr import consensus, head_votes
 from zoomr.schemas.testbed import TestbedData
 from zoomr.summary_pointer import Cue, capture_qk, mean_summary_keys, pointer_loss, selection_hits
+from zoomr.testbed import vocab as tt
+from zoomr.testbed.curriculum import encode_problem
+from zoomr.testbed.task import generate
 
 SPANS = [(2, 5), (8, 10), (13, 16), (19, 21)]  # summary content rows; the end delimiter sits at row `end`
 

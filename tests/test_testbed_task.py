@@ -6,12 +6,12 @@ import random
 
 import pytest
 
-from data_prep import testbed_tokenizer as tt
-from data_prep.testbed import generate, paragraph_cost, problems, query_cost
-from data_prep.testbed_curriculum import Curriculum, copy_batch, max_length_at, scaled_data
-from data_prep.testbed_grading import grade, load_test_problems, prompt_messages, script_ids, summarize
 from zoomr import tokens
 from zoomr.schemas.testbed import CurriculumSettings, TestbedData
+from zoomr.testbed import vocab as tt
+from zoomr.testbed.curriculum import Curriculum, copy_batch, max_length_at, scaled_data
+from zoomr.testbed.grading import grade, load_test_problems, prompt_messages, script_ids, summarize
+from zoomr.testbed.task import generate, paragraph_cost, problems, query_cost
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,8 @@ MODEL = Path(__file__).resolve().parents[1] / "analysis" / "results" / "zoomr_te
 
 @pytest.fixture(scope="module")
 def rates():
-    from analysis.testbed_arms import load_testbed_model, trained_data
     from analysis.testbed_pointer import teacher_forced_hit_rate
+    from zoomr.testbed.checkpoint import load_testbed_model, trained_data
 
     assert (MODEL / "model.safetensors").exists(), f"the committed testbed model is missing: {MODEL}"
     model, _ = load_testbed_model(MODEL)

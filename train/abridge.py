@@ -37,7 +37,7 @@ from zoomr.schemas.abridge import AbridgeMethod
 from zoomr.training import train_or_restore
 
 log = logging.getLogger(__name__)
-TESTBED_LOADER = "data_prep.testbed"
+TESTBED_LOADER = "zoomr.testbed.task"  # the data.loader of data=testbed
 
 
 def run(cfg) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """From-scratch training on the recall testbed (``+method=sft_testbed data=testbed model=tiny-testbed``).
 
-A plain PyTorch loop over freshly generated problems (:mod:`data_prep.testbed_curriculum`), on the
+A plain PyTorch loop over freshly generated problems (:mod:`zoomr.testbed.curriculum`), on the
 project's model class (a tiny llama from :mod:`zoomr.models`), saved with ``save_pretrained`` so the
 evaluator loads it with ``from_pretrained``. TRL's SFTTrainer (``+method=sft data=testbed`` also works)
 has no curriculum or copy warm-up and recomputes chat templates per example; this loop is what meets
@@ -23,7 +23,6 @@ import logging
 import math
 import time
 from contextlib import nullcontext
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -31,18 +30,18 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from data_prep import testbed_tokenizer as tt
-from data_prep.testbed import problems
-from data_prep.testbed_curriculum import Batch, Curriculum, collate, encode_problem
-from zoomr import tokens
 from zoomr.entry import model_spec, start_run
 from zoomr.models import describe, load_model, load_tokenizer
 from zoomr.schemas import to_dataclass
 from zoomr.schemas.testbed import TestbedData, TestbedTrainMethod
-from zoomr.summary_pointer import capture_qk, count_hits, pointer_loss
+from zoomr.summary_pointer import capture_qk, pointer_loss
+from zoomr.testbed import vocab as tt
+from zoomr.testbed.checkpoint import finalize
+from zoomr.testbed.curriculum import Batch, Curriculum
+from zoomr.testbed.teacher_forced import held_out_batches, teacher_forced_eval, token_kinds
+from zoomr.testbed.vocab import check_tokenizer
 
 log = logging.getLogger(__name__)
-BUCKETS = ((0, 64, "<64"), (64, 257, "64-256"), (257, 1 << 30, ">256"))
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -89,77 +88,6 @@ def pointer_layers(model, method: TestbedTrainMethod) -> list[int]:
     return layers
 
 
-TOKEN_KINDS = {"k": "key", "v": "value", "w": "filler"}
-
-
-def token_kinds(tokenizer) -> tuple[torch.Tensor, list[str]]:
-    """vocab id → kind id (key, query, value, index, para, filler, other), for per-kind accuracy."""
-    names = [*TOKEN_KINDS.values(), "other"]
-    kinds = torch.full((len(tokenizer),), len(names) - 1, dtype=torch.long)
-    for word, i in tokenizer.get_vocab().items():
-        if word[:1] in TOKEN_KINDS and word[1:].isdigit():
-            kinds[i] = names.index(TOKEN_KINDS[word[0]])
-    return kinds, names
-
-
-@torch.no_grad()
-def teacher_forced_eval(
-    model, batches: list[Batch], kinds: tuple[torch.Tensor, list[str]] | None = None, qk: dict | None = None
-) -> dict[str, float]:
-    """Accuracy of the argmax next token: on answers (by distance bucket), on every response token, per kind;
-    with ``qk`` (a :func:`~zoomr.summary_pointer.capture_qk` store) and summaries, the pointer hit rate too."""
-    model.eval()
-    hits = {name: [0, 0] for *_, name in BUCKETS}
-    tok = [0, 0]
-    per_kind: dict[str, list[int]] = {}
-    pointer = {"hits": 0, "cues": 0, "far_hits": 0, "far_cues": 0, "chance": 0.0}
-    for b in batches:
-        pred = model(input_ids=b.input_ids).logits.argmax(-1)
-        if qk is not None and b.cues:
-            counts = count_hits(qk, b.spans, b.cues, top_k=2, c=2)  # the paper's rule, ZoomR's defaults
-            pointer = {k: pointer[k] + counts[k] for k in pointer}
-        lab = b.labels != -100
-        ok = pred == b.labels
-        tok[0] += int((ok & lab).sum())
-        tok[1] += int(lab.sum())
-        for lo, hi, name in BUCKETS:
-            m = b.answer_mask & (b.distances >= lo) & (b.distances < hi)
-            hits[name][0] += int((ok & m).sum())
-            hits[name][1] += int(m.sum())
-        if kinds is not None:
-            kid = kinds[0][b.labels.clamp(min=0)]
-            for i, name in enumerate(kinds[1]):
-                m = lab & (kid == i) & ~b.answer_mask
-                acc = per_kind.setdefault(name, [0, 0])
-                acc[0] += int((ok & m).sum())
-                acc[1] += int(m.sum())
-    model.train()
-    out = {f"tf_answer_{k}": h / max(1, n) for k, (h, n) in hits.items()}
-    out["tf_answer_all"] = sum(h for h, _ in hits.values()) / max(1, sum(n for _, n in hits.values()))
-    out["tf_token_acc"] = tok[0] / max(1, tok[1])
-    out.update({f"kind_{k}": h / n for k, (h, n) in per_kind.items() if n})
-    if pointer["cues"]:
-        out["tf_pointer_hit"] = pointer["hits"] / pointer["cues"]
-        out["tf_pointer_hit_far"] = pointer["far_hits"] / max(1, pointer["far_cues"])
-        out["tf_pointer_chance"] = pointer["chance"] / pointer["cues"]
-    return out
-
-
-def held_out_batches(data: TestbedData, n: int, enc, pad_id: int) -> list[Batch]:
-    rows = [encode_problem(p, enc) for p in problems(data, n, seed=data.test_seed + 7919)]
-    return [collate(rows[i : i + 4], pad_id, "trace", data.trace_tokens) for i in range(0, len(rows), 4)]
-
-
-def check_tokenizer(tokenizer) -> None:
-    vocab = tokenizer.get_vocab()
-    missing = [w for w in (tt.key(0), tt.value(0), tt.QUERY, tt.BOXED, tokens.BEGIN_SUMMARY) if w not in vocab]
-    if missing:
-        raise SystemExit(
-            f"model tokenizer lacks testbed words {missing}: use model=tiny-testbed (or a model config with "
-            "extra.tokenizer: data_prep.testbed_tokenizer:build_tokenizer)"
-        )
-
-
 def latest_checkpoint(ckpt_dir: Path) -> Path | None:
     found = sorted(ckpt_dir.glob("step-*"), key=lambda p: int(p.name.split("-")[1])) if ckpt_dir.is_dir() else []
     return found[-1] if found else None
@@ -174,19 +102,6 @@ def save_checkpoint(model, tokenizer, opt, step: int, elapsed: float, ckpt_dir: 
         for f in sorted(old.rglob("*"), reverse=True):
             f.unlink() if f.is_file() else f.rmdir()
         old.rmdir()
-
-
-def finalize(model, tokenizer, data: TestbedData, out: Path) -> None:
-    """Save for ``from_pretrained``, with the data config it learned (``testbed_data.json``: the evaluation
-    scripts test a model on its own distribution); generation stops at ``<|im_end|>``."""
-    from analysis.testbed_arms import DATA_FILE
-
-    im_end = tokenizer.convert_tokens_to_ids(tokens.IM_END)
-    model.generation_config.eos_token_id = [im_end, tokenizer.eos_token_id]
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    (out / DATA_FILE).write_text(json.dumps(asdict(data), indent=2))
 
 
 def run(cfg) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Tiny models with their own tokenizer: ``extra: {tokenizer: "<module>:<function>"}`` in a model config.
 
 The function takes no arguments and returns a ``PreTrainedTokenizerFast`` (e.g. the recall testbed's
-word-level tokenizer, :func:`data_prep.testbed_tokenizer.build_tokenizer`). It is built once into
+word-level tokenizer, :func:`zoomr.testbed.vocab.build_tokenizer`). It is built once into
 ``<cache>/tokenizers/<module TOKENIZER_VERSION>-<hash>`` and loaded from there like the default BPE.
 """
 

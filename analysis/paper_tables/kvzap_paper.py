@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from eval.tasks import subset_metrics, task_plugin
+from eval.tasks import TASKS, ScoredTask, get_task, subset_metrics
 from train.kvzap import layer_table
 
 from .common import fed_by, ordered, pct, pyplot, sources
@@ -34,8 +34,9 @@ def compression(kv: dict) -> float | None:
 
 def long_context(arm: EvalArm) -> dict | None:
     """A RULER / LongBench arm's per-subset scores and averages (:func:`eval.tasks.subset_metrics`); None otherwise."""
-    plugin = task_plugin((arm.config.get("benchmark") or {}).get("task", ""))
-    return None if plugin is None else subset_metrics(plugin, arm.run.rows)
+    name = (arm.config.get("benchmark") or {}).get("task", "")
+    task = get_task(name) if name in TASKS else None
+    return subset_metrics(task, arm.run.rows) if isinstance(task, ScoredTask) else None
 
 
 def score(arm: EvalArm) -> tuple[float, str]:

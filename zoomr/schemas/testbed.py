@@ -1,6 +1,6 @@
 """Schemas of the synthetic recall testbed (``data=testbed``) and its trainer (``+method=sft_testbed``).
 
-The task and its no-shortcut argument are documented in :mod:`data_prep.testbed`.
+The task and its no-shortcut argument are documented in :mod:`zoomr.testbed.task`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ class TestbedData:
     __test__ = False  # not a pytest class despite the name
 
     name: str = "testbed"
-    loader: str = "data_prep.testbed"  # module with sft_dataset(data, tokenizer) -> datasets.Dataset
+    loader: str = "zoomr.testbed.task"  # module with sft_dataset(data, tokenizer) -> datasets.Dataset
     trace_tokens: int = 1024  # upper bound on the response length (the reasoning trace + final answer)
     n_keys: int = 256  # keys drawn from the first n_keys of the tokenizer's (MQAR difficulty grows with it)
     facts_per_paragraph: list[int] = field(default_factory=lambda: [3, 4])

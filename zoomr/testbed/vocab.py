@@ -9,7 +9,7 @@ tokens, ChatML) and the project chat template, so every method runs on it unchan
 Built with the ``tokenizers`` library (``WordLevel`` model, whitespace pre-tokenisation, the
 paragraph break ``"\\n\\n"`` as an added token) and wrapped as ``PreTrainedTokenizerFast``; saved and
 loaded with ``save_pretrained`` / ``from_pretrained``. A model names it with
-``extra: {tokenizer: data_prep.testbed_tokenizer:build_tokenizer}`` (see ``zoomr.models``).
+``extra: {tokenizer: zoomr.testbed.vocab:build_tokenizer}`` (see ``zoomr.models``).
 """
 
 from __future__ import annotations
@@ -103,3 +103,13 @@ class FastEncoder:
         """(ids of the whole conversation, index of the first response token). The response ends with ``<|im_end|>``."""
         head = self.prompt(prompt_words)
         return head + self.words(response_words) + [self.im_end], len(head)
+
+
+def check_tokenizer(tokenizer) -> None:
+    vocab = tokenizer.get_vocab()
+    missing = [w for w in (key(0), value(0), QUERY, BOXED, tokens.BEGIN_SUMMARY) if w not in vocab]
+    if missing:
+        raise SystemExit(
+            f"model tokenizer lacks testbed words {missing}: use model=tiny-testbed (or a model config with "
+            "extra.tokenizer: zoomr.testbed.vocab:build_tokenizer)"
+        )

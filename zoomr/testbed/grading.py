@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from data_prep import testbed_tokenizer as tt
-from data_prep.testbed import problems
 from zoomr import tokens
 from zoomr.schemas.testbed import TestbedData
+from zoomr.testbed import vocab as tt
+from zoomr.testbed.task import problems
 
 BUCKETS = ((0, 64, "<64"), (64, 257, "64-256"), (257, 1 << 30, ">256"))
 _SPECIAL = set(tokens.ALL_SPECIAL_TOKENS)

@@ -25,10 +25,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from data_prep import testbed_tokenizer as tt
-from data_prep.testbed import generate
 from zoomr.schemas.testbed import CurriculumSettings, TestbedData
 from zoomr.summary_pointer import Cue
+from zoomr.testbed import vocab as tt
+from zoomr.testbed.task import generate
 
 IGNORE = -100
 
@@ -122,7 +122,7 @@ def copy_batch(cur: CurriculumSettings, tokens_per_step: int, rng: random.Random
     (measured: after the same copy phase, recall on 64-token traces stayed at 25% with the chat header
     and reached 99.9% without it).
     """
-    from data_prep.testbed import PROMPT_WORDS
+    from zoomr.testbed.task import PROMPT_WORDS
 
     words = [w for w in tt.vocabulary() if w[0] in "kvw" and w[1:].isdigit()]
     head = enc.prompt(PROMPT_WORDS)
@@ -145,7 +145,7 @@ def recall_batch(
     """Bare associative recall in the chat format (MQAR, Arora et al. 2023): ``n`` facts ``k v``, then every
     key queried once in random order, in the data's query form (``? k : = v``); loss on the answers. The
     bridge from copying to the trace."""
-    from data_prep.testbed import PROMPT_WORDS
+    from zoomr.testbed.task import PROMPT_WORDS
 
     head = enc.prompt(PROMPT_WORDS)
     query = enc.ids[tt.QUERY]

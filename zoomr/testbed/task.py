@@ -2,7 +2,7 @@
 
 MQAR-style associative recall (keys defined once, queried once, only the definition holds the
 binding; shared/specs/TESTBED_NOTES.md) laid out as a chat example whose assistant response is a long
-"reasoning trace" of paragraphs, graded exactly (:mod:`data_prep.testbed_grading`).
+"reasoning trace" of paragraphs, graded exactly (:mod:`zoomr.testbed.grading`).
 
 Example (``summaries=true``; ``"\\n\\n"`` is one token, ``<bs>``/``<es>`` are the summary delimiters)::
 
@@ -43,9 +43,9 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from data_prep import testbed_tokenizer as tt
 from zoomr import tokens
 from zoomr.schemas.testbed import TestbedData
+from zoomr.testbed import vocab as tt
 
 PROMPT_WORDS = [tt.PROMPT_WORD]
 

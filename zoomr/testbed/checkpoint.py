@@ -1,0 +1,61 @@
+"""A trained testbed checkpoint: the model, its tokenizer and the data config it learned.
+
+``+method=sft_testbed`` saves ``<run>/final`` with ``save_pretrained`` and writes :data:`DATA_FILE` beside
+it, so the evaluation scripts test a model on its own distribution (summaries or not, trace length, query
+form): :func:`finalize` writes it, :func:`trained_data` reads it. Arms run through the evaluator (:func:`eval.testbed_task.testbed_arm`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from zoomr import tokens
+from zoomr.schemas.testbed import TestbedData
+
+DATA_FILE = "testbed_data.json"  # the TestbedData a checkpoint was trained on (written by the trainer)
+
+
+def load_testbed_model(path: str | Path, attn_implementation: str | None = None):
+    """(model in eval mode, tokenizer) of a checkpoint saved by ``+method=sft_testbed``."""
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs)
+    return model.eval(), PreTrainedTokenizerFast.from_pretrained(path)
+
+
+def trained_data(path: str | Path, **overrides: Any) -> TestbedData:
+    """The checkpoint's training data config (summaries or not, …) with ``overrides`` (None values ignored)."""
+    from zoomr.abridge.trainer import DATA_CONFIG_FILE
+
+    # a base model's testbed_data.json, else the data.json of a fine-tune (AbridgeKV, LightThinker)
+    file = next((Path(path) / f for f in (DATA_FILE, DATA_CONFIG_FILE) if (Path(path) / f).exists()), None)
+    base = json.loads(file.read_text()) if file else {}
+    if base and "query_form" not in base:  # trained before issue 13: the "? k v" format
+        base["query_form"] = "inline"
+    return TestbedData(**{**base, **{k: v for k, v in overrides.items() if v is not None}})
+
+
+def full_rows(records: list[dict[str, Any]]) -> float:
+    """Mean rows full KV holds at the end of a problem (prompt with chat markup + response + end of turn)."""
+    from zoomr.testbed import vocab as tt
+
+    enc = tt.FastEncoder()
+    return float(np.mean([len(enc.prompt(r["prompt"].split())) + r["response_tokens"] + 1 for r in records]))
+
+
+def finalize(model, tokenizer, data: TestbedData, out: Path) -> None:
+    """Save for ``from_pretrained``, with the data config it learned (``testbed_data.json``: the evaluation
+    scripts test a model on its own distribution); generation stops at ``<|im_end|>``."""
+    im_end = tokenizer.convert_tokens_to_ids(tokens.IM_END)
+    model.generation_config.eos_token_id = [im_end, tokenizer.eos_token_id]
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / DATA_FILE).write_text(json.dumps(asdict(data), indent=2))
