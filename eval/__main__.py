@@ -56,11 +56,21 @@ def check_policy(method: dict[str, Any] | None, model: Any, tokenizer: Any) -> d
     return method
 
 
-def testbed_hooks(bench: BenchmarkConfig, tokenizer: Any, problems: list, max_new_tokens: int) -> dict[str, Any]:
+def testbed_hooks(
+    bench: BenchmarkConfig, tokenizer: Any, problems: list, max_new_tokens: int, method: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """For ``task=testbed``: the environment's script per problem and per-fact recall in every row."""
     if bench.task != "testbed":
         return {}
     from data_prep.testbed_grading import grade, script_ids
+    from zoomr.tokens import SPLITTER
+
+    if (method or {}).get("policy") == "lightthinker" and SPLITTER not in problems[0].meta["record"]["response"]:
+        raise SystemExit(
+            "benchmark=testbed with +method=lightthinker: the script writes every paragraph break and leaves the "
+            f"model no place to end a thought, so no {SPLITTER} is ever written (it would decode as full KV); "
+            "set +benchmark.options.thought_splitter=true (nothing was written)"
+        )
 
     longest = max(p.meta["record"]["response_tokens"] + 1 for p in problems)
     if max_new_tokens < longest:
@@ -105,7 +115,9 @@ def run(cfg: Any) -> dict[str, Any]:
     model = load_model(spec, cfg.cache_dir, device=device)
     method = to_plain(cfg.method) if budget else settings.method  # with the resolved budget_rows
     generate = engine_generator(model, tokenizer, check_policy(method, model, tokenizer), gen)
-    task_hooks = hooks(plugin, tokenizer) if plugin else testbed_hooks(bench, tokenizer, problems, gen.max_new_tokens)
+    task_hooks = hooks(plugin, tokenizer) if plugin else testbed_hooks(
+        bench, tokenizer, problems, gen.max_new_tokens, method
+    )
     prompt = (lambda p: p.meta["prompt"]) if plugin else (lambda p: render(p, tokenizer, gen.system_prompt, gen.enable_thinking))
     with RunLock(cfg.run_dir):
         check_fingerprint(cfg.run_dir, fingerprint(cfg))  # before start_run rewrites config.json
