@@ -210,6 +210,7 @@ def generate(cfg: TestbedData, rng: random.Random) -> Problem:
     unqueried: list[Fact] = []  # facts of earlier paragraphs not yet queried, oldest first
     n_paragraphs = 0
     spans: list[tuple[int, int]] = []
+    splitters = 0  # LightThinker thought ends written so far (thought_splitter)
 
     def answer(q: Query) -> None:
         *cue, value = query_words(q.fact, cfg.query_form)
@@ -223,7 +224,7 @@ def generate(cfg: TestbedData, rng: random.Random) -> Problem:
         n_queries = min(rng.randint(*cfg.queries_per_paragraph), len(unqueried))
         before, after = rng.randint(*cfg.filler_before), rng.randint(*cfg.filler_after)
         cost = paragraph_cost(n_facts, n_queries, before + after, cfg.summaries, cfg.query_form)
-        if len(w.words) + cost + reserve > cfg.trace_tokens:
+        if len(w.words) - splitters + cost + reserve > cfg.trace_tokens:  # splitters do not count
             break
         if len(facts) + n_facts > cfg.n_keys:
             raise ValueError(
@@ -256,6 +257,7 @@ def generate(cfg: TestbedData, rng: random.Random) -> Problem:
         w.env(tt.BREAK)
         if cfg.thought_splitter:
             w.model(tokens.SPLITTER)
+            splitters += 1
         unqueried += new
     if n_paragraphs == 0:
         raise ValueError(f"testbed.trace_tokens={cfg.trace_tokens}: not even one paragraph fits")
