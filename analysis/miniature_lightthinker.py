@@ -24,7 +24,7 @@ Testbed settings, each with its reason:
 
 from __future__ import annotations
 
-LIGHTTHINKER_STEPS = 1000
+LIGHTTHINKER_STEPS = 200
 
 MODELS: dict[str, dict] = {
     "lightthinker": {
