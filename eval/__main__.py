@@ -63,6 +63,10 @@ def run(cfg: Any) -> dict[str, Any]:
     model = load_model(spec, cfg.cache_dir, device=device)
     method = to_plain(cfg.method) if budget else settings.method  # with the resolved budget_rows
     check_policy(method, model, tokenizer)
+    try:
+        task.check_policy(problems, method)
+    except ValueError as e:
+        raise SystemExit(f"benchmark {bench.name!r} with +method={(method or {}).get('name')}: {e} (nothing was written)") from None
     with RunLock(cfg.run_dir):
         check_fingerprint(cfg.run_dir, fingerprint(cfg))  # before start_run rewrites config.json
         run_dir, logger = start_run(cfg, job_type="eval")

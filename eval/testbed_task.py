@@ -69,6 +69,15 @@ class TestbedTask(Task):
                 f"{longest} (set generation.max_new_tokens={longest} or more)"
             )
 
+    def check_policy(self, problems: list[Problem], method: dict[str, Any] | None) -> None:
+        from zoomr.tokens import SPLITTER
+
+        if (method or {}).get("policy") == "lightthinker" and SPLITTER not in problems[0].meta["record"]["response"]:
+            raise ValueError(
+                "the script writes every paragraph break and leaves the model no place to end a thought, so no "
+                f"{SPLITTER} is ever written (it would decode as full KV); set +benchmark.options.thought_splitter=true"
+            )
+
     def script(self, problem: Problem, tokenizer: Any) -> list[int | None]:
         from zoomr.testbed.grading import script_ids
 

@@ -66,10 +66,18 @@ def test_train_from_a_testbed_checkpoint_with_paragraphs_as_thoughts(tmp_path, c
     model, tok = load_model_and_tokenizer(model_spec(_compose(testbed)), cache_dir)
     model.save_pretrained(base)
     tok.save_pretrained(base)
-    overrides = [*testbed, *[o for o in TINY_RUN if "num_cache" not in o and "max_samples" not in o]]
-    out = recipe.run(
-        _compose([*overrides, f"method.init_from={base}", f"cache_dir={cache_dir}"], tmp_path / "run")
-    )
+    keep = [o for o in TINY_RUN if not any(k in o for k in ("num_cache", "max_samples", "max_response"))]
+    overrides = [*testbed, *keep, "method.max_response_tokens=200", f"method.init_from={base}", f"cache_dir={cache_dir}"]
+    with pytest.raises(ValueError, match="thought_splitter=true"):  # the environment writes every break
+        recipe.run(_compose(overrides, tmp_path / "refused"))
+    out = recipe.run(_compose([*overrides, "data.thought_splitter=true"], tmp_path / "run"))
     assert out["steps"] == 4 and out["cache_tokens"].startswith("n=7 ")  # llama: the paper's 7
     assert not out["thoughts"].startswith("0 thoughts")
-    assert json.loads((tmp_path / "run" / "final" / "lightthinker.json").read_text())["data"] == "testbed"
+    # served with the environment's script: each held-out trace decodes exactly its response, to <|im_end|>
+    from zoomr.testbed.task import TokenExamples
+
+    examples = TokenExamples({"trace_tokens": 160, "n_train": 8, "thought_splitter": True}, tok)
+    assert out["served_tokens"] == sum(len(examples[i][1]) for i in range(2))
+    final = tmp_path / "run" / "final"
+    assert json.loads((final / "lightthinker.json").read_text())["data"] == "testbed"
+    assert json.loads((final / "data.json").read_text())["thought_splitter"] is True

@@ -18,13 +18,20 @@ from typing import Any
 
 import torch
 
+from zoomr import tokens
 from zoomr.abridge.attention import use_abridge_attention
-from zoomr.abridge.data import StreamSet
+from zoomr.abridge.data import LazyStreams, StreamSet, lazy_streams
 from zoomr.abridge.forward import heldout_full_kv_ce, heldout_masked_ce
 from zoomr.abridge.trainer import AbridgeTrainer, load_start_model, masked_trainer, save_final
 from zoomr.entry import model_spec, start_run, to_plain
 from zoomr.lightthinker.data import ThoughtStats, build_streams
-from zoomr.lightthinker.layout import ThoughtTokens, add_lightthinker_tokens, paper_cache_tokens, save_config
+from zoomr.lightthinker.layout import (
+    ThoughtTokens,
+    add_lightthinker_tokens,
+    interleave,
+    paper_cache_tokens,
+    save_config,
+)
 from zoomr.lightthinker.mask import splitter_accuracy, thought_masks
 from zoomr.models import DTYPES
 from zoomr.rundir import finish_run, prepare_run
@@ -54,11 +61,28 @@ def cache_token_count(m: LightThinkerMethod, model_config) -> int:
 
 
 def load_streams(data: dict[str, Any], tokenizer, tt: ThoughtTokens, m: LightThinkerMethod) -> StreamSet:
-    """The data config's examples as streams; the first ``heldout_examples`` are the held-out set."""
-    dataset = load_sft_dataset(data, tokenizer)
-    streams = build_streams(
-        dataset, tokenizer, tt, m.max_prompt_tokens, m.max_response_tokens, m.min_thought_chars
+    """The data config's examples as streams; the first ``heldout_examples`` are the held-out set.
+
+    A loader with ``token_examples`` (the recall testbed, ``data.thought_splitter=true``) gives token ids whose
+    responses already hold the model-written splitters, with loss on the model-written positions only,
+    built into streams on access; any other loader's text is segmented here (paragraphs as thoughts).
+    """
+    lazy = lazy_streams(
+        data, tokenizer, lambda p, r, loss: interleave(p, r, tt, loss), m.max_prompt_tokens, m.max_response_tokens
     )
+    if lazy is not None:
+        if not any(tt.splitter in lazy.example(i)[1] for i in range(min(len(lazy), 4))):
+            raise ValueError(
+                f"data {data.get('name')!r}: its responses hold no {tokens.SPLITTER}, so no thought would ever "
+                "end; on the testbed set data.thought_splitter=true (the model writes a splitter after each "
+                "paragraph break)"
+            )
+        streams = StreamSet(lazy)  # type: ignore[arg-type]
+    else:
+        dataset = load_sft_dataset(data, tokenizer)
+        streams = build_streams(
+            dataset, tokenizer, tt, m.max_prompt_tokens, m.max_response_tokens, m.min_thought_chars
+        )
     if len(streams.streams) <= m.heldout_examples:
         raise ValueError(
             f"{streams.describe()}: need more than heldout_examples={m.heldout_examples} to train on"
@@ -66,22 +90,40 @@ def load_streams(data: dict[str, Any], tokenizer, tt: ThoughtTokens, m: LightThi
     return streams
 
 
+def scripts_of(streams) -> list[list[int | None]] | None:
+    """The environment's script of each lazily built stream (its response, ``None`` where the model writes,
+    then the end of the turn is the model's), or None for text data (the model writes everything)."""
+    if not isinstance(streams, LazyStreams):
+        return None
+    out = []
+    for i in range(len(streams)):
+        _, response, loss = streams.example(i)
+        writes = set(loss)
+        out.append([None if j in writes else t for j, t in enumerate(response)])
+    return out
+
+
 @torch.no_grad()
 def served_sample(model, tokenizer, streams, tt: ThoughtTokens, max_new_tokens: int) -> dict[str, Any]:
     """Decode the held-out prompts as one batch with the ``lightthinker`` policy and with full KV at the
     evaluation settings (T=0.6, top-p 0.95, top-k 20, seed 1234): splitters the model wrote, thoughts
-    freed, and mean rows held per (layer, KV head, sequence, step)."""
+    freed, and mean rows held per (layer, KV head, sequence, step). Testbed streams decode with their
+    environment's script (:func:`scripts_of`), as in the evaluator."""
     from zoomr.cache.lightthinker import LightThinkerCache
     from zoomr.engine import DecodeSettings, generate, mean_rows
     from zoomr.lightthinker.layout import PROMPT
 
     prompts = [[t for t, k in zip(s.input_ids, s.kind) if k == PROMPT] for s in streams]
+    script = scripts_of(streams)
+    # a scripted trace ends with the environment's end of turn
+    stop = [tokenizer.convert_tokens_to_ids(tokens.IM_END)] if script else None
     settings = DecodeSettings(
-        max_new_tokens=max_new_tokens, temperature=0.6, top_p=0.95, top_k=20, seed=1234, progress=False
+        max_new_tokens=max_new_tokens, temperature=0.6, top_p=0.95, top_k=20, seed=1234, progress=False,
+        stop_token_ids=stop,
     )
     cache = LightThinkerCache(LightThinkerMethod(), model.config, tokenizer, num_cache_tokens=tt.n)
-    outs = generate(model, tokenizer, prompts, cache, settings)
-    full = generate(model, tokenizer, prompts, {"policy": "full"}, settings)
+    outs = generate(model, tokenizer, prompts, cache, settings, script)
+    full = generate(model, tokenizer, prompts, {"policy": "full"}, settings, script)
     return {
         "served": f"{len(outs)} held-out prompts x {max_new_tokens} tokens max, T=0.6",
         "served_tokens": sum(o.n_tokens for o in outs),
@@ -111,7 +153,7 @@ def run(cfg) -> dict[str, Any]:
     heldout, train_set = streams.streams[: m.heldout_examples], streams.streams[m.heldout_examples :]
     stats = ThoughtStats.of(streams.streams)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    log.info("LightThinker n=%d; %s; %s", n, streams.describe(), stats.describe(len(streams.streams)))
+    log.info("LightThinker n=%d; %s; %s", n, streams.describe(), stats.describe())
 
     model.train()
     use_abridge_attention(model)
@@ -159,7 +201,7 @@ def summarize(cfg, m, n, streams, stats, trainer, elapsed, resume, added) -> dic
         "method": m.name,
         "model": f"{cfg.model.name} ({DTYPES[cfg.model.dtype]})",
         "data": f"{cfg.data.name}: {streams.describe()}; {m.heldout_examples} held out",
-        "thoughts": stats.describe(len(streams.streams)),
+        "thoughts": stats.describe(),
         "cache_tokens": f"n={n} <|o_i|> + <|continue|> per thought ({stats.forced_tokens} forced tokens)",
         "tokens_added": added,
         "mask_backend": m.mask_backend,

@@ -7,6 +7,7 @@ prompt) or ``prompt`` / ``completion`` text columns.
 
 from __future__ import annotations
 
+import importlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -98,11 +99,13 @@ def collect_streams(
 class LazyStreams:
     """Streams built on access from ``examples[i] = (prompt ids, response ids, loss positions)`` (a data
     loader's ``token_examples``): a long generated training stream is never materialised. Indexing with a
-    slice gives a view; responses are truncated to ``max_response_tokens`` (their loss positions with them)."""
+    slice gives a view; responses are truncated to ``max_response_tokens`` (their loss positions with them).
+    ``make_stream(prompt, response, loss_positions)`` lays one example out (AbridgeKV's blocks and pauses,
+    LightThinker's thoughts and cache tokens)."""
 
-    def __init__(self, examples, layout: AbridgeLayout, pause_ids: list[int], max_prompt_tokens: int,
-                 max_response_tokens: int, index: range | None = None) -> None:
-        self.examples, self.layout, self.pause_ids = examples, layout, pause_ids
+    def __init__(self, examples, make_stream: Callable[[list[int], list[int], list[int]], Stream],
+                 max_prompt_tokens: int, max_response_tokens: int, index: range | None = None) -> None:
+        self.examples, self.make_stream = examples, make_stream
         self.max_prompt, self.max_response = max_prompt_tokens, max_response_tokens
         self.index = range(len(examples)) if index is None else index
 
@@ -111,18 +114,39 @@ class LazyStreams:
 
     def __getitem__(self, i):
         if isinstance(i, slice):
-            return LazyStreams(self.examples, self.layout, self.pause_ids, self.max_prompt, self.max_response,
-                               self.index[i])
+            return LazyStreams(self.examples, self.make_stream, self.max_prompt, self.max_response, self.index[i])
+        prompt, response, loss = self.example(i)
+        return self.make_stream(prompt, response, loss)
+
+    def example(self, i: int) -> tuple[list[int], list[int], list[int]]:
+        """Example ``i`` of this view, checked and truncated: (prompt ids, response ids, loss positions)."""
         prompt, response, loss = self.examples[self.index[i]]
         if len(prompt) > self.max_prompt:
             raise ValueError(f"example {self.index[i]}: prompt of {len(prompt)} tokens > max_prompt_tokens="
                              f"{self.max_prompt}")
         response = response[: self.max_response]
-        loss = [j for j in loss if j < len(response)]
-        return interleave(prompt, response, self.layout, self.pause_ids, loss)
+        return prompt, response, [j for j in loss if j < len(response)]
 
     def __iter__(self):
         return (self[i] for i in range(len(self)))
+
+
+def lazy_streams(
+    data: dict[str, Any], tokenizer, make_stream, max_prompt: int, max_response: int
+) -> LazyStreams | None:
+    """The ``token_examples`` of the data's loader as :class:`LazyStreams`, or None when the loader has none.
+    Raises when the first examples' responses exceed ``max_response`` (truncation would cut the answers)."""
+    loader = importlib.import_module(data["loader"]) if data.get("loader") else None
+    if not hasattr(loader, "token_examples"):
+        return None
+    examples = loader.token_examples(data, tokenizer)
+    longest = max(len(examples[i][1]) for i in range(min(len(examples), 16)))
+    if longest > max_response:
+        raise ValueError(
+            f"data {data.get('name')!r}: responses of up to {longest} tokens, max_response_tokens="
+            f"{max_response} would cut them; raise method.max_response_tokens"
+        )
+    return LazyStreams(examples, make_stream, max_prompt, max_response)
 
 
 def collate(streams: Sequence[Stream], pad_id: int) -> dict[str, torch.Tensor]:

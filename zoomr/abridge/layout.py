@@ -132,16 +132,22 @@ def interleave(
             s.slot += list(range(layout.num_pause))
             pos += layout.position_shift()
         pos += len(chunk)
-    n_r = len(response_ids)
-    wanted = [True] * n_r if loss_positions is None else [False] * n_r
-    for j in loss_positions or ():
-        if not 0 <= j < n_r:
-            raise ValueError(f"loss position {j} outside the response of {n_r} tokens")
-        wanted[j] = True
-    raw_index = iter(range(n_r))  # response index of each raw token, in stream order
-    target = [s.kind[i] == RAW and wanted[next(raw_index)] for i in range(len(s))]
-    s.labels = [s.input_ids[i + 1] if target[i + 1] else IGNORE for i in range(len(s) - 1)] + [IGNORE]
+    s.labels = next_token_labels(s, len(response_ids), loss_positions)
     return s
+
+
+def next_token_labels(s: Stream, n_response: int, loss_positions: Collection[int] | None = None) -> list[int]:
+    """``labels[i]`` = the next token when it is a raw response token whose response index is in
+    ``loss_positions`` (default: every raw token), else −100. Raw tokens are the stream's response tokens in
+    order (AbridgeKV's blocks, LightThinker's thoughts); pause, cache and continue tokens are never targets."""
+    wanted = [True] * n_response if loss_positions is None else [False] * n_response
+    for j in loss_positions or ():
+        if not 0 <= j < n_response:
+            raise ValueError(f"loss position {j} outside the response of {n_response} tokens")
+        wanted[j] = True
+    raw_index = iter(range(n_response))  # response index of each raw token, in stream order
+    target = [s.kind[i] == RAW and wanted[next(raw_index)] for i in range(len(s))]
+    return [s.input_ids[i + 1] if target[i + 1] else IGNORE for i in range(len(s) - 1)] + [IGNORE]
 
 
 def pause_token_ids(tokenizer, num_pause: int) -> list[int]:

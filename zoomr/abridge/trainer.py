@@ -10,7 +10,6 @@ recipe, its data and start model, and the final save. Recipes (``train/abridge.p
 from __future__ import annotations
 
 import functools
-import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -19,9 +18,9 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import Trainer, TrainingArguments
 
-from zoomr.abridge.data import LazyStreams, StreamSet, batch_meta, build_streams, collate
+from zoomr.abridge.data import StreamSet, batch_meta, build_streams, collate, lazy_streams
 from zoomr.abridge.forward import token_ce
-from zoomr.abridge.layout import IGNORE, AbridgeLayout, pause_token_ids
+from zoomr.abridge.layout import IGNORE, AbridgeLayout, interleave, pause_token_ids
 from zoomr.abridge.mask import layer_masks
 from zoomr.abridge.optim import lr_factor
 from zoomr.models import ModelSpec, load_model, load_tokenizer
@@ -115,17 +114,12 @@ def load_streams(
     response positions that carry loss, built into streams on access (:class:`LazyStreams`); any other
     loader's ``sft_dataset`` is tokenised here with loss on every response token.
     """
-    loader = importlib.import_module(data["loader"]) if data.get("loader") else None
-    if hasattr(loader, "token_examples"):
-        examples = loader.token_examples(data, tokenizer)
-        lazy = LazyStreams(examples, layout, pause_token_ids(tokenizer, layout.num_pause), max_prompt, max_response)
-        longest = max(len(examples[i][1]) for i in range(min(len(examples), 16)))
+    pauses = pause_token_ids(tokenizer, layout.num_pause)
+    lazy = lazy_streams(
+        data, tokenizer, lambda p, r, loss: interleave(p, r, layout, pauses, loss), max_prompt, max_response
+    )
+    if lazy is not None:
         streams = StreamSet(lazy)  # type: ignore[arg-type]
-        if longest > max_response:
-            raise ValueError(
-                f"data {data.get('name')!r}: responses of up to {longest} tokens, max_response_tokens="
-                f"{max_response} would cut them; raise method.max_response_tokens"
-            )
     else:
         streams = build_streams(load_sft_dataset(data, tokenizer), tokenizer, layout, max_prompt, max_response)
     if len(streams.streams) <= heldout:

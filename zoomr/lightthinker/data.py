@@ -7,7 +7,7 @@ responses (no tags) into their paragraphs (:func:`zoomr.lightthinker.layout.segm
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,23 +18,32 @@ from zoomr.lightthinker.layout import CONTINUE, ThoughtTokens, interleave, respo
 
 @dataclass
 class ThoughtStats:
-    """How the streams were segmented: thoughts compressed, raw response tokens, cache + continue tokens."""
+    """How the streams were segmented: thoughts compressed, raw response tokens, cache + continue tokens,
+    over ``streams`` streams (all of a materialised set, the first :data:`SAMPLE` of a lazily built one)."""
 
     thoughts: int
     raw_tokens: int
     forced_tokens: int
+    streams: int = 0
+    sampled: bool = False
 
     @classmethod
-    def of(cls, streams: list[Stream]) -> ThoughtStats:
-        thoughts = sum(s.kind.count(CONTINUE) for s in streams)
-        raw = sum(s.kind.count(RAW) for s in streams)
-        forced = sum(len(s) - s.kind.count(RAW) - s.kind.count(PROMPT) for s in streams)
-        return cls(thoughts, raw, forced)
+    def of(cls, streams: Sequence[Stream]) -> ThoughtStats:
+        sampled = not isinstance(streams, list) and len(streams) > SAMPLE
+        seen = list(streams[:SAMPLE] if sampled else streams)
+        thoughts = sum(s.kind.count(CONTINUE) for s in seen)
+        raw = sum(s.kind.count(RAW) for s in seen)
+        forced = sum(len(s) - s.kind.count(RAW) - s.kind.count(PROMPT) for s in seen)
+        return cls(thoughts, raw, forced, len(seen), sampled)
 
-    def describe(self, n_streams: int) -> str:
-        per = self.thoughts / max(1, n_streams)
-        mean_len = self.raw_tokens / max(1, self.thoughts + n_streams)
-        return f"{self.thoughts} thoughts ({per:.1f} per response, ~{mean_len:.0f} raw tokens per segment)"
+    def describe(self) -> str:
+        per = self.thoughts / max(1, self.streams)
+        mean_len = self.raw_tokens / max(1, self.thoughts + self.streams)
+        where = f" in the first {self.streams} streams" if self.sampled else ""
+        return f"{self.thoughts} thoughts{where} ({per:.1f} per response, ~{mean_len:.0f} raw tokens per segment)"
+
+
+SAMPLE = 16  # streams of a lazily built set that the statistics read (each one is generated on access)
 
 
 def build_streams(

@@ -24,11 +24,20 @@ The stream the model reads, in training and serving alike::
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 from zoomr import tokens
-from zoomr.abridge.layout import IGNORE, PAUSE, PROMPT, RAW, Stream, add_special_token_rows, special_token_ids
+from zoomr.abridge.layout import (
+    PAUSE,
+    PROMPT,
+    RAW,
+    Stream,
+    add_special_token_rows,
+    next_token_labels,
+    special_token_ids,
+)
 from zoomr.segments import split_paragraphs, split_thought
 
 CACHE = PAUSE  # the same role as an AbridgeKV pause token: a learned compression token, no loss
@@ -111,8 +120,14 @@ def response_ids(thoughts: list[str], tail: str, tokenizer, splitter_id: int) ->
 # ---------------------------------------------------------------- token level
 
 
-def interleave(prompt_ids: list[int], response: list[int], tt: ThoughtTokens) -> Stream:
-    """The stream of the module docstring from prompt ids and the written response (splitters included)."""
+def interleave(
+    prompt_ids: list[int], response: list[int], tt: ThoughtTokens, loss_positions: Collection[int] | None = None
+) -> Stream:
+    """The stream of the module docstring from prompt ids and the written response (splitters included).
+
+    ``loss_positions``: response indices that carry loss (default: every response token); the recall testbed
+    trains only on what the model writes (answers and splitters), never on the environment's tokens.
+    """
     if not prompt_ids:
         raise ValueError("empty prompt: the first response token needs a prompt token to be predicted from")
     n_p = len(prompt_ids)
@@ -130,7 +145,7 @@ def interleave(prompt_ids: list[int], response: list[int], tt: ThoughtTokens) ->
             s.slot += list(range(tt.n)) + [-1]
             thought += 1
     s.position_ids = list(range(len(s)))
-    s.labels = [s.input_ids[i + 1] if s.kind[i + 1] == RAW else IGNORE for i in range(len(s) - 1)] + [IGNORE]
+    s.labels = next_token_labels(s, len(response), loss_positions)
     return s
 
 

@@ -35,6 +35,10 @@ class TestbedData:
     query_age_bias: float = 0.0  # a query picks an eligible fact with weight (age rank + 1) ** bias; 0 = uniform
     summaries: bool = False  # insert <|begin_of_summary|> keys… <|end_of_summary|> after each paragraph
     model_writes_summaries: bool = False  # the model (not the environment) writes each summary's keys
+    # LightThinker's thought end (issue 14): after each paragraph break the environment leaves one position to
+    # the model, which writes <|splitter|> there (a model-written token, trained with loss). Not counted in
+    # trace_tokens, so the problems (facts, filler, queries) are exactly those without splitters.
+    thought_splitter: bool = False
     seed: int = 0  # training stream seed
     n_train: int = 2000  # examples materialised by sft_dataset (the generic TRL path)
     n_test: int = 256  # test problems (load_test_problems)

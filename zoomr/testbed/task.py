@@ -30,6 +30,13 @@ answer value (``[v…]`` above) greedily, and its answers stay in the context wh
 with ``model_writes_summaries`` it also writes each summary's keys. Training puts the loss on exactly
 the positions the model writes (:attr:`Problem.model_writes`).
 
+Thought ends (``thought_splitter=true``, LightThinker). The environment writes the paragraph break, so a
+policy that waits for the model to end a thought would never see one; with ``thought_splitter`` the
+script leaves the position after each break to the model, which writes ``<|splitter|>`` there (trained as
+a model-written token, like an answer). LightThinker then compresses each paragraph, break and splitter
+included, into its cache tokens. The splitters do not count against ``trace_tokens`` and draw no
+randomness, so the problems are those without splitters, one token per paragraph longer.
+
 Methods: paragraphs (``"\\n\\n"``-separated) are ZoomR segments; a summary is lossy (the keys a
 paragraph defined, never their values), so it points at the paragraph that holds a fact but cannot
 replace it (SumR cannot answer); a 1,024-token trace spans 8-16 AbridgeKV blocks at C = 64-128 with
@@ -203,6 +210,7 @@ def generate(cfg: TestbedData, rng: random.Random) -> Problem:
     unqueried: list[Fact] = []  # facts of earlier paragraphs not yet queried, oldest first
     n_paragraphs = 0
     spans: list[tuple[int, int]] = []
+    splitters = 0  # LightThinker thought ends written so far (thought_splitter)
 
     def answer(q: Query) -> None:
         *cue, value = query_words(q.fact, cfg.query_form)
@@ -216,7 +224,7 @@ def generate(cfg: TestbedData, rng: random.Random) -> Problem:
         n_queries = min(rng.randint(*cfg.queries_per_paragraph), len(unqueried))
         before, after = rng.randint(*cfg.filler_before), rng.randint(*cfg.filler_after)
         cost = paragraph_cost(n_facts, n_queries, before + after, cfg.summaries, cfg.query_form)
-        if len(w.words) + cost + reserve > cfg.trace_tokens:
+        if len(w.words) - splitters + cost + reserve > cfg.trace_tokens:  # splitters do not count
             break
         if len(facts) + n_facts > cfg.n_keys:
             raise ValueError(
@@ -247,6 +255,9 @@ def generate(cfg: TestbedData, rng: random.Random) -> Problem:
                 (w.model if cfg.model_writes_summaries else w.env)(tt.key(f.key))
             (w.model if cfg.model_writes_summaries else w.env)(tokens.END_SUMMARY)
         w.env(tt.BREAK)
+        if cfg.thought_splitter:
+            w.model(tokens.SPLITTER)
+            splitters += 1
         unqueried += new
     if n_paragraphs == 0:
         raise ValueError(f"testbed.trace_tokens={cfg.trace_tokens}: not even one paragraph fits")

@@ -1,0 +1,48 @@
+"""LightThinker's part of the miniature reproduction (issues 14 and 15): its model and arms as plain data.
+
+Read by the miniature plan (:mod:`analysis.miniature_plan`), which builds its ``Model`` / ``Arm`` entries from
+these dicts (same field names): ``MODELS[name]`` = train overrides (``{base}`` = the base model's ``final/``
+checkpoint) and what it starts from; ``ARMS[name]`` = the eval arm (policy name as in ``conf/method/``, the
+model it runs on, its eval overrides, the arm whose measured rows a baseline gets).
+
+How a thought ends on the testbed. The environment writes the paragraph break, so LightThinker's policy would
+never see a thought end; ``data.thought_splitter=true`` (train) and ``+benchmark.options.thought_splitter=true``
+(eval) leave the position after each break to the model, which writes ``<|splitter|>`` there (a model-written
+token with a loss, like an answer); the policy then compresses the paragraph (break and splitter included)
+into n = 7 cache tokens (the paper's n for Llama; ``tiny-testbed`` is a llama) and frees it. The test problems
+are the same problems as without splitters (same ids, facts and queries; each paragraph one token longer), so
+the arm pairs with the base model's full-KV arm problem by problem.
+
+Testbed settings, each with its reason:
+- ``method.max_response_tokens=1200``: a 1,024-token trace plus one splitter per paragraph (~23) and the end of
+  turn; the trainer refuses a value that would cut a response (set it to ``trace_tokens + 176`` for others).
+- ``data.n_train=100000``: problems are generated on access (nothing materialised), so no problem repeats.
+- ``method.optim.learning_rate=1e-3``, batch 4, warm-up 3 %, flat to 80 %, decay to 10 %: AbridgeKV's testbed
+  schedule (MINIATURE_NOTES), so the two compressing fine-tunes train alike.
+- ``LIGHTTHINKER_STEPS``: what one shared CPU core affords (~1.0-1.6 s/step, batch 4, 3-layer model).
+"""
+
+from __future__ import annotations
+
+LIGHTTHINKER_STEPS = 200
+
+MODELS: dict[str, dict] = {
+    "lightthinker": {
+        "overrides": (
+            "+method=lightthinker", "data=testbed", "data.thought_splitter=true", "data.n_train=100000",
+            "model=tiny-testbed", "method.init_from={base}", "method.max_response_tokens=1200",
+            f"method.max_steps={LIGHTTHINKER_STEPS}", "method.eval_steps=250", "method.save_steps=250",
+            "method.logging_steps=50",
+        ),
+        "needs": ("base",),
+    },
+}
+
+_SPLITTERS = ("+benchmark.options.thought_splitter=true",)
+
+ARMS: dict[str, dict] = {
+    "lightthinker": {"method": "lightthinker", "model": "lightthinker", "overrides": _SPLITTERS},
+    # the eviction baselines at LightThinker's measured rows, on the base model (traces without splitters)
+    "streaming@lightthinker": {"method": "streaming", "model": "base", "match": "lightthinker"},
+    "h2o@lightthinker": {"method": "h2o", "model": "base", "match": "lightthinker"},
+}
