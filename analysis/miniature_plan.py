@@ -121,6 +121,17 @@ ARMS: dict[str, Arm] = {
 }
 
 
+def _add_tables() -> None:
+    """LightThinker's model and arms (analysis/miniature_lightthinker.py: the same fields, as dicts)."""
+    from analysis import miniature_lightthinker as lt
+
+    MODELS.update({k: Model(k, **v) for k, v in lt.MODELS.items()})
+    ARMS.update({k: Arm(k, **v) for k, v in lt.ARMS.items()})
+
+
+_add_tables()
+
+
 def full_arm(arm: Arm) -> str:
     """The full-KV arm an arm is paired with: the same model family's (plain or summaries traces)."""
     model = MODELS[arm.model]
