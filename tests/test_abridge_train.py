@@ -8,9 +8,10 @@ import shutil
 import pytest
 from hydra import compose, initialize_config_dir
 
+from zoomr.cache.abridge import AbridgeMethod
 from zoomr.entry import CONF_DIR
 from zoomr.schemas import register_with_hydra, to_dataclass
-from zoomr.schemas.abridge import AbridgeAllocateMethod, AbridgeMethod
+from zoomr.schemas.abridge import AbridgeAllocateMethod
 
 TINY_RUN = [
     "method.max_steps=4",

@@ -28,11 +28,11 @@ from zoomr.abridge.trainer import (
     masked_trainer,
     save_final,
 )
+from zoomr.cache.abridge import AbridgeMethod
 from zoomr.entry import model_spec, start_run, to_plain
 from zoomr.models import DTYPES
 from zoomr.rundir import prepare_run
 from zoomr.schemas import to_dataclass
-from zoomr.schemas.abridge import AbridgeMethod
 from zoomr.training import train_or_restore
 
 log = logging.getLogger(__name__)

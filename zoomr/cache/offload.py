@@ -10,12 +10,14 @@ subclass it and override :meth:`load_rows` to bring only a selected subset.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from zoomr.cache.base import PolicyCache, PolicyLayer
+from zoomr.cache.config import PolicyConfig
 from zoomr.cache.registry import register_policy
 from zoomr.cache.store import Rows
-from zoomr.schemas.cache import OffloadConfig
 
 
 def extend_rows(
@@ -109,7 +111,14 @@ class HostRowsMixin(PolicyCache):
             self._new_tokens = None
 
 
-@register_policy("offload", config=OffloadConfig)
+@dataclass
+class OffloadConfig(PolicyConfig):
+    """Full KV cache held on host memory; only the current layer's rows are brought to the device."""
+
+    prefetch: bool = True  # copy layer l+1's rows on a side stream while layer l computes (CUDA only)
+
+
+@register_policy("offload", OffloadConfig)
 class OffloadCache(HostRowsMixin):
     def __init__(self, config: OffloadConfig, model_config, tokenizer=None) -> None:
         super().__init__(config, model_config, tokenizer)

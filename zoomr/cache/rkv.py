@@ -14,14 +14,16 @@ layer: scores averaged over heads, summed over layers, compaction every ``compac
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 from zoomr.cache.base import PolicyCache, PolicyLayer, Step
+from zoomr.cache.config import PolicyConfig, check_positive
 from zoomr.cache.queries import push_queries, select_queries
 from zoomr.cache.registry import register_policy
 from zoomr.cache.snapkv import top_plus_window
-from zoomr.schemas.cache import RKVConfig, RKVServingConfig
 
 
 def redundancy(keys: torch.Tensor, n: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -84,7 +86,52 @@ class _QueryRing(PolicyCache):
         return s, rows.n
 
 
-@register_policy("rkv", config=RKVConfig)
+@dataclass
+class RKVConfig(PolicyConfig):
+    """R-KV (Cai et al. 2025): score = lam * importance - (1 - lam) * redundancy, per KV head.
+
+    ``window`` most recent queries score the non-window keys (GQA: max over the group's logits), max-pooled
+    with ``kernel``; redundancy from key cosine similarity (> ``similarity_threshold``: near-duplicate).
+    Compaction to ``budget_rows`` when the rows exceed ``budget_rows + buffer``.
+    """
+
+    budget_rows: int | None = 1024
+    window: int = 8
+    kernel: int = 7
+    lam: float = 0.1
+    similarity_threshold: float = 0.5
+    buffer: int = 128
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive(type(self).__name__, window=self.window, kernel=self.kernel)
+        if self.buffer < 0:
+            raise ValueError(f"{type(self).__name__}: buffer must be >= 0, got {self.buffer}")
+        if self.budget_rows is None or self.budget_rows <= self.window:
+            raise ValueError(f"{type(self).__name__}: need budget_rows > window, got {self.budget_rows}")
+        if not 0.0 <= self.lam <= 1.0:
+            raise ValueError(f"{type(self).__name__}: lam must lie in [0, 1], got {self.lam}")
+        if not -1.0 <= self.similarity_threshold <= 1.0:  # a cosine similarity (1: no row is exempted)
+            raise ValueError(
+                f"{type(self).__name__}: similarity_threshold is a cosine similarity and must lie in [-1, 1], "
+                f"got {self.similarity_threshold}"
+            )
+        if self.kernel % 2 == 0:
+            raise ValueError(f"{type(self).__name__}: kernel must be odd, got {self.kernel}")
+
+@dataclass
+class RKVServingConfig(RKVConfig):
+    """R-KV serving variant (AbridgeKV's comparison): one kept set shared by every head and layer, scores
+    averaged over heads and summed over layers, compaction every ``compact_every`` decode steps."""
+
+    compact_every: int = 64
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive("RKVServingConfig", compact_every=self.compact_every)
+
+
+@register_policy("rkv", RKVConfig)
 class RKVCache(_QueryRing):
     def after_attention(self, layer: PolicyLayer) -> None:
         cfg, n = self.config, layer.store.n
@@ -98,7 +145,7 @@ class RKVCache(_QueryRing):
             self.evict(layer.idx, torch.where(due[:, :, None].to(keep.device), keep, held))
 
 
-@register_policy("rkv_serving", config=RKVServingConfig)
+@register_policy("rkv_serving", RKVServingConfig)
 class RKVServingCache(_QueryRing):
     def __init__(self, config: RKVServingConfig, model_config, tokenizer=None) -> None:
         super().__init__(config, model_config, tokenizer)
