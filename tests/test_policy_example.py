@@ -13,6 +13,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from zoomr.cache import POLICIES, PolicyCache, build_policy, policy_config
+from zoomr.cache.offload import HostRowsMixin, OffloadConfig
 from zoomr.engine import DecodeSettings, generate
 from zoomr.entry import CONF_DIR
 from zoomr.paths import REPO_ROOT
@@ -77,3 +78,33 @@ def test_policies_cannot_override_the_step_protocol():
     for method in ("begin_step", "end_step", "update"):
         with pytest.raises(TypeError, match=rf"overrides {method}"):
             type("Bad", (PolicyCache,), {method: lambda self, *a, **k: None})
+
+
+class _LastTwoRows(HostRowsMixin):
+    """A host-resident policy that says attention reads only the last two held rows of each sequence."""
+
+    seen: list[int]
+
+    def on_step_begin(self, step):
+        store = self.layers[0].store  # rows held before this step (no layer has its new rows yet)
+        self.held = store.n[:, 0].cpu() if store is not None else torch.zeros(step.valid.shape[0], dtype=torch.long)
+
+    def attended_rows(self, layer):
+        return torch.stack([torch.tensor([int(x) - 2, int(x) - 1]).clamp_min(-1) for x in self.held])
+
+    def on_queries(self, layer, query):
+        self.seen.append(int(layer.view.n.max()))  # rows this step's attention reads at this layer
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_host_rows_mixin_reads_only_the_rows_the_policy_names(tiny_model_and_tokenizer, prefetch):
+    """"Which rows" is the policy's; gathering, copying, prefetching and appending the new token the mixin's."""
+    model, tok = tiny_model_and_tokenizer
+    cache = _LastTwoRows(OffloadConfig(prefetch=prefetch), model.config)
+    cache.seen, cache.prefetch_rows = [], prefetch
+    prompt = tok("one two three four five six", add_special_tokens=False).input_ids
+    generate(model, tok, [prompt], cache, DecodeSettings(4, progress=False, stop_token_ids=[]))
+    layers = cache.num_layers
+    assert cache.seen[:layers] == [len(prompt)] * layers  # prefill: its own tokens only
+    assert cache.seen[layers:] == [3] * (3 * layers)  # decode: the two named rows + the new token
+    assert int(cache.resident_rows().min()) == len(prompt) + 3  # nothing evicted: the host keeps every row

@@ -115,7 +115,8 @@ class HostRowsMixin(PolicyCache):
     def attended_rows(self, layer: PolicyLayer) -> torch.Tensor | None:
         """Which held rows this step's attention reads at ``layer``, besides the step's own tokens: ``[B, N]``
         row indices in insertion order (-1 = padding), the same for every KV head, or None for every row.
-        Called before the step's rows reach ``layer`` (for the prefetch) and again at its ``update``."""
+        Called for the prefetch (before the step's rows reach ``layer``) and at its ``update`` (after they
+        were appended), so count the held rows in ``on_step_begin``, not from ``layer.store.n``."""
         return None
 
     def store_device(self, compute_device: torch.device) -> torch.device:
