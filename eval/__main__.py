@@ -43,7 +43,7 @@ def fingerprint(cfg: Any) -> dict[str, Any]:
     }
 
 
-def check_policy(method: dict[str, Any] | None, model: Any, tokenizer: Any) -> dict[str, Any] | None:
+def check_policy(method: Any | None, model: Any, tokenizer: Any) -> Any | None:
     """Build the ``+method=`` cache policy once on the loaded model (None: full KV): a setting that only
     the model can reject (e.g. a budget its layers cannot hold) fails here, before any state is written."""
     if method is not None:
@@ -86,11 +86,12 @@ def run(cfg: Any) -> dict[str, Any]:
     from eval.runner import evaluate
     from eval.settings import validate
     from eval.tasks import check_budget, hooks, task_plugin, write_scope
+    from zoomr.cache import match_budget
     from zoomr.models import load_model, load_tokenizer
 
     # everything that can reject the settings runs before the lock, the fingerprint and config.json
     settings = validate(cfg)
-    budget = resolve_budget(cfg)  # a relative budget (fraction / match) becomes budget_rows before the fingerprint
+    budget = resolve_budget(cfg, settings.method)  # a relative budget becomes budget_rows before the fingerprint
     bench, gen, grading = settings.bench, settings.gen, settings.grading
     plugin = task_plugin(bench.task)  # RULER / LongBench bring problems, prompts and scores (eval/tasks.py)
     spec = model_spec(cfg)
@@ -103,7 +104,7 @@ def run(cfg: Any) -> dict[str, Any]:
         check_budget(problems, gen.max_new_tokens)
     device = pick_device(cfg.device)
     model = load_model(spec, cfg.cache_dir, device=device)
-    method = to_plain(cfg.method) if budget else settings.method  # with the resolved budget_rows
+    method = match_budget(settings.method, cfg.method.budget_rows) if budget else settings.method  # typed once
     generate = engine_generator(model, tokenizer, check_policy(method, model, tokenizer), gen)
     task_hooks = hooks(plugin, tokenizer) if plugin else testbed_hooks(bench, tokenizer, problems, gen.max_new_tokens)
     prompt = (lambda p: p.meta["prompt"]) if plugin else (lambda p: render(p, tokenizer, gen.system_prompt, gen.enable_thinking))

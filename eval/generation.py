@@ -77,9 +77,10 @@ def kv_stats(stats: Any, prompt_tokens: int, n_tokens: int) -> dict[str, float]:
     }
 
 
-def engine_generator(model: Any, tokenizer: Any, policy: dict[str, Any] | None, gen: Any) -> GenerateFn:
+def engine_generator(model: Any, tokenizer: Any, policy: Any | None, gen: Any) -> GenerateFn:
     """A :data:`GenerateFn` decoding through ``zoomr.engine.generate`` with the cache policy config
-    ``policy`` (the ``+method=`` node; None = full KV). A fresh cache is built for every batch."""
+    ``policy`` (its config dataclass, typed once by the entry point; None = full KV). A fresh cache is built
+    from it for every batch; the config itself is never rebuilt."""
     from zoomr.engine import DecodeSettings, generate
 
     def run(prompts: list[str], seeds: list[int], scripts: list[list[int | None]] | None = None) -> list[Generation]:

@@ -108,3 +108,25 @@ def test_host_rows_mixin_reads_only_the_rows_the_policy_names(tiny_model_and_tok
     assert cache.seen[:layers] == [len(prompt)] * layers  # prefill: its own tokens only
     assert cache.seen[layers:] == [3] * (3 * layers)  # decode: the two named rows + the new token
     assert int(cache.resident_rows().min()) == len(prompt) + 3  # nothing evicted: the host keeps every row
+
+
+def test_policy_config_is_typed_once_not_per_batch(tiny_model_and_tokenizer, monkeypatch):
+    """The evaluator's generator gets the config dataclass and builds a fresh cache per batch from it,
+    never turning a dict into the dataclass again."""
+    import zoomr.schemas
+    from eval.generation import engine_generator
+    from zoomr.cache.h2o import H2OConfig
+    from zoomr.schemas.eval import GenerationConfig
+
+    model, tok = tiny_model_and_tokenizer
+    gen = GenerationConfig(max_new_tokens=3, temperature=0.0)
+
+    def no_flip(*args, **kwargs):
+        raise AssertionError("the policy config was rebuilt from a dict")
+
+    monkeypatch.setattr(zoomr.schemas, "to_dataclass", no_flip)
+    run = engine_generator(model, tok, H2OConfig(budget_rows=4), gen)
+    batches = [run(["a b c d e f g h"], [1]), run(["i j k l m n o p q"], [2])]
+    assert [b[0].kv["rows_peak"] for b in batches] == [4.0, 4.0]  # H2O's budget, in both batches
+    with pytest.raises(AssertionError, match="rebuilt"):  # a dict config would be converted per batch
+        engine_generator(model, tok, {"policy": "h2o", "budget_rows": 4}, gen)(["a b c"], [1])
