@@ -9,7 +9,8 @@ Per KV head, with the last ``window`` post-RoPE queries (a ring kept across step
 - score = lam * importance - (1 - lam) * redundancy; keep the top ``budget - window`` older rows + the window.
 Compaction runs after a layer's attention once a (sequence, head) holds ``budget + buffer`` rows (so every
 ``buffer`` tokens), prefill included. ``rkv_serving`` (AbridgeKV's comparison) keeps ONE set for every head and
-layer: scores averaged over heads, summed over layers, compaction every ``compact_every`` decode steps.
+layer: scores averaged over heads, summed over layers, compaction every ``compact_every`` decode steps
+(:mod:`zoomr.cache.rkv_serving`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from zoomr.cache.base import PolicyCache, PolicyLayer, Step
+from zoomr.cache.base import PolicyCache, PolicyLayer
 from zoomr.cache.config import PolicyConfig, check_positive
 from zoomr.cache.queries import push_queries, select_queries
 from zoomr.cache.registry import register_policy
@@ -65,7 +66,7 @@ def rkv_scores(
     return score.masked_fill(~older, float("-inf"))
 
 
-class _QueryRing(PolicyCache):
+class QueryRing(PolicyCache):
     """Keeps each layer's last ``window`` post-RoPE queries per sequence."""
 
     def on_queries(self, layer: PolicyLayer, query: torch.Tensor) -> None:
@@ -119,20 +120,8 @@ class RKVConfig(PolicyConfig):
         if self.kernel % 2 == 0:
             raise ValueError(f"{type(self).__name__}: kernel must be odd, got {self.kernel}")
 
-@dataclass
-class RKVServingConfig(RKVConfig):
-    """R-KV serving variant (AbridgeKV's comparison): one kept set shared by every head and layer, scores
-    averaged over heads and summed over layers, compaction every ``compact_every`` decode steps."""
-
-    compact_every: int = 64
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_positive("RKVServingConfig", compact_every=self.compact_every)
-
-
 @register_policy("rkv", RKVConfig)
-class RKVCache(_QueryRing):
+class RKVCache(QueryRing):
     def after_attention(self, layer: PolicyLayer) -> None:
         cfg, n = self.config, layer.store.n
         due = n >= cfg.budget_rows + cfg.buffer
@@ -143,30 +132,3 @@ class RKVCache(_QueryRing):
             keep = top_plus_window(scores, n, cfg.budget_rows, cfg.window)
             held = torch.arange(keep.shape[-1], device=n.device)[None, None, :] < n[:, :, None]
             self.evict(layer.idx, torch.where(due[:, :, None].to(keep.device), keep, held))
-
-
-@register_policy("rkv_serving", RKVServingConfig)
-class RKVServingCache(_QueryRing):
-    def __init__(self, config: RKVServingConfig, model_config, tokenizer=None) -> None:
-        super().__init__(config, model_config, tokenizer)
-        self.decode_steps = 0
-
-    def on_step_end(self, step: Step) -> None:
-        cfg = self.config
-        before = self.decode_steps
-        if not step.is_prefill:  # count generated tokens (one per plain decode step, more for fed chunks)
-            self.decode_steps += int(step.valid.sum(1).max())
-        crossed = self.decode_steps // cfg.compact_every > before // cfg.compact_every
-        due = step.ends_prefill or (not step.is_prefill and crossed)
-        if not due or int(self.layers[0].store.n.max()) <= cfg.budget_rows:
-            return
-        with self.selecting():
-            total = None
-            for layer in self.layers:  # rows are shared: the same n and order in every layer and head
-                scores, n = self.layer_scores(layer)
-                per_seq = scores.mean(dim=1)  # average over heads
-                total = per_seq if total is None else total + per_seq  # sum over layers
-            B, N = total.shape
-            keep = top_plus_window(total[:, None], n[:, :1], cfg.budget_rows, cfg.window)
-            for layer in self.layers:
-                self.evict(layer.idx, keep.expand(B, self.kv_heads, N))
