@@ -36,7 +36,8 @@ Then the attention function calls ``on_queries(layer, q)`` (post-RoPE queries ``
 attention with the ragged mask (eagerly when ``wants_attention_weights(layer)`` is true, then
 ``on_attention(layer, weights [B, H_q, S, N])``), and ``after_attention(layer)`` — evicting here means the
 current token saw everything and later tokens see the kept set. After the whole forward the engine calls
-``on_step_end(step)``; ``on_step_begin(step)`` runs when a forward is declared (``begin_step``), before any layer; policies that decide across layers (one kept set for all layers) evict there.
+``on_step_end(step)``; policies that decide across layers (one kept set for all layers) evict there.
+``on_step_begin(step)`` runs when a forward is declared (``begin_step``), before any layer.
 A budget therefore counts the rows resident *between* steps.
 
 The step protocol (``begin_step`` / ``update`` / ``end_step``) is the base's and closed: a subclass that overrides
@@ -66,7 +67,6 @@ and timing), :mod:`~zoomr.cache.base` (the ``transformers.Cache`` adapter), :mod
 Stats: ``resident_rows()`` ``[L, B, H]``, ``resident_bytes()`` ``{"device", "host"}`` from the tensors held,
 ``logical_lengths()``, ``pop_select_seconds()``.
 """
-
 
 from __future__ import annotations
 
