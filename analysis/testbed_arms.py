@@ -30,10 +30,12 @@ def load_testbed_model(path: str | Path, attn_implementation: str | None = None)
 
 def trained_data(path: str | Path, **overrides: Any):
     """The checkpoint's training data config (summaries or not, …) with ``overrides`` (None values ignored)."""
+    from zoomr.abridge.trainer import DATA_CONFIG_FILE
     from zoomr.schemas.testbed import TestbedData
 
-    file = Path(path) / DATA_FILE
-    base = json.loads(file.read_text()) if file.exists() else {}
+    # a base model's testbed_data.json, else the data.json of a fine-tune (AbridgeKV, LightThinker)
+    file = next((Path(path) / f for f in (DATA_FILE, DATA_CONFIG_FILE) if (Path(path) / f).exists()), None)
+    base = json.loads(file.read_text()) if file else {}
     if base and "query_form" not in base:  # trained before issue 13: the "? k v" format
         base["query_form"] = "inline"
     return TestbedData(**{**base, **{k: v for k, v in overrides.items() if v is not None}})

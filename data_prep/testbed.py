@@ -259,7 +259,12 @@ def generate(cfg: TestbedData, rng: random.Random) -> Problem:
 
 def problems(cfg: TestbedData, n: int, seed: int, start: int = 0) -> list[Problem]:
     """``n`` problems; problem ``i`` uses its own generator seeded by (seed, i), so any prefix is stable."""
-    return [generate(cfg, random.Random(f"testbed/{seed}/{i}")) for i in range(start, start + n)]
+    return [problem(cfg, seed, i) for i in range(start, start + n)]
+
+
+def problem(cfg: TestbedData, seed: int, i: int) -> Problem:
+    """Problem ``i`` of the stream ``seed`` (its own generator, seeded by (seed, i))."""
+    return generate(cfg, random.Random(f"testbed/{seed}/{i}"))
 
 
 def sft_dataset(data: dict[str, Any], tokenizer=None):
@@ -276,3 +281,33 @@ def sft_dataset(data: dict[str, Any], tokenizer=None):
         for i, p in enumerate(problems(cfg, cfg.n_train, cfg.seed))
     ]
     return datasets.Dataset.from_list(rows)
+
+
+class TokenExamples:
+    """Training problems as ``(prompt ids, response ids, loss positions)``, generated on access (the
+    ``token_examples`` protocol of the block-masked trainers, :func:`zoomr.abridge.trainer.load_streams`).
+
+    Problem ``i`` is problem ``i`` of :func:`problems` at the data's seed, so nothing is materialised and any
+    index is reproducible. Loss positions are the response positions the model writes (answers; summaries
+    when ``model_writes_summaries``), never the environment's random tokens.
+    """
+
+    def __init__(self, data: dict[str, Any], tokenizer) -> None:
+        self.cfg = TestbedData(**data)
+        validate(self.cfg)
+        self.enc = tt.FastEncoder(tokenizer)
+
+    def __len__(self) -> int:
+        return self.cfg.n_train
+
+    def __getitem__(self, i: int) -> tuple[list[int], list[int], list[int]]:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        p = problem(self.cfg, self.cfg.seed, i)
+        ids, start = self.enc.chat(p.prompt_words, p.response_words)
+        return ids[:start], ids[start:], list(p.model_writes)
+
+
+def token_examples(data: dict[str, Any], tokenizer) -> TokenExamples:
+    return TokenExamples(data, tokenizer)
+

@@ -100,3 +100,19 @@ def test_lr_schedule_warmup_constant_decay():
     assert f[0] == pytest.approx(1 / 30) and f[29] == pytest.approx(1.0)
     assert all(x == 1.0 for x in f[30:800])
     assert f[-1] == pytest.approx(0.1) and all(a >= b for a, b in zip(f[800:], f[801:]))
+
+
+@pytest.mark.parametrize("mode", ["spread", "appended"])
+def test_loss_positions_label_exactly_those_response_tokens(mode):
+    """The testbed trains on what the model writes: only the chosen response tokens get a label, each
+    once, carried by the stream token just before it (a pause when the token opens a block)."""
+    response = list(range(100, 130))
+    chosen = [0, 7, 8, 16, 29]  # the first token, a block's last, a block's first (after pauses), the last
+    s = interleave([1, 2, 3], response, AbridgeLayout(8, 4, mode), PAUSES, loss_positions=chosen)
+    assert [t for t in s.labels if t != IGNORE] == [response[j] for j in chosen]
+    for i, lab in enumerate(s.labels):
+        if lab != IGNORE:
+            assert s.input_ids[i + 1] == lab and s.kind[i + 1] == RAW
+    assert s.input_ids == interleave([1, 2, 3], response, AbridgeLayout(8, 4, mode), PAUSES).input_ids
+    with pytest.raises(ValueError, match="loss position 30 outside"):
+        interleave([1, 2, 3], response, AbridgeLayout(8, 4, mode), PAUSES, loss_positions=[30])

@@ -10,10 +10,14 @@ from hydra import compose, initialize_config_dir
 
 from zoomr.cache.abridge import AbridgeMethod
 from zoomr.entry import CONF_DIR
+from zoomr.paths import REPO_ROOT
 from zoomr.schemas import register_with_hydra, to_dataclass
 from zoomr.schemas.abridge import AbridgeAllocateMethod
 
 TINY_RUN = [
+    "model=tiny-qwen2",  # real-trace path (the tiny default is the testbed)
+    "data=traces",
+    "method.quota=null",  # num_pause // 2
     "method.max_steps=4",
     "method.per_device_batch_size=2",
     "method.max_response_tokens=40",
@@ -43,7 +47,13 @@ def test_configs_compose_into_their_schemas(method, cls):
     m = to_dataclass(cls, cfg.method)
     assert m.trainer == method
     if method == "abridge":
-        assert (m.block_size, m.num_pause, m.quota) == (64, 16, None)
+        assert (m.block_size, m.num_pause, m.quota) == (64, 16, 16)  # 4:1, the paper's ratio
+        # the tiny default fine-tunes the shipped testbed base model on the testbed (the README's main job)
+        assert (cfg.model.name, cfg.data.name) == ("tiny-testbed", "testbed")
+        assert m.init_from == "analysis/results/miniature/base_model"
+        assert (REPO_ROOT / m.init_from / "model.safetensors").is_file()
+        other = to_dataclass(cls, _compose(method, ["model=tiny-llama", "data=traces"]).method)
+        assert other.init_from is None  # any other model starts from its own weights
         assert (m.optim.adam_beta1, m.optim.adam_beta2, m.optim.weight_decay) == (0.9, 0.95, 0.1)
         assert (m.optim.warmup_fraction, m.optim.decay_start_fraction, m.optim.final_lr_fraction) == (
             0.03,

@@ -11,6 +11,7 @@ The run ends with held-out CE under compression and with the full history, and a
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,11 +32,13 @@ from zoomr.abridge.trainer import (
 from zoomr.cache.abridge import AbridgeMethod
 from zoomr.entry import model_spec, start_run, to_plain
 from zoomr.models import DTYPES
+from zoomr.paths import resolve_repo_path
 from zoomr.rundir import prepare_run
 from zoomr.schemas import to_dataclass
 from zoomr.training import train_or_restore
 
 log = logging.getLogger(__name__)
+TESTBED_LOADER = "data_prep.testbed"
 
 
 def run(cfg) -> dict[str, Any]:
@@ -69,7 +72,7 @@ def run(cfg) -> dict[str, Any]:
     )
     elapsed = train_or_restore(trainer, plan, m.max_steps)
 
-    model, final_dir = save_final(trainer, spec, tokenizer, run_dir)
+    model, final_dir = save_final(trainer, spec, tokenizer, run_dir, to_plain(cfg.data))
     save_abridge_config(
         final_dir,
         layout,
@@ -85,10 +88,53 @@ def run(cfg) -> dict[str, Any]:
     summary |= {
         "heldout_ce_abridge": round(ce_abridge, 4),
         "heldout_ce_full_kv": round(ce_full, 4),
+        **testbed_comparison(to_plain(cfg.data), m, final_dir, run_dir / "testbed_eval"),
         "checkpoint": str(final_dir),
         "run_dir": str(run_dir),
     }
     return finish_run(plan, logger, summary, f"AbridgeKV training finished: {cfg.run_name}")
+
+
+def testbed_comparison(data: dict[str, Any], m: AbridgeMethod, final_dir: Path, out: Path) -> dict[str, Any]:
+    """On the recall testbed: held-out greedy answer accuracy of this AbridgeKV model, of full KV (the
+    model it started from) and of StreamingLLM on that model at this model's mean resident rows, each run
+    by the evaluator (``out/<arm>``, resumable); a table for the console, the figures for summary.json."""
+    if data.get("loader") != TESTBED_LOADER or not m.testbed_eval_problems or not m.init_from:
+        return {}
+    from eval.arms import run_arm, testbed_command
+
+    fields = ("trace_tokens", "summaries", "model_writes_summaries", "query_form", "test_seed")
+    opts = {k: data[k] for k in fields if k in data} | {"n_test": m.testbed_eval_problems}
+    threads = torch.get_num_threads()
+    start = resolve_repo_path(m.init_from)
+
+    def arm(name: str, ckpt: Path, method: list[str] | None = None):
+        return run_arm(testbed_command(ckpt, out / name, opts, method), out / name, threads)
+
+    abridge = arm("abridge", final_dir, ["+method=abridge"])
+    full = arm("full", start)
+    rows = round(float(abridge.rows.mean()))
+    streaming = arm("streaming", start, ["+method=streaming", f"method.budget_rows={rows}"])
+    ratio = float(full.rows.mean() / abridge.rows.mean())
+    table = [
+        f"held-out testbed problems: {opts['n_test']} (test seed {opts.get('test_seed', 'default')}), greedy",
+        f"{'arm':<34}{'answer acc':>11}{'recall':>8}{'KV rows':>9}",
+        *(
+            f"{name:<34}{r.accuracy:>11.3f}{float(r.recall.mean()):>8.3f}{float(r.rows.mean()):>9.0f}"
+            for name, r in (("full KV (start model)", full), ("AbridgeKV (this model)", abridge),
+                            (f"StreamingLLM at {rows} rows", streaming))
+        ),
+        f"resident KV: full / AbridgeKV = {ratio:.2f}x",
+    ]  # fmt: skip
+    print("\n" + "\n".join(table), flush=True)
+    return {
+        "testbed_problems": opts["n_test"],
+        "testbed_answer_acc_abridge": round(abridge.accuracy, 4),
+        "testbed_answer_acc_full_kv": round(full.accuracy, 4),
+        "testbed_answer_acc_streaming_at_abridge_rows": round(streaming.accuracy, 4),
+        "testbed_recall_abridge": round(float(abridge.recall.mean()), 4),
+        "testbed_kv_rows_full_over_abridge": round(ratio, 3),
+    }
 
 
 def summarize(cfg, m, layout, quotas, streams, trainer, elapsed, resume, added) -> dict[str, Any]:

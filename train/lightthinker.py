@@ -123,7 +123,7 @@ def run(cfg) -> dict[str, Any]:
     )
     elapsed = train_or_restore(trainer, plan, m.max_steps)
 
-    model, final_dir = save_final(trainer, spec, tokenizer, run_dir)
+    model, final_dir = save_final(trainer, spec, tokenizer, run_dir, to_plain(cfg.data))
     save_config(
         final_dir,
         n,

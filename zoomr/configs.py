@@ -39,6 +39,8 @@ def _node(group: str, name: str) -> tuple[type | None, Any]:
     for entry in list(node.pop("defaults", [])):
         if entry == "_self_":
             continue
+        if OmegaConf.is_dict(entry) and all(str(k).startswith("override /") for k in entry):
+            continue  # selects another group's default for the entry point (AbridgeKV: data=testbed)
         if not isinstance(entry, str):
             raise ValueError(f"{path}: defaults entry {entry!r} needs the entry point (python -m train|eval)")
         if m := _SCHEMA_ENTRY.match(entry):

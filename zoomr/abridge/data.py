@@ -95,6 +95,36 @@ def collect_streams(
     return out
 
 
+class LazyStreams:
+    """Streams built on access from ``examples[i] = (prompt ids, response ids, loss positions)`` (a data
+    loader's ``token_examples``): a long generated training stream is never materialised. Indexing with a
+    slice gives a view; responses are truncated to ``max_response_tokens`` (their loss positions with them)."""
+
+    def __init__(self, examples, layout: AbridgeLayout, pause_ids: list[int], max_prompt_tokens: int,
+                 max_response_tokens: int, index: range | None = None) -> None:
+        self.examples, self.layout, self.pause_ids = examples, layout, pause_ids
+        self.max_prompt, self.max_response = max_prompt_tokens, max_response_tokens
+        self.index = range(len(examples)) if index is None else index
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return LazyStreams(self.examples, self.layout, self.pause_ids, self.max_prompt, self.max_response,
+                               self.index[i])
+        prompt, response, loss = self.examples[self.index[i]]
+        if len(prompt) > self.max_prompt:
+            raise ValueError(f"example {self.index[i]}: prompt of {len(prompt)} tokens > max_prompt_tokens="
+                             f"{self.max_prompt}")
+        response = response[: self.max_response]
+        loss = [j for j in loss if j < len(response)]
+        return interleave(prompt, response, self.layout, self.pause_ids, loss)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+
 def collate(streams: Sequence[Stream], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-pad to the longest stream: ``input_ids, position_ids, labels, kind, block, slot``."""
     length = max(len(s) for s in streams)

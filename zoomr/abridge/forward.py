@@ -80,13 +80,16 @@ def full_kv_response_ce(
     model, batch: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32
 ) -> list[torch.Tensor]:
     """Per-response-token CE with plain causal attention over prompt + raw response (pause tokens, and any
-    other compression token such as LightThinker's cache and continue tokens, removed)."""
+    other compression token such as LightThinker's cache and continue tokens, removed), on the same
+    targets as the stream's labels (a token carries loss iff the stream token before it has a label)."""
     out = []
-    for ids, kind in zip(batch["input_ids"], batch["kind"]):
+    for ids, kind, stream_labels in zip(batch["input_ids"], batch["kind"], batch["labels"]):
+        scored = torch.zeros_like(kind, dtype=torch.bool)  # tokens whose prediction carries loss
+        scored[1:] = stream_labels[:-1] != IGNORE
         keep = (kind == PROMPT) | (kind == RAW)
-        ids, kind = ids[keep][None], kind[keep]
+        ids, scored = ids[keep][None], scored[keep]
         labels = torch.full_like(ids, IGNORE)
-        labels[0, :-1] = torch.where(kind[1:] == RAW, ids[0, 1:], IGNORE)
+        labels[0, :-1] = torch.where(scored[1:], ids[0, 1:], IGNORE)
         logits = model(
             input_ids=ids, position_ids=torch.arange(ids.shape[1])[None].to(ids), use_cache=False
         ).logits

@@ -25,6 +25,7 @@ position. Code rows take positions INSIDE the span they replace (the paper's def
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from zoomr import tokens
@@ -80,7 +81,7 @@ class Stream:
 
     ``block`` is the response block index of raw and pause tokens (−1 for the prompt); ``slot`` is the
     pause index i for pause tokens (−1 otherwise). ``labels[s]`` is the next token when that token is a
-    response token, else −100: every response token is predicted exactly once, no pause token is.
+    response token carrying loss, else −100: each such token is predicted exactly once, no pause token is.
     """
 
     input_ids: list[int]
@@ -95,9 +96,18 @@ class Stream:
 
 
 def interleave(
-    prompt_ids: list[int], response_ids: list[int], layout: AbridgeLayout, pause_ids: list[int]
+    prompt_ids: list[int],
+    response_ids: list[int],
+    layout: AbridgeLayout,
+    pause_ids: list[int],
+    loss_positions: Collection[int] | None = None,
 ) -> Stream:
-    """Build the stream of :mod:`this module <zoomr.abridge.layout>`'s docstring."""
+    """Build the stream of :mod:`this module <zoomr.abridge.layout>`'s docstring.
+
+    ``loss_positions``: response indices whose prediction carries loss (default: every response token). A
+    task whose environment writes most of the response (the recall testbed) trains only on what the model
+    writes; the other raw tokens are still read, and predicted by nobody.
+    """
     if len(pause_ids) != layout.num_pause:
         raise ValueError(f"need {layout.num_pause} pause token ids, got {len(pause_ids)}")
     if not prompt_ids:
@@ -122,7 +132,15 @@ def interleave(
             s.slot += list(range(layout.num_pause))
             pos += layout.position_shift()
         pos += len(chunk)
-    s.labels = [s.input_ids[i + 1] if s.kind[i + 1] == RAW else IGNORE for i in range(len(s) - 1)] + [IGNORE]
+    n_r = len(response_ids)
+    wanted = [True] * n_r if loss_positions is None else [False] * n_r
+    for j in loss_positions or ():
+        if not 0 <= j < n_r:
+            raise ValueError(f"loss position {j} outside the response of {n_r} tokens")
+        wanted[j] = True
+    raw_index = iter(range(n_r))  # response index of each raw token, in stream order
+    target = [s.kind[i] == RAW and wanted[next(raw_index)] for i in range(len(s))]
+    s.labels = [s.input_ids[i + 1] if target[i + 1] else IGNORE for i in range(len(s) - 1)] + [IGNORE]
     return s
 
 

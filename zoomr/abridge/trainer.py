@@ -10,6 +10,8 @@ recipe, its data and start model, and the final save. Recipes (``train/abridge.p
 from __future__ import annotations
 
 import functools
+import importlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +19,14 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import Trainer, TrainingArguments
 
-from zoomr.abridge.data import StreamSet, batch_meta, build_streams, collate
+from zoomr.abridge.data import LazyStreams, StreamSet, batch_meta, build_streams, collate
 from zoomr.abridge.forward import token_ce
-from zoomr.abridge.layout import IGNORE, AbridgeLayout
+from zoomr.abridge.layout import IGNORE, AbridgeLayout, pause_token_ids
 from zoomr.abridge.mask import layer_masks
 from zoomr.abridge.optim import lr_factor
 from zoomr.cache.abridge import AbridgeMethod
 from zoomr.models import ModelSpec, load_model, load_tokenizer
+from zoomr.paths import resolve_repo_path
 from zoomr.schemas.abridge import AbridgeOptim
 from zoomr.training import LogAtSave, load_sft_dataset, trainer_arguments
 
@@ -47,13 +50,17 @@ class AbridgeTrainer(Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         masks = self.build_masks(inputs)
+        labels = inputs["labels"]
+        # the output layer runs only where some row has a label (the testbed labels ~5% of positions)
+        scored = (labels != IGNORE).any(0).nonzero().squeeze(1)
         logits = model(
             input_ids=inputs["input_ids"],
             position_ids=inputs["position_ids"],
             abridge_masks=masks,
             use_cache=False,
+            logits_to_keep=scored,
         ).logits
-        labels = inputs["labels"]
+        labels = labels[:, scored]
         count = num_items_in_batch if num_items_in_batch is not None else (labels != IGNORE).sum()
         loss = token_ce(logits, labels).sum() / count
         return (loss, {"logits": logits}) if return_outputs else loss
@@ -103,9 +110,25 @@ def training_args(
 def load_streams(
     data: dict[str, Any], tokenizer, layout: AbridgeLayout, max_prompt: int, max_response: int, heldout: int
 ) -> StreamSet:
-    """The data config's examples as streams; the first ``heldout`` are the held-out set."""
-    dataset = load_sft_dataset(data, tokenizer)
-    streams = build_streams(dataset, tokenizer, layout, max_prompt, max_response)
+    """The data config's examples as streams; the first ``heldout`` are the held-out set.
+
+    A loader module with ``token_examples(data, tokenizer)`` (the recall testbed) supplies token ids with the
+    response positions that carry loss, built into streams on access (:class:`LazyStreams`); any other
+    loader's ``sft_dataset`` is tokenised here with loss on every response token.
+    """
+    loader = importlib.import_module(data["loader"]) if data.get("loader") else None
+    if hasattr(loader, "token_examples"):
+        examples = loader.token_examples(data, tokenizer)
+        lazy = LazyStreams(examples, layout, pause_token_ids(tokenizer, layout.num_pause), max_prompt, max_response)
+        longest = max(len(examples[i][1]) for i in range(min(len(examples), 16)))
+        streams = StreamSet(lazy)  # type: ignore[arg-type]
+        if longest > max_response:
+            raise ValueError(
+                f"data {data.get('name')!r}: responses of up to {longest} tokens, max_response_tokens="
+                f"{max_response} would cut them; raise method.max_response_tokens"
+            )
+    else:
+        streams = build_streams(load_sft_dataset(data, tokenizer), tokenizer, layout, max_prompt, max_response)
     if len(streams.streams) <= heldout:
         raise ValueError(f"{streams.describe()}: need more than heldout_examples={heldout} to train on")
     return streams
@@ -114,19 +137,25 @@ def load_streams(
 def load_start_model(spec: ModelSpec, m: AbridgeMethod | Any, cache_dir: str, device: torch.device):
     """The model and tokenizer to fine-tune: ``m.init_from`` (a checkpoint directory) or the model config."""
     if m.init_from:
-        start = ModelSpec(name=spec.name, arch=spec.arch, hf_id=m.init_from, dtype=spec.dtype)
+        path = resolve_repo_path(m.init_from)  # a checkpoint shipped in the repo works from any directory
+        start = ModelSpec(name=spec.name, arch=spec.arch, hf_id=str(path), dtype=spec.dtype)
         return load_model(start, cache_dir, device=device), load_tokenizer(start, cache_dir)
     return load_model(spec, cache_dir, device=device), load_tokenizer(spec, cache_dir)
 
 
-def save_final(trainer: Trainer, spec: ModelSpec, tokenizer, run_dir: Path):
-    """The trained model in eval mode with its own attention again, saved with its tokenizer in
-    ``<run_dir>/final``; returns (model, final dir)."""
+DATA_CONFIG_FILE = "data.json"  # the data config a checkpoint was trained on (evaluators test it on its own task)
+
+
+def save_final(trainer: Trainer, spec: ModelSpec, tokenizer, run_dir: Path, data: dict[str, Any] | None = None):
+    """The trained model in eval mode with its own attention again, saved with its tokenizer (and the data
+    config, ``data.json``) in ``<run_dir>/final``; returns (model, final dir)."""
     model = trainer.model.eval()
     model.set_attn_implementation(spec.attn_implementation)
     final_dir = run_dir / "final"
     trainer.save_model(str(final_dir))
     tokenizer.save_pretrained(str(final_dir))
+    if data is not None:
+        (final_dir / DATA_CONFIG_FILE).write_text(json.dumps(data, indent=2, default=str))
     return model, final_dir
 
 

@@ -67,6 +67,9 @@ class AbridgeMethod(MaskedTraining):
     quota: int | None = None
     schedule: str | None = None
     code_positions: str = "spread"
+    # after training on the recall testbed from ``init_from``: greedy held-out accuracy of this model vs full
+    # KV (the start model) vs StreamingLLM at this model's rows, through the evaluator (0 = skip)
+    testbed_eval_problems: int = 64
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -31,4 +31,32 @@ class PaperTablesTask(AnalysisTask):
                              f"{self.n_resamples}")  # fmt: skip
 
 
-SCHEMAS = [("task", "task", AnalysisTask), ("task", "paper_tables", PaperTablesTask)]
+@dataclass
+class MiniatureTask(AnalysisTask):
+    """``+task=miniature``: every method and baseline on the CPU recall testbed (analysis/miniature.py)."""
+
+    name: str = "miniature"
+    module: str = "miniature"
+    arms: list[str] = field(default_factory=list)  # empty: every arm (analysis.miniature.ARMS)
+    n: int = 256  # test problems, the same for every arm
+    test_seed: int = 2_000_003  # held out: training streams use seed 0 (testbed data.seed)
+    trace_tokens: int = 1024
+    out: str = "runs/miniature"
+    batch_size: int = 64  # sequences decoded together
+    threads: int = 2  # OMP threads of every train / eval subprocess
+    n_resamples: int = 2000
+    dry_run: bool = False  # print the commands it would run, run nothing
+
+    def __post_init__(self) -> None:
+        if self.n < 2 or self.trace_tokens < 64 or self.batch_size < 1 or self.threads < 1:
+            raise ValueError(
+                f"MiniatureTask: need n >= 2, trace_tokens >= 64, batch_size >= 1, threads >= 1; got n={self.n}, "
+                f"trace_tokens={self.trace_tokens}, batch_size={self.batch_size}, threads={self.threads}"
+            )
+
+
+SCHEMAS = [
+    ("task", "task", AnalysisTask),
+    ("task", "paper_tables", PaperTablesTask),
+    ("task", "miniature", MiniatureTask),
+]

@@ -35,6 +35,7 @@ class TrainConfig(_Common):
 
 @dataclass
 class EvalConfig(_Common):
+    data: Any = None  # unused: present so a method config may name its training default (AbridgeKV: testbed)
     benchmark: Any = None
     generation: Any = None
     grading: Any = None

@@ -1,0 +1,167 @@
+"""The miniature reproduction (issue 15): every method and baseline on the CPU recall testbed, one command.
+
+    python -m analysis +task=miniature [task.arms=[full,streaming,abridge]] [task.n=256]
+        [task.test_seed=2000003] [task.trace_tokens=1024] [task.out=analysis/results/miniature]
+
+Trains or reuses every model the chosen arms need (``python -m train``, runs under ``runs/train/mini-*``,
+resumable; :mod:`analysis.miniature_plan`), then evaluates every arm through the evaluator (``python -m
+eval benchmark=testbed``, greedy, one run directory per arm under ``<out>/arms/``, resumable) on the same
+held-out problems (``task.test_seed``, disjoint from the training streams). Baselines get the measured
+mean resident rows of the arm they are compared with. Writes ``table.md``, ``table.csv``, ``results.json``
+(``{"meta": …, "arms": [{"name", "method", "rows_over_full", "answer_accuracy", "recall", "ci_vs_full",
+…}]}``) and the figures (:mod:`analysis.miniature_report`). Paired 95% bootstrap intervals of answer
+accuracy against the full-KV arm of the same model family (eval/bootstrap.py, one index matrix).
+A rerun does only what is missing: a finished model or arm is reused when its command is unchanged.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from analysis.miniature_plan import ARMS, MODELS, Arm, full_arm, plan
+from eval.arms import load_arm, run_arm, run_command, testbed_command
+
+
+def checkpoint(model: str, trace_tokens: int) -> Path:
+    return Path("runs/train") / MODELS[model].run_name(trace_tokens) / "final"
+
+
+def train_command(model: str, trace_tokens: int) -> list[str]:
+    m = MODELS[model]
+    subs = {dep: str(checkpoint(dep, trace_tokens)) for dep in m.needs}
+    args = [o.format(**subs) for o in m.overrides]
+    length = [f"data.trace_tokens={trace_tokens}"]
+    if m.overrides[0] == "+method=abridge":  # the whole trace fits (prompt + response + end of turn)
+        length.append(f"method.max_response_tokens={trace_tokens + 16}")
+    return [sys.executable, "-m", "train", *args, *length, f"run_name={m.run_name(trace_tokens)}", "logger=none"]
+
+
+def benchmark_options(model: str, task: Any) -> dict[str, Any]:
+    """The testbed the model was trained on, at the task's length, on the held-out problems."""
+    summaries = MODELS[model].summaries or any(MODELS[d].summaries for d in MODELS[model].needs)
+    return {"trace_tokens": task.trace_tokens, "summaries": summaries, "model_writes_summaries": summaries,
+            "n_test": task.n, "test_seed": task.test_seed}  # fmt: skip
+
+
+def arm_dir(task: Any, name: str) -> Path:
+    return Path(task.out) / "arms" / name.replace("@", "_at_")
+
+
+def eval_command(arm: Arm, task: Any, match_rows: float | None) -> list[str]:
+    method = [f"+method={arm.yaml}", *arm.overrides] if arm.yaml else []
+    if match_rows is not None:
+        method.append(f"method.budget_rows={max(8, round(match_rows * arm.match_scale))}")
+    ckpt = checkpoint(arm.model, task.trace_tokens)
+    return testbed_command(ckpt, arm_dir(task, arm.name), benchmark_options(arm.model, task), method, task.batch_size)
+
+
+def ensure_model(name: str, task: Any) -> Path:
+    ckpt = checkpoint(name, task.trace_tokens)
+    cmd = train_command(name, task.trace_tokens)
+    if task.dry_run:
+        print("train: " + shlex.join(cmd[1:]))
+    elif not (ckpt.parent / "summary.json").exists():
+        run_command(cmd, task.threads, what=f"training {name}")
+    return ckpt
+
+
+def ensure_arm(name: str, task: Any) -> None:
+    arm = ARMS[name]
+    match_rows = load_arm(arm_dir(task, arm.match)).rows.mean() if arm.match and not task.dry_run else None
+    cmd = eval_command(arm, task, match_rows)
+    if task.dry_run:
+        print("eval:  " + shlex.join(cmd[1:]))
+    else:
+        run_arm(cmd, arm_dir(task, name), task.threads)
+
+
+def summarize(arms: list[str], task: Any) -> list[dict[str, Any]]:
+    """One results.json entry per arm: rows over its family's full KV, accuracy, recall, paired CI."""
+    from eval.bootstrap import index_matrix, paired_bootstrap
+
+    loaded = {a: load_arm(arm_dir(task, a)) for a in arms}
+    idx = index_matrix(task.n, task.n_resamples)
+    out = []
+    for name in arms:
+        arm, r = ARMS[name], loaded[name]
+        full = loaded[full_arm(arm)]
+        if r.ids != full.ids:
+            raise SystemExit(f"miniature: arm {name} and {full_arm(arm)} ran different problems; rerun both")
+        ci = paired_bootstrap(r.correct, full.correct, idx)
+        recall_ci = paired_bootstrap(r.recall, full.recall, idx)
+        testbed = r.metrics.get("testbed", {})
+        out.append(
+            {
+                "name": name,
+                "method": arm.method,
+                "model": MODELS[arm.model].run_name(task.trace_tokens),
+                "paired_with": full_arm(arm),
+                "rows_over_full": float(r.rows.mean() / full.rows.mean()),
+                "rows_mean": float(r.rows.mean()),
+                "answer_accuracy": r.accuracy,
+                "recall": float(r.recall.mean()),
+                "ci_vs_full": [ci.low, ci.high],
+                "delta_vs_full": ci.delta,
+                "recall_ci_vs_full": [recall_ci.low, recall_ci.high],
+                "recall_by_distance": {k[len("recall_"):]: v for k, v in testbed.items()
+                                       if k.startswith("recall_") and not k.endswith("_n") and k != "recall_all"},
+                "compression": float(r.metrics["pooled"].get("compression", 0.0)),
+                **({"matched_to": arm.match, "match_scale": arm.match_scale} if arm.match else {}),
+                **arm.extra,
+            }
+        )  # fmt: skip
+    return out
+
+
+def run_task(task_cfg: dict[str, Any], logger: dict[str, Any] | None = None) -> dict[str, Any]:
+    from analysis.miniature_report import write_report
+    from zoomr.schemas import to_dataclass
+    from zoomr.schemas.analysis import MiniatureTask
+
+    task = to_dataclass(MiniatureTask, task_cfg)
+    models, arms = plan(task.arms)  # an unknown arm is refused before anything runs
+    t0 = time.perf_counter()
+    print(f"miniature: {len(models)} models ({', '.join(models)}), {len(arms)} arms, {task.n} problems, "
+          f"test seed {task.test_seed}, {task.trace_tokens}-token traces -> {task.out}", flush=True)  # fmt: skip
+    for m in models:
+        ensure_model(m, task)
+    for a in arms:
+        ensure_arm(a, task)
+    if task.dry_run:
+        return {}
+    results = {
+        "meta": {
+            "test_seed": task.test_seed,
+            "n_problems": task.n,
+            "trace_tokens": task.trace_tokens,
+            "models": {m: str(checkpoint(m, task.trace_tokens)) for m in models},
+            "threads": task.threads,
+            "seconds": round(time.perf_counter() - t0, 1),
+        },
+        "arms": summarize(arms, task),
+    }
+    write_report(results, Path(task.out))
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(description="the miniature reproduction (see python -m analysis +task=miniature)")
+    p.add_argument("--arms", nargs="*", default=[])
+    p.add_argument("--n", type=int, default=256)
+    p.add_argument("--test-seed", type=int, default=2_000_003)
+    p.add_argument("--trace-tokens", type=int, default=1024)
+    p.add_argument("--out", default="runs/miniature")
+    p.add_argument("--dry-run", action="store_true")
+    a = p.parse_args(argv)
+    run_task({"arms": a.arms, "n": a.n, "test_seed": a.test_seed, "trace_tokens": a.trace_tokens, "out": a.out,
+              "dry_run": a.dry_run})  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

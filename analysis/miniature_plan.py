@@ -1,0 +1,136 @@
+"""What the miniature reproduction trains and evaluates (issue 15): models and arms as plain data.
+
+A :class:`Model` is one ``python -m train`` command (its run lands in ``runs/train/<run_name>``, resumable);
+``{name}`` in its overrides is replaced by the ``final/`` checkpoint of the model ``name`` it starts from.
+An :class:`Arm` is one ``python -m eval benchmark=testbed`` command on a model's checkpoint with a cache
+policy; ``match`` gives it the measured mean resident rows of another arm (``method.budget_match``, the
+papers' matched-memory comparison), times ``match_scale``. ``method`` is the policy name as in
+``conf/method/`` (what ``results.json`` reports); the arm named exactly as its method runs the paper's
+defaults. Testbed-specific settings (block size, window) are written out here, each with its reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# AbridgeKV on the testbed: blocks of C = 64 response tokens, K = 16 pause tokens (code rows) per block;
+# a layer keeping q of them compresses a completed block C:q (q = 16: 4:1, q = 8: 8:1).
+BLOCK, PAUSES = 64, 16
+ABRIDGE_STEPS = 3000
+ZOOMR_WINDOW = 64  # N_w: the paper's 512 is half a 1,024-token testbed trace; 64 ~ one paragraph
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    overrides: tuple[str, ...]
+    needs: tuple[str, ...] = ()
+    summaries: bool = False  # trained on traces with a summary after every paragraph (written by the model)
+
+    def run_name(self, trace_tokens: int) -> str:
+        return f"mini-{self.name}-T{trace_tokens}"
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    method: str  # policy name as in conf/method/ (``full`` for no policy)
+    model: str
+    overrides: tuple[str, ...] = ()  # after +method=<method yaml>
+    method_yaml: str | None = None  # conf/method/<yaml>; default: ``method`` (None for full KV)
+    match: str | None = None  # arm whose mean resident rows this arm gets
+    match_scale: float = 1.0
+    extra: dict = field(default_factory=dict)  # fields copied into results.json (ratio, threshold, ...)
+
+    @property
+    def yaml(self) -> str | None:
+        return self.method_yaml or (None if self.method == "full" else self.method)
+
+
+def _abridge(quota: int, steps: int = ABRIDGE_STEPS, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    return (
+        "+method=abridge", "data=testbed", "model=tiny-testbed", "method.init_from={base}",
+        f"method.block_size={BLOCK}", f"method.num_pause={PAUSES}", f"method.quota={quota}",
+        f"method.max_steps={steps}", "method.eval_steps=500", "method.save_steps=250", "method.logging_steps=50",
+        "data.n_train=20000", *extra,
+    )  # fmt: skip
+
+
+MODELS: dict[str, Model] = {
+    m.name: m
+    for m in [
+        Model("base", ("+method=sft_testbed", "data=testbed", "model=tiny-testbed")),
+        Model(
+            "base_sum",
+            ("+method=sft_testbed", "data=testbed_summaries", "data.model_writes_summaries=true", "model=tiny-testbed"),
+            summaries=True,
+        ),
+        Model("abridge_4to1", _abridge(16), needs=("base",)),
+        Model("abridge_8to1", _abridge(8), needs=("base",)),
+    ]
+}
+
+_EVICT = (f"method.block_size={BLOCK}", f"method.quota={BLOCK // 4}")  # keep q of each completed block: 4:1
+
+ARMS: dict[str, Arm] = {
+    a.name: a
+    for a in [
+        Arm("full", "full", "base"),
+        Arm("streaming", "streaming", "base", match="abridge"),
+        Arm("h2o", "h2o", "base", match="abridge"),
+        Arm("snapkv", "snapkv", "base", match="abridge"),  # prefill only: the testbed prompt is 6 tokens
+        Arm("rkv", "rkv", "base", match="abridge"),
+        Arm("rkv_serving", "rkv_serving", "base", match="abridge", match_scale=1.12),  # AbridgeKV's +12%
+        Arm("evict_recency", "evict_recency", "base", _EVICT, method_yaml="evict_recency"),
+        Arm("evict_random", "evict_random", "base", _EVICT, method_yaml="evict_random"),
+        Arm("evict_attention", "evict_attention", "base", _EVICT, method_yaml="evict_attention"),
+        Arm("abridge", "abridge", "abridge_4to1", extra={"ratio": BLOCK / 16}),
+        Arm("abridge_8to1", "abridge", "abridge_8to1", extra={"ratio": BLOCK / 8}),
+        Arm("streaming@abridge_8to1", "streaming", "base", match="abridge_8to1"),
+        Arm("h2o@abridge_8to1", "h2o", "base", match="abridge_8to1"),
+        Arm("full_summaries", "full", "base_sum"),
+        Arm("zoomr", "zoomr", "base_sum", (f"method.window={ZOOMR_WINDOW}",)),
+        Arm("sumr", "sumr", "base_sum", (f"method.window={ZOOMR_WINDOW}",)),
+        Arm("streaming@zoomr", "streaming", "base_sum", match="zoomr"),
+        Arm("h2o@zoomr", "h2o", "base_sum", match="zoomr"),
+    ]
+}
+
+
+def full_arm(arm: Arm) -> str:
+    """The full-KV arm an arm is paired with: the same model family's (plain or summaries traces)."""
+    model = MODELS[arm.model]
+    while not model.summaries and model.needs:  # a fine-tune pairs with the full KV of its base
+        model = MODELS[model.needs[0]]
+    return "full_summaries" if model.summaries else "full"
+
+
+def plan(names: list[str]) -> tuple[list[str], list[str]]:
+    """(models to train, arms to evaluate) in dependency order for the arms ``names`` (empty: all)."""
+    wanted = list(names) or list(ARMS)
+    unknown = [n for n in wanted if n not in ARMS]
+    if unknown:
+        raise ValueError(f"unknown miniature arm(s) {unknown}; known: {sorted(ARMS)}")
+    arms: list[str] = []
+
+    def add_arm(name: str) -> None:
+        arm = ARMS[name]
+        for dep in (arm.match, full_arm(arm)):
+            if dep and dep != name and dep not in arms:
+                add_arm(dep)
+        if name not in arms:
+            arms.append(name)
+
+    for n in wanted:
+        add_arm(n)
+    models: list[str] = []
+
+    def add_model(name: str) -> None:
+        for dep in MODELS[name].needs:
+            add_model(dep)
+        if name not in models:
+            models.append(name)
+
+    for a in arms:
+        add_model(ARMS[a].model)
+    return models, arms

@@ -1,0 +1,105 @@
+"""The miniature's outputs: ``table.md``, ``table.csv``, ``results.json`` and figures (issue 15).
+
+Figures: answer accuracy against resident rows over full KV for every arm (the papers' Pareto view) and
+recall by reference distance per arm.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+COLUMNS = ("name", "method", "rows_over_full", "answer_accuracy", "ci_vs_full", "recall", "paired_with")
+
+
+def markdown(results: dict[str, Any]) -> str:
+    meta = results["meta"]
+    lines = [
+        f"Miniature: {meta['n_problems']} held-out problems (test seed {meta['test_seed']}), "
+        f"{meta['trace_tokens']}-token traces, greedy. Δ = answer accuracy − full KV's (paired 95% CI).",
+        "",
+        "| arm | method | rows / full | answer acc | Δ vs full [95% CI] | recall | paired with |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for a in results["arms"]:
+        lo, hi = a["ci_vs_full"]
+        lines.append(
+            f"| {a['name']} | {a['method']} | {a['rows_over_full']:.3f} | {a['answer_accuracy']:.3f} | "
+            f"{a['delta_vs_full']:+.3f} [{lo:+.3f}, {hi:+.3f}] | {a['recall']:.3f} | {a['paired_with']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(results: dict[str, Any], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow([*COLUMNS[:4], "ci_low", "ci_high", *COLUMNS[5:]])
+        for a in results["arms"]:
+            lo, hi = a["ci_vs_full"]
+            w.writerow([a["name"], a["method"], f"{a['rows_over_full']:.4f}", f"{a['answer_accuracy']:.4f}",
+                        f"{lo:.4f}", f"{hi:.4f}", f"{a['recall']:.4f}", a["paired_with"]])  # fmt: skip
+
+
+def pareto_figure(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    methods = sorted({a["method"] for a in results["arms"]})
+    colours = {m: plt.cm.tab20(i % 20) for i, m in enumerate(methods)}
+    for a in results["arms"]:
+        marker = "s" if a["paired_with"] == "full_summaries" else "o"
+        ax.scatter(a["rows_over_full"], a["answer_accuracy"], color=colours[a["method"]], marker=marker, s=40)
+        ax.annotate(a["name"], (a["rows_over_full"], a["answer_accuracy"]), fontsize=7,
+                    xytext=(4, 3), textcoords="offset points")  # fmt: skip
+    ax.set_xlabel("mean resident KV rows / full KV's")
+    ax.set_ylabel("answer accuracy (all 8 final recalls right)")
+    ax.set_xlim(0, 1.1)
+    ax.set_ylim(-0.03, 1.05)
+    ax.grid(alpha=0.3)
+    ax.set_title(f"Miniature: accuracy vs memory ({results['meta']['n_problems']} problems; squares: summaries traces)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def recall_figure(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    arms = results["arms"]
+    buckets = sorted({b for a in arms for b in a["recall_by_distance"]}, key=_bucket_order)
+    fig, ax = plt.subplots(figsize=(max(7, 0.5 * len(arms)), 4))
+    width = 0.8 / max(len(buckets), 1)
+    x = np.arange(len(arms))
+    for j, b in enumerate(buckets):
+        ax.bar(x + j * width, [a["recall_by_distance"].get(b, np.nan) for a in arms], width, label=f"distance {b}")
+    ax.set_xticks(x + 0.4 - width / 2, [a["name"] for a in arms], rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("per-fact recall")
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def _bucket_order(b: str) -> int:
+    return {"<64": 0, "64-256": 1, ">256": 2}.get(b, 3)
+
+
+def write_report(results: dict[str, Any], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    text = markdown(results)
+    (out / "table.md").write_text(text)
+    write_csv(results, out / "table.csv")
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    pareto_figure(results, out / "pareto.png")
+    recall_figure(results, out / "recall_by_distance.png")
+    print("\n" + text + f"\nwritten {out}/table.md, table.csv, results.json, pareto.png, recall_by_distance.png")

@@ -1,0 +1,104 @@
+"""One evaluation arm as a call: ``python -m eval`` on a checkpoint with a cache policy, resumable, and its
+per-problem results read back (what the miniature and the AbridgeKV recipe's closing table run).
+
+An arm is the evaluator's own command line (so it validates, resumes, fingerprints and writes
+``results.jsonl`` / ``metrics.json`` exactly as a user's run does), run in a subprocess with its own
+threads; :func:`run_arm` skips it when its directory already holds a finished run of the same command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+COMMAND_FILE = "arm_command.json"
+
+
+@dataclass
+class ArmResult:
+    """A finished arm, per problem in problem order."""
+
+    ids: list[str]
+    correct: np.ndarray
+    recall: np.ndarray  # testbed per-fact recall (nan elsewhere)
+    rows: np.ndarray  # mean resident rows per (layer, KV head) over decoding
+    metrics: dict[str, Any]
+
+    @property
+    def accuracy(self) -> float:
+        return float(self.correct.mean())
+
+
+def testbed_command(
+    checkpoint: str | Path,
+    run_dir: str | Path,
+    options: dict[str, Any],
+    method: list[str] | None = None,
+    batch_size: int = 64,
+    max_new_tokens: int | None = None,
+) -> list[str]:
+    """``python -m eval benchmark=testbed`` greedy on ``checkpoint`` with testbed ``options``
+    (:class:`zoomr.schemas.testbed.TestbedData` fields, e.g. n_test, test_seed) and ``method`` overrides
+    (``["+method=h2o", "method.budget_rows=300"]``; None = full KV)."""
+    opts = [f"+benchmark.options.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items()]
+    cap = max_new_tokens or int(options.get("trace_tokens", 1024)) + 64
+    name = Path(run_dir).name
+    return [
+        sys.executable, "-m", "eval", "benchmark=testbed", "model=tiny-testbed", f"model.hf_id={checkpoint}", *opts,
+        "generation.temperature=0", "generation.n_samples=1", f"generation.max_new_tokens={cap}",
+        f"generation.batch_size={batch_size}", "logger=none", f"run_dir={run_dir}", f"run_name={name}",
+        *(method or []),
+    ]  # fmt: skip
+
+
+def run_command(cmd: list[str], threads: int | None = None, what: str = "command") -> None:
+    """Run an entry point's command line in a subprocess (its progress bars on the console); a failure is a
+    SystemExit naming the command (its run directory keeps what finished)."""
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    print("$ " + shlex.join(["python", *cmd[1:]]), flush=True)
+    t0 = time.perf_counter()
+    if subprocess.run(cmd, env=env).returncode != 0:
+        raise SystemExit(f"{what} failed (its run directory keeps what finished):\n  {shlex.join(cmd)}")
+    print(f"  done in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def run_arm(cmd: list[str], run_dir: str | Path, threads: int | None = None) -> ArmResult:
+    """Run the eval command ``cmd`` unless ``run_dir`` holds a finished run of the same command; read it."""
+    run_dir = Path(run_dir)
+    saved = run_dir / COMMAND_FILE
+    done = (run_dir / "metrics.json").exists() and saved.exists() and json.loads(saved.read_text()) == cmd[1:]
+    if not done:
+        run_command(cmd, threads, what=f"arm {run_dir.name}")
+        saved.write_text(json.dumps(cmd[1:]))
+    return load_arm(run_dir)
+
+
+def load_arm(run_dir: str | Path) -> ArmResult:
+    """Per-problem correctness, recall and resident rows of a finished eval run (first sample of each)."""
+    run_dir = Path(run_dir)
+    rows = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines() if line.strip()]
+    first = {r["problem_id"]: r for r in sorted(rows, key=lambda r: r["sample"], reverse=True)}
+    ordered = sorted(first.values(), key=lambda r: _problem_order(r["problem_id"]))
+    return ArmResult(
+        ids=[r["problem_id"] for r in ordered],
+        correct=np.array([float(r["correct"]) for r in ordered]),
+        recall=np.array([r.get("recall_accuracy", np.nan) for r in ordered], dtype=float),
+        rows=np.array([r["kv"]["rows_mean"] for r in ordered], dtype=float),
+        metrics=json.loads((run_dir / "metrics.json").read_text()),
+    )
+
+
+def _problem_order(problem_id: str) -> tuple[str, int]:
+    head, _, tail = problem_id.rpartition("-")
+    return (head, int(tail)) if tail.isdigit() else (problem_id, 0)
