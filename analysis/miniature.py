@@ -27,14 +27,35 @@ from eval.arms import load_arm, run_arm, run_command, testbed_command
 
 
 def checkpoint(model: str, trace_tokens: int) -> Path:
-    return Path("runs/train") / MODELS[model].run_name(trace_tokens) / "final"
+    """The checkpoint the arms of ``model`` load (KVzap serves its base model with the surrogates)."""
+    m = MODELS[model]
+    if m.serves:
+        return checkpoint(m.serves, trace_tokens)
+    return Path("runs/train") / m.run_name(trace_tokens) / "final"
+
+
+def substitutions(model: str, trace_tokens: int) -> dict[str, str]:
+    """``{name}`` -> checkpoint of each model ``model`` needs, ``{name_name}`` -> its run name."""
+    subs = {}
+    for dep in MODELS[model].needs:
+        subs[dep] = str(checkpoint(dep, trace_tokens))
+        subs[f"{dep}_name"] = checkpoint(dep, trace_tokens).parent.name
+    return subs
+
+
+def done_file(model: str, trace_tokens: int) -> Path:
+    m = MODELS[model]
+    if m.done:
+        return Path(m.done.format(**substitutions(model, trace_tokens)))
+    return Path("runs/train") / m.run_name(trace_tokens) / "summary.json"
 
 
 def train_command(model: str, trace_tokens: int) -> list[str]:
     m = MODELS[model]
-    subs = {dep: str(checkpoint(dep, trace_tokens)) for dep in m.needs}
-    args = [o.format(**subs) for o in m.overrides]
-    length = [f"data.trace_tokens={trace_tokens}"]
+    args = [o.format(**substitutions(model, trace_tokens)) for o in m.overrides]
+    if m.entry != "train":
+        return [sys.executable, "-m", m.entry, *args, "logger=none"]
+    length = [f"data.trace_tokens={trace_tokens}"] if m.entry == "train" and "data=" in " ".join(args) else []
     if m.overrides[0] == "+method=abridge":  # the whole trace fits (prompt + response + end of turn)
         length.append(f"method.max_response_tokens={trace_tokens + 16}")
     return [sys.executable, "-m", "train", *args, *length, f"run_name={m.run_name(trace_tokens)}", "logger=none"]
@@ -60,13 +81,12 @@ def eval_command(arm: Arm, task: Any, match_rows: float | None) -> list[str]:
 
 
 def ensure_model(name: str, task: Any) -> Path:
-    ckpt = checkpoint(name, task.trace_tokens)
     cmd = train_command(name, task.trace_tokens)
     if task.dry_run:
-        print("train: " + shlex.join(cmd[1:]))
-    elif not (ckpt.parent / "summary.json").exists():
-        run_command(cmd, task.threads, what=f"training {name}")
-    return ckpt
+        print(f"{MODELS[name].entry}: " + shlex.join(cmd[1:]))
+    elif not done_file(name, task.trace_tokens).exists():
+        run_command(cmd, task.threads, what=f"{MODELS[name].entry} {name}")
+    return checkpoint(name, task.trace_tokens)
 
 
 def ensure_arm(name: str, task: Any) -> None:

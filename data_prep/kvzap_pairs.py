@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,10 @@ import numpy as np
 import torch
 
 from zoomr.kvzap.pairs import FORMAT, shard_name, write_shard
-from zoomr.kvzap.pretext import build_repeat_pretext
+from zoomr.kvzap.pretext import RepeatPretext, build_repeat_pretext
 from zoomr.kvzap.scoring import LOG_FLOOR, kvzip_scores
 from zoomr.paths import resolve_repo_path
-from zoomr.schemas.kvzap import KVzapPairsPipeline, TextSource
+from zoomr.schemas.kvzap import KVzapPairsPipeline, TestbedPairsSource, TextSource
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -146,9 +147,10 @@ def sample_positions(n: int, k: int, seed: int, doc_index: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def score_document(model, tokenizer, doc: Document, p: KVzapPairsPipeline, seed: int, store_dtype) -> dict:
-    """Sampled pairs of one document: per layer h (k, D), log s⁺ and log s (k, H_kv)."""
-    pretext = build_repeat_pretext(tokenizer, doc.ids, p.instruction)
+def score_document(model, pretext: RepeatPretext, doc: Document, p: KVzapPairsPipeline, seed: int, store_dtype) -> dict:
+    """Sampled pairs of one document scored on ``pretext``: per layer h (k, D), log s⁺ and log s (k, H_kv)."""
+    if pretext.n_context != len(doc.ids):
+        raise ValueError(f"document {doc.index}: pretext context of {pretext.n_context} tokens, not {len(doc.ids)}")
     scores = kvzip_scores(model, pretext, chunk_size=p.chunk_size, keep_hidden=True)
     pos = sample_positions(len(doc.ids), p.tokens_per_doc, seed, doc.index)
     return {
@@ -161,9 +163,10 @@ def score_document(model, tokenizer, doc: Document, p: KVzapPairsPipeline, seed:
 
 
 def write_shards(
-    model, tokenizer, docs, shards, p: KVzapPairsPipeline, out_dir: Path, seed: int
+    model, pretext_of: Callable[[Document], RepeatPretext], docs, shards, p: KVzapPairsPipeline, out_dir: Path,
+    seed: int,
 ) -> dict[str, Any]:
-    """Score and write every missing shard; returns pair counts and target statistics."""
+    """Score (on ``pretext_of(doc)``) and write every missing shard; returns pair counts and target statistics."""
     from tqdm.auto import tqdm
 
     store_dtype = DTYPES[p.store_dtype]
@@ -174,7 +177,7 @@ def write_shards(
         bar.set_postfix(shard=shard["file"])
         parts = []
         for i in shard["docs"]:
-            parts.append(score_document(model, tokenizer, docs[i], p, seed, store_dtype))
+            parts.append(score_document(model, pretext_of(docs[i]), docs[i], p, seed, store_dtype))
             bar.update()
         tensors = {}
         for layer in range(model.config.num_hidden_layers):
@@ -200,23 +203,52 @@ def count_pairs(out_dir: Path, shards: list[dict]) -> None:
             s["n_pairs"] = int(f.get_slice("pos").get_shape()[0])
 
 
-def make_pairs(
-    model, tokenizer, p: KVzapPairsPipeline, seed: int, model_info: dict[str, Any]
-) -> dict[str, Any]:
-    """Plan, score and write the pairs into ``p.out_dir``; returns the manifest."""
+Plan = tuple[list[Document], dict[str, Any], Callable[[Document], RepeatPretext]]
+
+
+def text_plan(tokenizer, p: KVzapPairsPipeline, seed: int) -> Plan:
+    """Documents cut from ``p.sources``, scored on KVzip's repeat pretext (the paper's setting)."""
     if p.tokens_per_doc > p.min_tokens:
         raise ValueError(f"tokens_per_doc ({p.tokens_per_doc}) must be <= min_tokens ({p.min_tokens})")
     if not p.sources:
         raise ValueError("pipeline.sources is empty")
     sources = [s if isinstance(s, TextSource) else TextSource(**s) for s in p.sources]
-    out_dir = Path(p.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     docs = plan_documents(sources, tokenizer, p, seed)
     if not docs:
         raise ValueError("no documents: every source is shorter than min_tokens")
-    shards = shard_plan(docs, p.docs_per_shard)
-    settings = {k: v for k, v in asdict(p).items() if k not in ("out_dir", "overwrite", "name", "module")}
+    skip = ("out_dir", "overwrite", "name", "module", "testbed")
+    settings = {k: v for k, v in asdict(p).items() if k not in skip}
     settings["sources"] = [asdict(s) for s in sources]
+    return docs, settings, lambda doc: build_repeat_pretext(tokenizer, doc.ids, p.instruction)
+
+
+def testbed_plan(tokenizer, p: KVzapPairsPipeline, model_dir: str | None) -> Plan:
+    """Testbed traces (:mod:`data_prep.kvzap_pairs_testbed`), scored on the testbed pretext."""
+    from data_prep import kvzap_pairs_testbed as tb
+
+    source = p.testbed if isinstance(p.testbed, TestbedPairsSource) else TestbedPairsSource(**p.testbed)
+    data = tb.testbed_data(source, model_dir)
+    pieces = tb.testbed_pieces(source, data, tokenizer)
+    docs = [Document(i, "testbed", split, origin, ids) for i, (split, origin, ids) in enumerate(pieces)]
+    keep = ("tokens_per_doc", "chunk_size", "docs_per_shard", "store_dtype")
+    settings = {"testbed": tb.settings(source, data), **{k: getattr(p, k) for k in keep}}
+    return docs, settings, lambda doc: tb.build_testbed_pretext(source, data, tokenizer, doc.index)
+
+
+def make_pairs(
+    model, tokenizer, p: KVzapPairsPipeline, seed: int, model_info: dict[str, Any], model_dir: str | None = None
+) -> dict[str, Any]:
+    """Plan, score and write the pairs into ``p.out_dir``; returns the manifest.
+
+    Documents come from ``p.sources`` or, when ``p.testbed`` is set, from testbed traces (the model
+    directory ``model_dir``'s ``testbed_data.json`` is checked against them).
+    """
+    out_dir = Path(p.out_dir)
+    docs, settings, pretext_of = (
+        testbed_plan(tokenizer, p, model_dir) if p.testbed is not None else text_plan(tokenizer, p, seed)
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shards = shard_plan(docs, p.docs_per_shard)
     plan = {
         "format": FORMAT,
         "seed": seed,
@@ -227,7 +259,7 @@ def make_pairs(
     }
     _check_plan(out_dir, plan, p.overwrite)
     t0 = time.time()
-    stats = write_shards(model, tokenizer, docs, shards, p, out_dir, seed)
+    stats = write_shards(model, pretext_of, docs, shards, p, out_dir, seed)
     count_pairs(out_dir, shards)
     manifest = {**plan, "seconds": round(time.time() - t0, 1), "floored_targets": stats["floored"]}
     manifest["n_pairs"] = {
@@ -269,7 +301,7 @@ def run(cfg) -> dict[str, Any]:
     tokenizer = load_tokenizer(spec, cfg.cache_dir)
     model = load_model(spec, cfg.cache_dir, device=pick_device(cfg.device), attn_implementation="eager")
     info = {"name": spec.name, **{k: v for k, v in describe(model).items() if k != "params"}}
-    manifest = make_pairs(model, tokenizer, p, int(cfg.seed), info)
+    manifest = make_pairs(model, tokenizer, p, int(cfg.seed), info, model_dir=spec.hf_id)
     per_subset = Counter((d["subset"], d["split"]) for d in manifest["documents"])
     summary = {
         "pipeline": p.name,

@@ -49,7 +49,7 @@ def testbed_command(
     """``python -m eval benchmark=testbed`` greedy on ``checkpoint`` with testbed ``options``
     (:class:`zoomr.schemas.testbed.TestbedData` fields, e.g. n_test, test_seed) and ``method`` overrides
     (``["+method=h2o", "method.budget_rows=300"]``; None = full KV)."""
-    opts = [f"+benchmark.options.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items()]
+    opts = [f"++benchmark.options.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items()]
     cap = max_new_tokens or int(options.get("trace_tokens", 1024)) + 64
     name = Path(run_dir).name
     return [

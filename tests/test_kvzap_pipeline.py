@@ -85,8 +85,13 @@ def test_pairs_then_fit_through_the_configs(tmp_path, cache_dir):
     rows = list(csv.DictReader((tmp_path / "fit" / "r2.csv").open()))
     assert len(rows) == 2 * 4 * 2 and {r["kind"] for r in rows} == {"linear", "mlp"}
     det, const = layer_means(tmp_path / "fit", "det"), layer_means(tmp_path / "fit", "const_det")
+    mse, const_mse = layer_means(tmp_path / "fit", "mse"), layer_means(tmp_path / "fit", "const_mse")
     for kind in ("linear", "mlp"):
         assert det[(kind, 0)] > const[(kind, 0)] + 0.05, (kind, det, const)
+        assert mse[(kind, 0)] < 0.95 * const_mse[(kind, 0)], (kind, mse, const_mse)
+    # the constant predictor's figures are in the summary: R² 0 (no variance), its MSE the targets' spread
+    assert summary["r2_constant"] == 0.0 and summary["mse_constant"] > 0
+    assert {"const_r2", "const_det", "const_mse"} <= set(rows[0])
     assert (tmp_path / "fit" / "r2_per_layer.png").stat().st_size > 1000
     # a rerun returns the finished fit untouched; another setting in the same run directory is refused
     from train.kvzap import run as run_fit

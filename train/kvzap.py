@@ -34,15 +34,17 @@ log = logging.getLogger(__name__)
 def layer_table(rows: list[dict[str, Any]], kinds: list[str]) -> tuple[list[str], list[list[Any]]]:
     """Mean over heads per layer: R² and determination of every kind, side by side."""
     layers = sorted({r["layer"] for r in rows})
-    cols = ["layer"] + [f"{m}_{k}" for k in kinds for m in ("r2", "det")] + ["const_det"]
+    metrics = ("r2", "det", "mse")
+    cols = ["layer"] + [f"{m}_{k}" for k in kinds for m in metrics] + ["const_det", "const_mse"]
     table = []
     for layer in layers:
         mine = [r for r in rows if r["layer"] == layer]
         row: list[Any] = [layer]
         for k in kinds:
             sel = [r for r in mine if r["kind"] == k]
-            row += [_mean(r["r2"] for r in sel), _mean(r["det"] for r in sel)]
-        row.append(_mean(r["const_det"] for r in mine if r["kind"] == kinds[0]))
+            row += [_mean(r[m] for r in sel) for m in metrics]
+        const = [r for r in mine if r["kind"] == kinds[0]]
+        row += [_mean(r["const_det"] for r in const), _mean(r["const_mse"] for r in const)]
         table.append(row)
     return cols, table
 
@@ -131,7 +133,11 @@ def run(cfg) -> dict[str, Any]:
         sel = [r for r in rows if r["kind"] == kind]
         summary[f"r2_{kind}"] = _mean(r["r2"] for r in sel)
         summary[f"det_{kind}"] = _mean(r["det"] for r in sel)
-    summary["det_constant"] = _mean(r["const_det"] for r in rows if r["kind"] == kinds[0])
+        summary[f"mse_{kind}"] = _mean(r["mse"] for r in sel)
+    const = [r for r in rows if r["kind"] == kinds[0]]
+    summary["r2_constant"] = _mean(r["const_r2"] for r in const)
+    summary["det_constant"] = _mean(r["const_det"] for r in const)
+    summary["mse_constant"] = _mean(r["const_mse"] for r in const)
     summary.update(
         {
             "seconds": round(seconds, 1),

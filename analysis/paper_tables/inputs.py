@@ -127,11 +127,29 @@ def classify(path: Path, inputs: Inputs) -> bool:
     return True
 
 
+def base_model_name(model: dict[str, Any]) -> str:
+    """The model an arm is compared within: a checkpoint fine-tuned from another (AbridgeKV, LightThinker:
+    its training run's ``method.init_from``, followed to the start) is grouped with the model it started from,
+    so its full-KV reference and matched baselines are the base model's arms (AbridgeKV Table 1)."""
+    from zoomr.models import checkpoint_name
+
+    name, hf_id, seen = model["name"], model.get("hf_id"), set()
+    while hf_id and hf_id not in seen:
+        seen.add(hf_id)
+        run_config = Path(str(hf_id).rstrip("/")).parent / "config.json"
+        start = (_read_json(run_config).get("method") or {}).get("init_from") if run_config.is_file() else None
+        if not start:
+            break
+        hf_id = os.path.realpath(start)  # a run directory reached through a link is named as itself
+        name = checkpoint_name(name, hf_id)
+    return name
+
+
 def add_eval(path: Path, inputs: Inputs) -> None:
     config = _config(path)
     method = (config.get("method") or {}).get("name") or "full"
     label = str(config.get("run_name") or method)
-    model = config["model"]["name"]
+    model = base_model_name(config["model"])
     try:
         run = load_run(path, label)
     except CompareError as e:

@@ -138,13 +138,19 @@ def fit_layer(
 def evaluate_layer(
     pred: torch.Tensor, true: torch.Tensor, train_mean: torch.Tensor
 ) -> dict[str, list[float]]:
-    """Held-out metrics per head: squared Pearson, determination, and the constant predictor's determination."""
+    """Held-out metrics per head: squared Pearson, determination and MSE, and the constant predictor's.
+
+    The constant predictor is the training mean of the targets: its squared Pearson is 0 (a prediction
+    without variance correlates with nothing), its determination ≈ 0 and its MSE the targets' variance.
+    """
     const = train_mean.expand_as(true)
     return {
         "r2": squared_pearson(pred, true).tolist(),
         "det": determination(pred, true).tolist(),
+        "const_r2": squared_pearson(const, true).tolist(),
         "const_det": determination(const, true).tolist(),
         "mse": ((pred - true) ** 2).mean(0).tolist(),
+        "const_mse": ((const - true) ** 2).mean(0).tolist(),
     }
 
 

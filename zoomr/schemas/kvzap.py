@@ -4,6 +4,7 @@ config, which holds the fit, lives with the policy in :mod:`zoomr.cache.kvzap`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -15,6 +16,46 @@ class TextSource:
     format: str = "jsonl"
     fields: list[str] = field(default_factory=lambda: ["text"])
     joiner: str = "\n"
+
+
+@dataclass
+class TestbedPairsSource:
+    """Recall-testbed traces as KVzap documents (``+pipeline=kvzap_pairs_testbed``; data_prep/kvzap_pairs_testbed.py).
+
+    Problem ``i`` of the testbed stream ``seed`` (its own generator, as the evaluator's test problems are
+    of ``test_seed``): problems ``0..n_val-1`` are held out, ``n_val..n_val+n_train-1`` train. ``data``
+    overrides :class:`zoomr.schemas.testbed.TestbedData` fields (trace format); a model directory's
+    ``testbed_data.json`` must agree on the format, and ``seed`` must differ from its training and test
+    seeds and from ``exclude_seeds`` (the evaluator's test seeds).
+
+    Pretext (``pretext``): ``recall`` (default) appends one cue query ``? k : = v`` per fact the trace
+    defined (shuffled with the seed), continuing the trace's final ``\\boxed{}`` list, and scores the
+    context by the attention of those query tokens: the context's bindings reconstructed through the task
+    the model knows. The testbed vocabulary has none of the repeat instruction's words, and the trained
+    base model does not copy a repeated trace (measured: 5% next-token accuracy), so KVzip's literal
+    repeat would not be a reconstruction. ``copy`` is the literal repeat (the context right after itself,
+    the layout of the model's copy warm-up), kept as a variant.
+    """
+
+    __test__ = False  # not a pytest class despite the name
+
+    seed: int = 2  # a training stream: 3,000,017 is a held-out test seed (analysis/results/testbed_cue_3layer)
+    n_train: int = 256
+    n_val: int = 16
+    pretext: str = "recall"  # recall | copy
+    exclude_seeds: list[int] = field(default_factory=lambda: [1_000_003, 2_000_003, 3_000_017])
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.pretext not in ("recall", "copy"):
+            raise ValueError(f"pipeline.testbed.pretext must be recall|copy, got {self.pretext!r}")
+        if self.n_train < 1 or self.n_val < 1:
+            raise ValueError(f"pipeline.testbed needs n_train, n_val >= 1, got {self.n_train}, {self.n_val}")
+        if self.seed in self.exclude_seeds:
+            raise ValueError(
+                f"pipeline.testbed.seed={self.seed} is one of the test seeds {self.exclude_seeds}: "
+                "pairs must come from a stream disjoint from the evaluation problems"
+            )
 
 
 @dataclass
@@ -41,6 +82,7 @@ class KVzapPairsPipeline:
     store_dtype: str = "bfloat16"  # hidden states on disk (targets are float32)
     instruction: str = "\n\nRepeat the previous context exactly."
     overwrite: bool = False  # a different plan in out_dir is an error unless true
+    testbed: TestbedPairsSource | None = None  # set: documents are testbed traces, ``sources`` unused
 
 
 @dataclass
