@@ -159,9 +159,8 @@ def analytic_rows(prompt: int, new: int, c: int, q: float) -> tuple[float, float
 
 
 def bench_kv(args) -> dict:
-    from zoomr.cache.abridge import AbridgeCache
+    from zoomr.cache.abridge import AbridgeCache, AbridgeMethod
     from zoomr.engine import DecodeSettings, generate
-    from zoomr.schemas.abridge import AbridgeMethod
 
     model, tok, layout, quotas = _load(args.checkpoint)
     L = model.config.num_hidden_layers

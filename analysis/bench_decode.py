@@ -32,6 +32,7 @@ Prints a table and writes ``DIR/bench_decode.json`` + ``DIR/bench_decode.md`` (`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -41,7 +42,8 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from zoomr.cache import build_policy, policy_config
+from zoomr import configs
+from zoomr.cache import build_policy
 from zoomr.models import load_model_and_tokenizer, spec_from_dict
 from zoomr.paths import REPO_ROOT
 
@@ -54,11 +56,10 @@ QUICK = {"contexts": [1024, 4096], "batches": [1, 8], "decode_steps": 16, "repea
 
 
 def method_config(name: str, budget: int) -> Any:
-    raw = OmegaConf.to_container(OmegaConf.load(REPO_ROOT / "conf" / "method" / f"{name}.yaml"), resolve=True)
-    raw.pop("defaults", None)
-    cfg = policy_config(raw)
+    """``conf/method/<name>.yaml`` as its policy's config, a fixed budget set to ``budget`` rows."""
+    cfg = configs.method_config(name)
     if getattr(cfg, "budget_rows", None) is not None:
-        cfg = policy_config({**raw, "budget_rows": budget})
+        cfg = dataclasses.replace(cfg, budget_rows=budget)
     return cfg
 
 

@@ -26,11 +26,10 @@ import torch
 
 from analysis.bench_decode import model_spec
 from zoomr import tokens
-from zoomr.cache.lightthinker import LightThinkerCache, resolve_cache_tokens
+from zoomr.cache.lightthinker import LightThinkerCache, LightThinkerMethod, resolve_cache_tokens
 from zoomr.engine import DecodeSettings, generate
 from zoomr.models import load_model_and_tokenizer
 from zoomr.paths import REPO_ROOT
-from zoomr.schemas.lightthinker import LightThinkerMethod
 
 
 def trace_script(length: int, thought: int, splitter: int, seed: int) -> list[int]:

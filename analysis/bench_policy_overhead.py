@@ -90,7 +90,7 @@ def steady_rows(cfg: Any, context: int, prompt: int) -> int:
     """Rows a policy holds per (b, h) after ``context`` fed tokens (a ``prompt``-token prompt)."""
     if getattr(cfg, "policy", None) == "evict_block":
         gen = context - prompt
-        return prompt + (gen // cfg.block) * cfg.keep + gen % cfg.block
+        return prompt + (gen // cfg.block_size) * cfg.quota + gen % cfg.block_size
     budget = getattr(cfg, "budget_rows", None)
     if budget is None or getattr(cfg, "policy", None) == "snapkv":  # SnapKV compresses the prompt only
         return context

@@ -189,9 +189,8 @@ def section_memory(args, tok) -> dict[str, Any]:
     from analysis.bench_zoomr import structured_stream
     from zoomr.abridge.layout import AbridgeLayout, add_pause_tokens
     from zoomr.cache import build_policy
-    from zoomr.cache.abridge import AbridgeCache
+    from zoomr.cache.abridge import AbridgeCache, AbridgeMethod
     from zoomr.engine import DecodeSettings, generate
-    from zoomr.schemas.abridge import AbridgeMethod
 
     model = random_model(args, args.mem_layers, len(tok))
     layout = AbridgeLayout(512 if not args.dry_run else 32, 256 if not args.dry_run else 16)

@@ -43,9 +43,8 @@ def sweep(
 ) -> dict[str, Any]:
     """Run full KV and KVzap at each threshold; return per-threshold aggregates and per-prompt values."""
     from zoomr.cache import build_policy
-    from zoomr.cache.kvzap import KVzapCache, compression_of
+    from zoomr.cache.kvzap import KVzapCache, KVzapMethod, compression_of
     from zoomr.engine import DecodeSettings, generate
-    from zoomr.schemas.kvzap import KVzapMethod
 
     settings = DecodeSettings(max_new_tokens=max_new_tokens, progress=False, stop_token_ids=[])
     kv_heads = model.config.num_key_value_heads

@@ -9,9 +9,9 @@ format, 3 layers; trained by :data:`BASE_TRAIN`); substitute it with ``str.forma
   (``train``, ~30 s; held-out R² per head against the constant predictor in ``r2.json``/``summary.json``).
 - :data:`EVAL_COMMON`: the overrides every KVzap arm shares (greedy, 1,100 new tokens, batch 64); the
   miniature adds its own ``benchmark.options.n_test`` / ``+benchmark.options.test_seed`` and ``run_dir``.
-- :data:`ARMS`: the eval overrides per arm name (``kvzap_linear@<τ>``, ``kvzap@<τ>``, ``kvzap_oracle``).
+- :data:`ARMS`: the eval overrides per arm name (``kvzap_linear@<τ>``, ``kvzap@<τ>``, ``kvzip``).
   ``kvzap@<τ>`` is the paper's default surrogate (MLP) at threshold τ, ``kvzap_linear@<τ>`` KVzap-Linear;
-  both prune in prefill and decoding with the paper's window w = 128. ``kvzap_oracle`` is the KVzip+
+  both prune in prefill and decoding with the paper's window w = 128. ``kvzip`` is the KVzip+
   oracle at its default (prefill only, ratio 0.5): on the testbed the prompt is the 6-token chat header and
   every fact arrives during decoding, so it removes almost nothing (measured in the README's KVzap section).
 """
@@ -56,5 +56,5 @@ ARMS: dict[str, list[str]] = {
         for t in THRESHOLDS
     },
     **{f"kvzap@{_tau(t)}": ["+method=kvzap", f"method.threshold={t}", f"run_name=kvzap_tau{_tau(t)}"] for t in THRESHOLDS},
-    "kvzap_oracle": ["+method=kvzap_oracle"],
+    "kvzip": ["+method=kvzip"],  # the KVzip+ oracle (labelled kvzap_oracle in results before the rename)
 }

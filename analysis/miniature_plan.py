@@ -88,7 +88,7 @@ MODELS: dict[str, Model] = {
     ]
 }
 
-_EVICT = (f"method.block={BLOCK}", f"method.keep={BLOCK // 4}")  # keep q of each completed block: 4:1
+_EVICT = (f"method.block_size={BLOCK}", f"method.quota={BLOCK // 4}")  # keep q of each completed block: 4:1
 
 ARMS: dict[str, Arm] = {
     a.name: a
@@ -111,7 +111,7 @@ ARMS: dict[str, Arm] = {
           for t in KVZAP_THRESHOLDS),
         *(Arm(f"kvzap_linear@{t:g}", "kvzap_linear", "kvzap", (f"method.threshold={t}",), extra={"threshold": t})
           for t in KVZAP_THRESHOLDS),
-        Arm("kvzap_oracle", "kvzap_oracle", "base"),
+        Arm("kvzip", "kvzip", "base"),  # KVzip+ oracle (labelled kvzap_oracle in results before the rename)
         Arm("full_summaries", "full", "base_sum"),
         Arm("zoomr", "zoomr", "base_sum", (f"method.window={ZOOMR_WINDOW}",)),
         Arm("sumr", "sumr", "base_sum", (f"method.window={ZOOMR_WINDOW}",)),

@@ -26,7 +26,7 @@ def fingerprint(cfg: Any) -> dict[str, Any]:
     return steps_fingerprint(plain["model"], plain.get("method"), plain["benchmark"], plain["generation"], plain["grading"])
 
 
-def check_policy(method: dict[str, Any] | None, model: Any, tokenizer: Any) -> dict[str, Any] | None:
+def check_policy(method: Any | None, model: Any, tokenizer: Any) -> Any | None:
     """Build the ``+method=`` cache policy once on the loaded model (None: full KV): a setting that only
     the model can reject (e.g. a budget its layers cannot hold) fails here, before any state is written."""
     if method is not None:
@@ -46,11 +46,12 @@ def run(cfg: Any) -> dict[str, Any]:
     from eval.settings import validate
     from eval.steps import decode_and_grade, load_problems
     from eval.tasks import get_task
+    from zoomr.cache import match_budget
     from zoomr.models import load_model, load_tokenizer
 
     # everything that can reject the settings runs before the lock, the fingerprint and config.json
     settings = validate(cfg)
-    budget = resolve_budget(cfg)  # a relative budget (fraction / match) becomes budget_rows before the fingerprint
+    budget = resolve_budget(cfg, settings.method)  # a relative budget becomes budget_rows before the fingerprint
     bench, gen, grading = settings.bench, settings.gen, settings.grading
     task = get_task(bench.task)  # problems, prompt, script, grading and metrics of the benchmark (eval/tasks.py)
     spec = model_spec(cfg)
@@ -61,12 +62,13 @@ def run(cfg: Any) -> dict[str, Any]:
         raise SystemExit(f"benchmark {bench.name!r}: {e}") from None
     device = pick_device(cfg.device)
     model = load_model(spec, cfg.cache_dir, device=device)
-    method = to_plain(cfg.method) if budget else settings.method  # with the resolved budget_rows
+    method = match_budget(settings.method, cfg.method.budget_rows) if budget else settings.method  # typed once
     check_policy(method, model, tokenizer)
     try:
         task.check_policy(problems, method)
     except ValueError as e:
-        raise SystemExit(f"benchmark {bench.name!r} with +method={(method or {}).get('name')}: {e} (nothing was written)") from None
+        name = getattr(method, "name", None)
+        raise SystemExit(f"benchmark {bench.name!r} with +method={name}: {e} (nothing was written)") from None
     with RunLock(cfg.run_dir):
         check_fingerprint(cfg.run_dir, fingerprint(cfg))  # before start_run rewrites config.json
         run_dir, logger = start_run(cfg, job_type="eval")

@@ -44,11 +44,12 @@ def _check_same(config: dict[str, Any], benchmark: str, model: str, where: Path)
         )  # fmt: skip
 
 
-def resolve_budget(cfg: Any) -> str | None:
+def resolve_budget(cfg: Any, config: Any = None) -> str | None:
     """Turn a relative budget of ``cfg.method`` into ``budget_rows`` in place; return how it was set.
 
-    Call before the fingerprint and ``config.json`` are written. Returns None when the method has no
-    relative budget (or no method is set).
+    ``config``: ``cfg.method``'s policy config dataclass when the caller has typed it already (python -m
+    eval: :func:`eval.settings.validate`). Call before the fingerprint and ``config.json`` are written.
+    Returns None when the method has no relative budget (or no method is set).
     """
     from omegaconf import open_dict
 
@@ -57,7 +58,7 @@ def resolve_budget(cfg: Any) -> str | None:
     method = cfg.get("method")
     if method is None or not method.get("policy"):
         return None
-    config = policy_config(method)
+    config = policy_config(method) if config is None else config
     if not getattr(config, "budget_pending", False):
         return None
     if not has_row_budget(config):

@@ -92,13 +92,14 @@ def jsonable(details: dict[str, Any]) -> dict[str, Any]:
 def engine_generator(
     model: Any,
     tokenizer: Any,
-    policy: dict[str, Any] | None,
+    policy: Any | None,
     gen: Any,
     inspect: Inspect | None = None,
     stop_token_ids: list[int] | None = None,
 ) -> GenerateFn:
     """A :data:`GenerateFn` decoding through ``zoomr.engine.generate`` with the cache policy config
-    ``policy`` (the ``+method=`` node; None = full KV). A fresh cache is built for every batch;
+    ``policy`` (its config dataclass, typed once by the entry point; None = full KV). A fresh cache is built
+    from it for every batch, the config itself never rebuilt;
     ``inspect`` reads per-sample details off it and the engine's outputs (:attr:`Generation.decode`).
     ``stop_token_ids``: what ends a sample (None: the model's and the tokenizer's EOS)."""
     from zoomr.cache import build_policy

@@ -17,12 +17,13 @@ from zoomr.schemas.eval import BenchmarkConfig, GenerationConfig, GradingConfig
 
 @dataclass
 class EvalSettings:
-    """The checked settings as plain objects (``method``: the ``+method=`` node, None = full KV)."""
+    """The checked settings as plain objects (``method``: the ``+method=`` policy's config dataclass, typed
+    here once for the whole run; None = full KV)."""
 
     bench: BenchmarkConfig
     gen: GenerationConfig
     grading: GradingConfig
-    method: dict[str, Any] | None
+    method: Any | None
 
 
 def _generation_problems(gen: GenerationConfig) -> list[str]:
@@ -56,21 +57,21 @@ def _benchmark_problems(bench: BenchmarkConfig) -> list[str]:
     return out
 
 
-def _method_problems(method: dict[str, Any] | None) -> list[str]:
+def _method(method: dict[str, Any] | None) -> tuple[Any | None, list[str]]:
+    """The policy config dataclass of the ``+method=`` node (None without one), and its problems."""
     if method is None:
-        return []
+        return None, []
     if not method.get("policy"):
-        return [
+        return None, [
             f"method {method.get('name')!r} is not a cache policy (no 'policy' field): evaluate a trained "
             "model with model.hf_id=<checkpoint> and the policy it was trained for"
         ]
     from zoomr.cache.registry import policy_config
 
     try:
-        policy_config(method)
+        return policy_config(method), []
     except (ValueError, TypeError, KeyError) as e:
-        return [f"method: {e}"]
-    return []
+        return None, [f"method: {e}"]
 
 
 def validate(cfg: Any) -> EvalSettings:
@@ -95,8 +96,8 @@ def validate(cfg: Any) -> EvalSettings:
             check_grading_settings(g.workers, g.timeout_s, g.start_method, g.max_error_rate)
         except ValueError as e:
             problems.append(str(e))
-    method = to_plain(cfg.method) if cfg.get("method") is not None else None
-    problems += _method_problems(method)
+    method, method_problems = _method(to_plain(cfg.method) if cfg.get("method") is not None else None)
+    problems += method_problems
     if problems:
         raise SystemExit("invalid eval settings (nothing was written):\n  " + "\n  ".join(problems))
     return EvalSettings(parsed["benchmark"], parsed["generation"], parsed["grading"], method)

@@ -51,7 +51,7 @@ def eviction_report(rows: list[dict[str, Any]], method: dict[str, Any] | None) -
         fix = (
             "Its rule decides: ZoomR / SumR compress only at summary segments the model writes (a zoomr_sft "
             "checkpoint), AbridgeKV after each completed block (method.block_size), KVzap below "
-            "method.threshold, the evict_* ablation per method.block"
+            "method.threshold, the evict_* ablation per method.block_size"
         )
     out["note"] = (
         f"policy {method.get('name', policy)!r} never evicted: {why}, so every sample held exactly full KV's "

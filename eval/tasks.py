@@ -69,7 +69,7 @@ class Task:
     def check(self, problems: list[Problem], gen: Any) -> None:
         """Refuse (``ValueError``) or warn about generation settings that do not fit the problems."""
 
-    def check_policy(self, problems: list[Problem], method: dict[str, Any] | None) -> None:
+    def check_policy(self, problems: list[Problem], method: Any | None) -> None:
         """Refuse (``ValueError``) a cache policy the problems give nothing to work on."""
 
     def user_message(self, problem: Problem) -> str:

@@ -69,10 +69,11 @@ class TestbedTask(Task):
                 f"{longest} (set generation.max_new_tokens={longest} or more)"
             )
 
-    def check_policy(self, problems: list[Problem], method: dict[str, Any] | None) -> None:
+    def check_policy(self, problems: list[Problem], method: Any | None) -> None:
         from zoomr.tokens import SPLITTER
 
-        if (method or {}).get("policy") == "lightthinker" and SPLITTER not in problems[0].meta["record"]["response"]:
+        policy = method.get("policy") if isinstance(method, dict) else getattr(method, "policy", None)
+        if policy == "lightthinker" and SPLITTER not in problems[0].meta["record"]["response"]:
             raise ValueError(
                 "the script writes every paragraph break and leaves the model no place to end a thought, so no "
                 f"{SPLITTER} is ever written (it would decode as full KV); set +benchmark.options.thought_splitter=true"

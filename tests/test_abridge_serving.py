@@ -9,9 +9,8 @@ from zoomr.abridge.artifacts import save_abridge_config
 from zoomr.abridge.layout import AbridgeLayout, interleave, roles_from_order
 from zoomr.abridge.parity import parity_report
 from zoomr.cache import build_policy
-from zoomr.cache.abridge import AbridgeCache
+from zoomr.cache.abridge import AbridgeCache, AbridgeMethod
 from zoomr.engine import DecodeSettings, generate
-from zoomr.schemas.abridge import AbridgeMethod
 
 QUOTAS = [2, 4, 1, 3]
 PROMPT = "Every morning Aya goes for a walk"

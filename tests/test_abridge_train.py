@@ -8,10 +8,11 @@ import shutil
 import pytest
 from hydra import compose, initialize_config_dir
 
+from zoomr.cache.abridge import AbridgeMethod
 from zoomr.entry import CONF_DIR
 from zoomr.paths import REPO_ROOT
 from zoomr.schemas import register_with_hydra, to_dataclass
-from zoomr.schemas.abridge import AbridgeAllocateMethod, AbridgeMethod
+from zoomr.schemas.abridge import AbridgeAllocateMethod
 
 TINY_RUN = [
     "model=tiny-qwen2",  # real-trace path (the tiny default is the testbed)

@@ -71,7 +71,7 @@ BIG = [
     {"policy": "snapkv", "budget_rows": 600},
     {"policy": "rkv", "budget_rows": 600},
     {"policy": "rkv_serving", "budget_rows": 600},
-    {"policy": "evict_block", "rule": "attention"},  # block 512 > 200 generated rows: nothing completes
+    {"policy": "evict_block", "rule": "attention"},  # block_size 512 > 200 generated rows: nothing completes
     {"policy": "streaming", "budget_rows": 600, "n_sink": 4},
     {"policy": "streaming", "budget_rows": 600, "n_sink": 4, "reposition": True},
 ]
@@ -138,7 +138,7 @@ def record_visible(cache):
         {"policy": "snapkv", "budget_rows": 30, "window": 8},
         {"policy": "rkv", "budget_rows": 30, "window": 4, "buffer": 8},
         {"policy": "rkv_serving", "budget_rows": 30, "window": 4, "compact_every": 8},
-        {"policy": "evict_block", "rule": "attention", "block": 8, "keep": 3},
+        {"policy": "evict_block", "rule": "attention", "block_size": 8, "quota": 3},
         {"policy": "offload"},
     ],
     ids=lambda c: c["policy"] + c.get("rule", ""),
@@ -216,7 +216,7 @@ def test_streaming_reposition_moves_keys_inside_the_cache(tiny2):
         {"policy": "streaming", "budget_rows": 12, "n_sink": 2},
         {"policy": "h2o", "budget_rows": 10},
         {"policy": "rkv", "budget_rows": 12, "window": 4, "buffer": 4},
-        {"policy": "evict_block", "rule": "random", "block": 8, "keep": 2},
+        {"policy": "evict_block", "rule": "random", "block_size": 8, "quota": 2},
         {"policy": "offload"},
     ],
     ids=lambda c: c["policy"] + c.get("rule", ""),

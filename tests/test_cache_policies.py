@@ -77,7 +77,7 @@ def test_block_keep_by_hand():
     order = torch.arange(12)[None, None].repeat(1, 2, 1)
     valid = order < 11
     scores = torch.tensor([[9.0] * 12, [float(i % 3) for i in range(12)]])[None]
-    keep = block_keep(order, valid, torch.tensor([3]), block=4, keep=2, scores=scores)
+    keep = block_keep(order, valid, torch.tensor([3]), block_size=4, quota=2, scores=scores)
     # rows 3..6 are the completed block; head 0 ties (first two), head 1 scores [0, 1, 2, 0] -> rows 4, 5
     assert keep[0, 1].nonzero().flatten().tolist() == [0, 1, 2, 4, 5, 7, 8, 9, 10]
     assert int(keep[0, 0, 3:7].sum()) == 2 and keep[0, 0, 7:11].all() and not keep[0, 0, 11]
@@ -212,7 +212,7 @@ def test_block_eviction_keeps_quota_of_each_completed_block(tiny2, rule):
     model, tok = tiny2
     prompt = tok("p q r", add_special_tokens=False).input_ids
     P, C, K = len(prompt), 6, 2
-    cfg = {"policy": "evict_block", "rule": rule, "block": C, "keep": K}
+    cfg = {"policy": "evict_block", "rule": rule, "block_size": C, "quota": K}
     cache = build_policy(cfg, model.config)
     generate(model, tok, [prompt], cache, DecodeSettings(20, progress=False, stop_token_ids=[]))
     fed = int(

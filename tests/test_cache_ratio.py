@@ -10,10 +10,10 @@ import torch
 from tests.conftest import tiny_spec
 from zoomr.cache import build_policy
 from zoomr.cache.ratio import kept_at_ratio
-from zoomr.cache.snapkv import top_plus_window
+from zoomr.cache.snapkv import SnapKVConfig, top_plus_window
+from zoomr.cache.streaming import StreamingConfig
 from zoomr.engine import DecodeSettings, generate
 from zoomr.models import load_model_and_tokenizer
-from zoomr.schemas.cache import SnapKVConfig, StreamingConfig
 
 
 @pytest.fixture(scope="module")

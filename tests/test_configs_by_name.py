@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from zoomr.cache.h2o import H2OConfig
+from zoomr.cache.kvzap import KVzapMethod
 from zoomr.configs import available, method_config, model_config
 from zoomr.models import ModelSpec
-from zoomr.schemas.cache import H2OConfig
-from zoomr.schemas.kvzap import KVzapMethod
 
 NEEDS_DATA = {"abridge_allocate"}  # its checkpoint path names the data= choice: the entry point's job
 

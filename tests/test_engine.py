@@ -7,10 +7,9 @@ import torch
 
 from tests.conftest import tiny_spec
 from zoomr.cache import ForcedInput, build_policy
-from zoomr.cache.full import FullCache
+from zoomr.cache.full import FullCache, FullConfig
 from zoomr.engine import DecodeSettings, generate, mean_rows, sample_token
 from zoomr.models import load_model_and_tokenizer
-from zoomr.schemas.cache import FullConfig
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,10 @@ from eval.__main__ import run
 from eval.budget import resolve_budget
 from eval.summary import console_table, eviction_report
 from zoomr.cache import build_policy, match_budget
+from zoomr.cache.h2o import H2OConfig
+from zoomr.cache.streaming import StreamingConfig
 from zoomr.entry import CONF_DIR
 from zoomr.schemas import register_with_hydra
-from zoomr.schemas.cache import H2OConfig, StreamingConfig
 
 register_with_hydra()
 SMALL = ["benchmark=aime25", "benchmark.problem_limit=2", "generation.n_samples=1", "generation.max_new_tokens=32",

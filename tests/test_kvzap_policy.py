@@ -10,11 +10,10 @@ from transformers import AttentionInterface
 
 from tests.conftest import tiny_spec
 from zoomr.cache import build_policy
-from zoomr.cache.kvzap import KVzapCache, compression_of
+from zoomr.cache.kvzap import KVzapCache, KVzapMethod, compression_of
 from zoomr.engine import DecodeSettings, generate
 from zoomr.kvzap.surrogate import new_surrogate
 from zoomr.models import load_model_and_tokenizer
-from zoomr.schemas.kvzap import KVzapMethod
 
 
 @pytest.fixture(scope="module")

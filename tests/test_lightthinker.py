@@ -10,7 +10,7 @@ from zoomr.abridge.data import collate
 from zoomr.abridge.forward import full_kv_response_ce
 from zoomr.abridge.layout import IGNORE, PAD, PROMPT, RAW
 from zoomr.cache import build_policy
-from zoomr.cache.lightthinker import LightThinkerCache
+from zoomr.cache.lightthinker import LightThinkerCache, LightThinkerMethod
 from zoomr.engine import DecodeSettings, generate
 from zoomr.lightthinker.layout import (
     CACHE,
@@ -24,7 +24,6 @@ from zoomr.lightthinker.layout import (
 )
 from zoomr.lightthinker.mask import thought_masks, thought_response_ce
 from zoomr.lightthinker.parity import parity_report, splitter_script
-from zoomr.schemas.lightthinker import LightThinkerMethod
 
 PROMPT_TEXT = "Every morning Aya goes for a walk"
 TT = ThoughtTokens(splitter=90, cache=(91, 92, 93), cont=94)

@@ -7,9 +7,9 @@ import json
 import pytest
 from hydra import compose, initialize_config_dir
 
+from zoomr.cache.lightthinker import LightThinkerMethod
 from zoomr.entry import CONF_DIR
 from zoomr.schemas import register_with_hydra, to_dataclass
-from zoomr.schemas.lightthinker import LightThinkerMethod
 
 TINY_RUN = [
     "method.max_steps=4",

@@ -36,7 +36,7 @@ def test_models_compose_in_order():
 
 def test_arms_are_named_and_compose():
     assert len(THRESHOLDS) >= 4
-    names = {n for n in ARMS if n != "kvzap_oracle"}
+    names = {n for n in ARMS if n != "kvzip"}
     assert names == {f"{k}@{t:g}" for k in ("kvzap", "kvzap_linear") for t in THRESHOLDS}
     run_names = set()
     for name, overrides in ARMS.items():
@@ -45,7 +45,7 @@ def test_arms_are_named_and_compose():
         policy_config(method)  # the schema's own checks
         kind = name.split("@")[0]
         assert method["name"] == kind and cfg.benchmark.name == "testbed"
-        if kind != "kvzap_oracle":
+        if kind != "kvzip":
             assert method["threshold"] == float(name.split("@")[1]) and method["decoding"] and method["window"] == 128
             assert method["model_type"] == ("linear" if kind == "kvzap_linear" else "mlp")
         assert cfg.generation.temperature == 0 and cfg.generation.max_new_tokens == 1100

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from zoomr import rundir
-from zoomr.schemas.abridge import AbridgeMethod
+from zoomr.cache.abridge import AbridgeMethod
 from zoomr.schemas.sft import SFTMethod
 from zoomr.training import whole_run_loss
 

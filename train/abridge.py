@@ -28,12 +28,12 @@ from zoomr.abridge.trainer import (
     masked_trainer,
     save_final,
 )
+from zoomr.cache.abridge import AbridgeMethod
 from zoomr.entry import model_spec, start_run, to_plain
 from zoomr.models import DTYPES
 from zoomr.paths import resolve_repo_path
 from zoomr.rundir import finish_run, prepare_run
 from zoomr.schemas import to_dataclass
-from zoomr.schemas.abridge import AbridgeMethod
 from zoomr.training import train_or_restore
 
 log = logging.getLogger(__name__)

@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from zoomr.cache.kvzap import KVzapMethod
 from zoomr.kvzap.fit import fit_surrogates
 from zoomr.kvzap.pairs import read_manifest
 from zoomr.schemas import to_dataclass
-from zoomr.schemas.kvzap import KVzapMethod
 
 log = logging.getLogger(__name__)
 

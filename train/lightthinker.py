@@ -23,6 +23,7 @@ from zoomr.abridge.attention import use_abridge_attention
 from zoomr.abridge.data import LazyStreams, StreamSet, lazy_streams
 from zoomr.abridge.forward import heldout_full_kv_ce, heldout_masked_ce
 from zoomr.abridge.trainer import AbridgeTrainer, load_start_model, masked_trainer, save_final
+from zoomr.cache.lightthinker import LightThinkerMethod
 from zoomr.entry import model_spec, start_run, to_plain
 from zoomr.lightthinker.data import ThoughtStats, build_streams
 from zoomr.lightthinker.layout import (
@@ -36,7 +37,6 @@ from zoomr.lightthinker.mask import splitter_accuracy, thought_masks
 from zoomr.models import DTYPES
 from zoomr.rundir import finish_run, prepare_run
 from zoomr.schemas import to_dataclass
-from zoomr.schemas.lightthinker import LightThinkerMethod
 from zoomr.training import load_sft_dataset, train_or_restore
 
 log = logging.getLogger(__name__)

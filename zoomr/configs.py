@@ -54,6 +54,11 @@ def _node(group: str, name: str) -> tuple[type | None, Any]:
     return schema, OmegaConf.merge(merged, node)
 
 
+def schema_of(group: str, name: str) -> type | None:
+    """The schema dataclass ``conf/<group>/<name>.yaml`` opts into (through same-group defaults), or None."""
+    return _node(group, name)[0]
+
+
 def load_config(group: str, name: str, context: dict[str, Any] | None = None, **overrides: Any) -> Any:
     """``conf/<group>/<name>.yaml`` with ``overrides`` as its schema dataclass (unknown keys are errors).
 

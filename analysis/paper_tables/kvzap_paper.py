@@ -8,8 +8,8 @@
 - Accuracy vs compression: the KVzap arms (one per threshold) as a line, every other compressing arm
   (StreamingLLM, H2O, SnapKV, the KVzip+ oracle, ...) as points at its measured compression.
 - Per-prompt compression: each sample's compression vs its prompt length, per threshold (the adaptivity figure).
-- Threshold vs fixed ratio: threshold rules (``kvzap``, ``kvzap_oracle mode=threshold``) against the fixed-ratio
-  top-k rule (``kvzap_oracle mode=ratio``), accuracy vs compression.
+- Threshold vs fixed ratio: threshold rules (``kvzap``, ``kvzip mode=threshold``) against the fixed-ratio
+  top-k rule (``kvzip mode=ratio``), accuracy vs compression.
 - RULER / LongBench (``benchmark=ruler|longbench``, §4.4-4.5): the y-axis is the benchmark's own score (mean
   over subsets of RULER's string match / LongBench's metrics, :mod:`eval.tasks`) instead of accuracy, and a
   per-subset table and figure (score vs compression per subset, Fig. 9-15; LongBench also without TREC, Fig. 12).
@@ -156,8 +156,8 @@ def threshold_vs_ratio(inputs: Inputs, report: Report) -> None:
     if not by_rule["threshold"] or not by_rule["ratio"]:
         absent = [r for r in ("threshold", "ratio") if not by_rule[r]]
         report.skip("kvzap_threshold_vs_ratio", f"no {' and no '.join(absent)} arm among the inputs "
-                    "(threshold: +method=kvzap or +method=kvzap_oracle method.mode=threshold; "
-                    "ratio: +method=kvzap_oracle method.ratio=...)")  # fmt: skip
+                    "(threshold: +method=kvzap or +method=kvzip method.mode=threshold; "
+                    "ratio: +method=kvzip method.ratio=...)")  # fmt: skip
         return
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.8, 4.0))

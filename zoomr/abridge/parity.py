@@ -56,8 +56,7 @@ def parity_report(
     margin: float = 0.05,
 ) -> dict[str, Any]:
     """All three checks of the module docstring on one greedy generation."""
-    from zoomr.cache.abridge import AbridgeCache
-    from zoomr.schemas.abridge import AbridgeMethod
+    from zoomr.cache.abridge import AbridgeCache, AbridgeMethod
 
     cache = AbridgeCache(AbridgeMethod(), model.config, tokenizer, layout=layout, quotas=list(quotas))
     tokens, served, out = served_token_ce(model, tokenizer, prompt_ids, cache, max_new_tokens)

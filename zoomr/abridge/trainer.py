@@ -23,9 +23,10 @@ from zoomr.abridge.forward import token_ce
 from zoomr.abridge.layout import IGNORE, AbridgeLayout, interleave, pause_token_ids
 from zoomr.abridge.mask import layer_masks
 from zoomr.abridge.optim import lr_factor
+from zoomr.cache.abridge import AbridgeMethod
 from zoomr.models import ModelSpec, load_model, load_tokenizer
 from zoomr.paths import resolve_repo_path
-from zoomr.schemas.abridge import AbridgeMethod, AbridgeOptim
+from zoomr.schemas.abridge import AbridgeOptim
 from zoomr.training import LogAtSave, load_sft_dataset, trainer_arguments
 
 

@@ -22,6 +22,7 @@ Runs with :func:`zoomr.engine.generate` (stock ``model.generate`` has no forced-
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -38,10 +39,41 @@ from zoomr.abridge.layout import (
 )
 from zoomr.abridge.quotas import check_quotas, resolve_quotas
 from zoomr.cache.base import ForcedInput, PolicyCache, PolicyLayer
+from zoomr.cache.config import fill_names
 from zoomr.cache.registry import register_policy
-from zoomr.schemas.abridge import AbridgeMethod
+from zoomr.schemas.abridge import MaskedTraining
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class AbridgeMethod(MaskedTraining):
+    """AbridgeKV: pause tokens after every completed block, block-masked full fine-tuning, per-layer quotas.
+
+    ``quota``: uniform code rows kept per layer and block (null = num_pause // 2); ``schedule``: a
+    per-layer quota file (from ``+method=abridge_allocate``), which wins over ``quota``.
+    ``code_positions``: spread | tail (inside the replaced span) | appended (the paper's ablation).
+    ``mask_backend``: auto (FlexAttention BlockMask on CUDA, dense mask + SDPA elsewhere) | dense | flex.
+    """
+
+    name: str = ""  # the run's label ("" = the policy's name, filled by fill_names)
+    trainer: str = "abridge"
+    policy: str = ""  # the serving policy (python -m eval +method=abridge), filled by fill_names
+    page_size: int = 16  # serving: rows per storage page
+    layout_from_checkpoint: bool = True  # serving: a checkpoint's abridge.json wins over the fields below
+    allow_untrained: bool = False  # serving: run on a model without abridge.json (smoke tests, not results)
+    block_size: int = 64  # C
+    num_pause: int = 16  # K_max: pause tokens (code rows) written per completed block
+    quota: int | None = None
+    schedule: str | None = None
+    code_positions: str = "spread"
+    # after training on the recall testbed from ``init_from``: greedy held-out accuracy of this model vs full
+    # KV (the start model) vs StreamingLLM at this model's rows, through the evaluator (0 = skip)
+    testbed_eval_problems: int = 64
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        fill_names(self)
 
 
 def abridge_keep(
@@ -68,7 +100,7 @@ def checkpoint_layout(model_config) -> tuple[AbridgeLayout, list[int]] | None:
     return None
 
 
-@register_policy("abridge", config=AbridgeMethod)
+@register_policy("abridge", AbridgeMethod)
 class AbridgeCache(PolicyCache):
     def __init__(
         self,

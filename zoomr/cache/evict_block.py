@@ -1,39 +1,68 @@
 """AbridgeKV's eviction ablation (AbridgeKV paper, ablations): fixed rules instead of learned code rows.
 
-Generated rows are cut into blocks of ``block`` tokens per sequence (the prompt is never compressed, the
-open block stays raw). When a block completes — its last token has been fed and attended — each (layer,
-KV head) keeps ``keep`` of that block's rows and frees the rest, chosen by ``rule``:
-- ``recency``: the block's last ``keep`` rows;
+Generated rows are cut into blocks of ``block_size`` tokens per sequence (the prompt is never compressed,
+the open block stays raw). When a block completes — its last token has been fed and attended — each (layer,
+KV head) keeps ``quota`` of that block's rows and frees the rest (AbridgeKV's names: block size C, quota
+q), chosen by ``rule``:
+- ``recency``: the block's last ``quota`` rows;
 - ``random``: uniformly at random, drawn per (layer, head, block) from ``seed`` (the same draw for every
   sequence, so a batch behaves like its sequences run alone);
-- ``attention``: the top ``keep`` by attention received since the row was written, summed over the GQA
+- ``attention``: the top ``quota`` by attention received since the row was written, summed over the GQA
   group's query heads (H2O's statistic, restricted to the block).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from zoomr.cache.base import PolicyCache, PolicyLayer
+from zoomr.cache.config import PolicyConfig, check_positive
 from zoomr.cache.h2o import group_sum
 from zoomr.cache.registry import register_policy
-from zoomr.schemas.cache import BlockEvictConfig
 
 
 def block_keep(
-    order: torch.Tensor, valid: torch.Tensor, start: torch.Tensor, block: int, keep: int, scores: torch.Tensor
+    order: torch.Tensor,
+    valid: torch.Tensor,
+    start: torch.Tensor,
+    block_size: int,
+    quota: int,
+    scores: torch.Tensor,
 ) -> torch.Tensor:
-    """``[B, H, N]`` keep mask: rows outside ``[start, start + block)`` (feed order) stay; inside, the top
-    ``keep`` by ``scores`` stay. ``start [B]`` is -1 for sequences with no completed block this step."""
+    """``[B, H, N]`` keep mask: rows outside ``[start, start + block_size)`` (feed order) stay; inside, the top
+    ``quota`` by ``scores`` stay. ``start [B]`` is -1 for sequences with no completed block this step."""
     s = start[:, None, None]
-    inside = valid & (s >= 0) & (order >= s) & (order < s + block)
+    inside = valid & (s >= 0) & (order >= s) & (order < s + block_size)
     ranked = scores.float().masked_fill(~inside, float("-inf"))
-    top = torch.topk(ranked, min(keep, ranked.shape[-1]), dim=-1).indices
+    top = torch.topk(ranked, min(quota, ranked.shape[-1]), dim=-1).indices
     chosen = torch.zeros_like(inside).scatter_(-1, top, True) & inside
     return (valid & ~inside) | chosen
 
 
-@register_policy("evict_block", config=BlockEvictConfig)
+@dataclass
+class BlockEvictConfig(PolicyConfig):
+    """AbridgeKV's eviction ablation: of each completed block of ``block_size`` generated rows keep ``quota``
+    rows, chosen by ``rule``: ``recency`` (the block's last rows), ``random`` (uniform, ``seed``) or
+    ``attention`` (accumulated attention received, H2O-style, summed over the GQA group). The prompt and the
+    open block stay whole."""
+
+    block_size: int = 512
+    quota: int = 128
+    rule: str = "recency"
+    seed: int = 1234
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive("BlockEvictConfig", block_size=self.block_size, quota=self.quota)
+        if self.quota > self.block_size:
+            raise ValueError(f"BlockEvictConfig: quota ({self.quota}) > block_size ({self.block_size})")
+        if self.rule not in ("recency", "random", "attention"):
+            raise ValueError(f"BlockEvictConfig: rule must be recency|random|attention, got {self.rule!r}")
+
+
+@register_policy("evict_block", BlockEvictConfig)
 class BlockEvictCache(PolicyCache):
     def __init__(self, config: BlockEvictConfig, model_config, tokenizer=None) -> None:
         super().__init__(config, model_config, tokenizer)
@@ -50,7 +79,7 @@ class BlockEvictCache(PolicyCache):
         """Per sequence: feed index where the block completed by this step starts, or -1."""
         if self.prompt_lengths is None or self.step.is_prefill:
             return None
-        C = self.config.block
+        C = self.config.block_size
         generated = self.fed - self.prompt_lengths  # rows written after the prompt, this step included
         before = generated - self.step.valid.sum(1).to(generated.device)
         crossed = torch.div(generated, C, rounding_mode="floor") > torch.div(before, C, rounding_mode="floor")
@@ -71,13 +100,13 @@ class BlockEvictCache(PolicyCache):
             else:
                 scores = self._random_scores(layer.idx, rows.order, start)
             keep = block_keep(
-                rows.order, rows.valid, start.to(rows.order.device), cfg.block, cfg.keep, scores
+                rows.order, rows.valid, start.to(rows.order.device), cfg.block_size, cfg.quota, scores
             )
             self.evict(layer.idx, keep)
 
     def _random_scores(self, layer_idx: int, order: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         """Uniform scores, drawn per (sequence's block index, layer, head, row of the block) from ``seed``."""
-        C, H = self.config.block, self.kv_heads
+        C, H = self.config.block_size, self.kv_heads
         blocks = torch.div(self.fed - self.prompt_lengths, C, rounding_mode="floor") - 1
         draws = []
         for b in range(order.shape[0]):

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from zoomr.cache.base import PolicyCache
+from zoomr.cache.config import PolicyConfig
 from zoomr.cache.registry import register_policy
-from zoomr.schemas.cache import FullConfig
 
 
-@register_policy("full", config=FullConfig)
+@dataclass
+class FullConfig(PolicyConfig):
+    """Full KV cache on the device (the reference every other policy is measured against)."""
+
+
+@register_policy("full", FullConfig)
 class FullCache(PolicyCache):
     """Keeps everything; exists so that every arm runs through the same storage, attention and engine."""

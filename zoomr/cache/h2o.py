@@ -9,11 +9,13 @@ reference, the current step's attention is added before selecting, so the new to
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from zoomr.cache.base import PolicyCache, PolicyLayer
+from zoomr.cache.config import PolicyConfig
 from zoomr.cache.registry import register_policy
-from zoomr.schemas.cache import H2OConfig
 
 
 def heavy_recent_keep(scores: torch.Tensor, n: torch.Tensor, heavy: int, recent: int) -> torch.Tensor:
@@ -40,7 +42,31 @@ def group_sum(weights: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return weights.view(B, kv_heads, Hq // kv_heads, S, N).sum(dim=(2, 3))
 
 
-@register_policy("h2o", config=H2OConfig)
+@dataclass
+class H2OConfig(PolicyConfig):
+    """H2O (Zhang et al. 2023): top ``budget_rows - recent_rows`` rows by accumulated attention + recent rows.
+
+    ``recent_rows`` defaults to half the budget (the paper's equal heavy/recent split).
+    """
+
+    name: str = "h2o"
+    policy: str = "h2o"
+    budget_rows: int | None = 1024
+    recent_rows: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.budget_rows is None:
+            raise ValueError("H2OConfig: budget_rows is required")
+        if self.recent_rows is not None and not 0 <= self.recent_rows <= self.budget_rows:
+            raise ValueError(f"H2OConfig: need 0 <= recent_rows <= budget_rows, got {self.recent_rows}")
+
+    @property
+    def recent(self) -> int:
+        return self.budget_rows // 2 if self.recent_rows is None else self.recent_rows
+
+
+@register_policy("h2o", H2OConfig)
 class H2OCache(PolicyCache):
     row_attrs = ("score",)
 

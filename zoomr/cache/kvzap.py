@@ -13,26 +13,57 @@ The surrogate loads in one overridable place (:meth:`KVzapCache.load_surrogate`;
 ``nvidia/KVzap-{linear,mlp}-<model>`` checkpoints work once downloaded.
 
 Compression (fraction of KV pairs removed, kvpress's definition) per layer and sequence:
-:meth:`KVzapCache.compression` during a run, :func:`compression_of` from an engine output.
+:meth:`KVzapCache.compression` during a run, :func:`compression_of` from an engine output. The KVzip oracle KVzap approximates: :mod:`zoomr.cache.kvzip`.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from zoomr.cache.base import PolicyCache, PolicyLayer
+from zoomr.cache.config import PolicyConfig
 from zoomr.cache.registry import register_policy
 from zoomr.kvzap.surrogate import KVzapModel, check_matches, load_surrogate
-from zoomr.schemas.kvzap import KVzapMethod, KVzipOracleConfig
+from zoomr.schemas.kvzap import KVzapFit
 
 SCORE = "kvzap_score"
 
 
-@register_policy("kvzap", config=KVzapMethod)
+@dataclass
+class KVzapMethod(PolicyConfig):
+    """``+method=kvzap``: fitting (``python -m train``) and the threshold pruning policy (``python -m eval``).
+
+    Policy (paper §3.3, Algorithm 1; kvpress ``DMSPress``): every token is scored once per layer from its
+    attention input by the surrogate ``<surrogate_dir>/<model_type>``; a KV pair scoring below ``threshold``
+    is evicted, after the attention of the step, once ``window`` newer tokens exist. ``decoding=false``
+    prunes during prefill only. ``threshold: -.inf`` keeps everything (full KV).
+    """
+
+    trainer: str | None = "kvzap"  # train.<trainer> fits the surrogates
+    pairs_dir: str = "runs/kvzap/pairs"
+    surrogate_dir: str = "runs/kvzap"  # holds linear/ and mlp/ (ours, or NVIDIA's nvidia/KVzap-* downloads)
+    model_type: str = "mlp"  # linear | mlp: which surrogate the policy uses
+    threshold: float = -4.0
+    window: int = 128
+    decoding: bool = True
+    fit: KVzapFit = field(default_factory=KVzapFit)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.model_type not in ("linear", "mlp"):
+            raise ValueError(f"KVzapMethod: model_type must be linear|mlp, got {self.model_type!r}")
+        if self.window < 0:
+            raise ValueError(f"KVzapMethod: window must be >= 0, got {self.window}")
+        if math.isnan(self.threshold):
+            raise ValueError("KVzapMethod: threshold is NaN (give a number; -.inf keeps every row)")
+
+
+@register_policy("kvzap", KVzapMethod)
 class KVzapCache(PolicyCache):
     row_attrs = (SCORE,)
     _bytes_skip = (*PolicyCache._bytes_skip, "surrogate", "_hidden")
@@ -125,73 +156,3 @@ def compression_of(output, kv_heads: int) -> dict[str, Any]:
         "prefill_compression": float(prefill.mean()),
         "tokens": fed,
     }
-
-
-@register_policy("kvzip", config=KVzipOracleConfig)
-class KVzipOracleCache(PolicyCache):
-    """KVzip / KVzip+ as an oracle (KVzap paper §3.1-3.2): the prompt's pairs scored by context reconstruction.
-
-    Right after the prefill step the prompt of every sequence is scored with :func:`kvzip_scores` (one
-    extra chunked eager forward over the repeat pretext, the cost KVzap removes) and pruned once; decoding
-    then appends without pruning. Needs the model (:meth:`attach`) and the tokenizer (chat template).
-    """
-
-    _bytes_skip = (*PolicyCache._bytes_skip, "model", "log_scores")
-
-    def __init__(self, config: KVzipOracleConfig, model_config, tokenizer=None) -> None:
-        super().__init__(config, model_config, tokenizer)
-        if tokenizer is None:
-            raise ValueError(
-                "the KVzip oracle needs the tokenizer (repeat pretext through its chat template)"
-            )
-        self.model: torch.nn.Module | None = None
-        self.prompts: list[list[int]] | None = None
-        self.log_scores: list[torch.Tensor] = []  # per sequence [L, H_kv, n] (for inspection)
-
-    def attach(self, model: torch.nn.Module) -> list[Any]:
-        self.model = model
-        return []
-
-    def on_step_end(self, step) -> None:
-        if not step.is_prefill:
-            return
-        if self.prompts is not None:
-            raise RuntimeError(
-                "the KVzip oracle scores the whole prompt: prefill it in one step (prefill_chunk=None)"
-            )
-        if self.model is None:
-            raise RuntimeError("call cache.attach(model) first (zoomr.engine.generate does)")
-        ids = step.input_ids.cpu()
-        self.prompts = [ids[b][step.valid[b].cpu()].tolist() for b in range(ids.shape[0])]
-        with self.selecting():
-            keep = [self._keep_mask(prompt) for prompt in self.prompts]  # [L, H, n_b] each
-            for layer in range(self.num_layers):
-                store = self.layers[layer].store
-                mask = torch.zeros(store.batch, store.heads, int(store.n.max()), dtype=torch.bool)
-                for b, k in enumerate(keep):
-                    mask[b, :, : k.shape[-1]] = k[layer]
-                self.evict(layer, mask.to(store.device))
-
-    def _keep_mask(self, prompt: list[int]) -> torch.Tensor:
-        from zoomr.kvzap.pretext import build_repeat_pretext
-        from zoomr.kvzap.scoring import kvzip_scores
-
-        c = self.config
-        pretext = build_repeat_pretext(self.tokenizer, prompt, c.instruction)
-        result = kvzip_scores(self.model, pretext, chunk_size=c.chunk_size)
-        log_s = result.log(plus=c.score == "kvzip_plus")  # [L, H, n]
-        self.log_scores.append(log_s)
-        L, H, n = log_s.shape
-        if c.mode == "threshold":
-            return (log_s >= c.threshold) | (torch.arange(n) >= n - c.window)
-        s = log_s.clone()
-        s[..., : c.n_sink] = math.inf
-        if c.layerwise:
-            k = int(H * n * c.ratio)
-            order = s.view(L, -1).argsort(dim=-1)[:, :k]
-            drop = torch.zeros(L, H * n, dtype=torch.bool).scatter_(1, order, True)
-        else:
-            k = int(L * H * n * c.ratio)
-            drop = torch.zeros(L * H * n, dtype=torch.bool)
-            drop[s.view(-1).argsort()[:k]] = True
-        return ~drop.view(L, H, n)

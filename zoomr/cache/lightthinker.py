@@ -19,12 +19,42 @@ no forced-token hook).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from zoomr.cache.base import ForcedInput, PolicyCache, PolicyLayer
+from zoomr.cache.config import fill_names
 from zoomr.cache.registry import register_policy
 from zoomr.lightthinker.layout import FILENAME, ThoughtTokens, checkpoint_cache_tokens, paper_cache_tokens
-from zoomr.schemas.lightthinker import LightThinkerMethod
+from zoomr.schemas.abridge import MaskedTraining
+
+
+@dataclass
+class LightThinkerMethod(MaskedTraining):
+    """LightThinker: after each thought the model emits ``<|splitter|>``; n cache tokens and
+    ``<|continue|>`` run, then the thought's and the splitter's KV are freed.
+
+    ``num_cache_tokens``: n (null = the paper's rule by architecture: 9 for Qwen, 7 for Llama).
+    ``min_thought_chars``: paragraphs shorter than this are merged into the next one (0 = every
+    blank-line paragraph is a thought, the paper's segmentation).
+    ``mask_backend``: auto (FlexAttention BlockMask on CUDA, dense mask + SDPA elsewhere) | dense | flex.
+    The data limits, optimiser, schedule and loop fields are AbridgeKV's (:class:`MaskedTraining`), so the
+    two arms train alike; ``init_from`` starts from a checkpoint (a testbed model, an SFT model).
+    """
+
+    name: str = ""  # the run's label ("" = the policy's name, filled by fill_names)
+    trainer: str = "lightthinker"
+    policy: str = ""  # the serving policy (python -m eval +method=lightthinker), filled by fill_names
+    page_size: int = 16  # serving: rows per storage page
+    layout_from_checkpoint: bool = True  # serving: the checkpoint's lightthinker.json wins
+    allow_untrained: bool = False  # serving: run on a model without lightthinker.json (smoke tests, not results)
+    num_cache_tokens: int | None = None
+    min_thought_chars: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        fill_names(self)
 
 
 def resolve_cache_tokens(config: LightThinkerMethod, model_config, explicit: int | None = None) -> int:
@@ -49,7 +79,7 @@ def resolve_cache_tokens(config: LightThinkerMethod, model_config, explicit: int
     return paper_cache_tokens(getattr(model_config, "model_type", ""))
 
 
-@register_policy("lightthinker", config=LightThinkerMethod)
+@register_policy("lightthinker", LightThinkerMethod)
 class LightThinkerCache(PolicyCache):
     def __init__(
         self, config: LightThinkerMethod, model_config, tokenizer=None, num_cache_tokens: int | None = None

@@ -4,18 +4,21 @@ Rows live in host stores (pinned when CUDA is available). In ``update`` the new 
 store and the layer's rows are brought to the device for its attention; the device copy is dropped right
 after. With ``prefetch`` the next layer's rows are copied while this layer computes (a side CUDA stream;
 on a CPU-only machine the same code runs with plain copies), and the new rows are merged into the prefetched
-copy. :class:`HostRowsMixin` is the reusable part: a policy whose full cache lives on host (ZoomR) can
-subclass it and override :meth:`load_rows` to bring only a selected subset.
+copy. :class:`HostRowsMixin` is the reusable part: a policy whose full cache lives on host (ZoomR)
+subclasses it and says which rows attention needs (:meth:`HostRowsMixin.attended_rows`); the mixin gathers,
+copies and prefetches only those.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from zoomr.cache.base import PolicyCache, PolicyLayer
+from zoomr.cache.config import PolicyConfig
 from zoomr.cache.registry import register_policy
-from zoomr.cache.store import Rows
-from zoomr.schemas.cache import OffloadConfig
+from zoomr.cache.store import PagedKV, Rows
 
 
 def extend_rows(
@@ -55,11 +58,66 @@ def extend_rows(
     return Rows(out_k, out_v, out_pos, out_order, n_valid, n_new)
 
 
+@dataclass
+class _HostRows:
+    keys: torch.Tensor
+    values: torch.Tensor
+    pos: torch.Tensor
+    order: torch.Tensor
+    valid: torch.Tensor
+
+    def pin(self) -> _HostRows:
+        return _HostRows(
+            *(t.pin_memory() for t in (self.keys, self.values, self.pos, self.order, self.valid))
+        )
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> Rows:
+        t = [x.to(device, non_blocking=non_blocking) for x in (self.keys, self.values, self.pos, self.order)]
+        valid = self.valid.to(device, non_blocking=non_blocking)
+        return Rows(*t, valid, valid.sum(-1))
+
+
+def gather_rows(store: PagedKV, idx: torch.Tensor) -> _HostRows:
+    """Rows ``idx [B, N]`` (-1 = padding; the same rows for every KV head) of a store that never evicts,
+    gathered where the store lives (a copy), ready for ``.to(device)``."""
+    d = store.head_dim
+    idx = idx.to(store.device)
+    B, N = idx.shape
+    H = store.heads
+    valid = (idx >= 0)[:, None, :].expand(B, H, N)
+    if N == 0:
+        empty = torch.zeros(B, H, 0, dtype=torch.long, device=store.device)
+        kv = torch.zeros(B, H, 0, d, dtype=store.dtype, device=store.device)
+        return _HostRows(kv, kv.clone(), empty, empty.clone(), valid.contiguous())
+    j = idx.clamp_min(0)
+    flat = store.flat_index()[0].gather(2, j[:, None, :].expand(B, H, N))  # [B, H, N] row ids in the buffers
+    neg = torch.full((), -1, dtype=torch.long, device=store.device)
+    return _HostRows(
+        store.k.view(-1, d)[flat],
+        store.v.view(-1, d)[flat],
+        store.pos.view(-1)[flat].where(valid, neg),
+        store.order.view(-1)[flat].where(valid, neg),
+        valid.contiguous(),
+    )
+
+
 class HostRowsMixin(PolicyCache):
-    """Stores on host; the attention of layer l reads a device copy made in ``load_rows`` (prefetched)."""
+    """Stores on host; the attention of layer l reads a device copy made in ``load_rows`` (prefetched).
+
+    Which rows: :meth:`attended_rows` (override it) names the held rows attention needs; the mixin gathers
+    them on the host, copies them to the device (layer l+1's copy issued while layer l computes, when
+    ``prefetch_rows``) and appends the step's own new rows, which come straight from the attention module.
+    """
 
     store_role = "host"
     prefetch_rows = True
+
+    def attended_rows(self, layer: PolicyLayer) -> torch.Tensor | None:
+        """Which held rows this step's attention reads at ``layer``, besides the step's own tokens: ``[B, N]``
+        row indices in insertion order (-1 = padding), the same for every KV head, or None for every row.
+        Called for the prefetch (before the step's rows reach ``layer``) and at its ``update`` (after they
+        were appended), so count the held rows in ``on_step_begin``, not from ``layer.store.n``."""
+        return None
 
     def store_device(self, compute_device: torch.device) -> torch.device:
         return torch.device("cpu")
@@ -72,44 +130,66 @@ class HostRowsMixin(PolicyCache):
         return None
 
     def _prefetch(self, layer: PolicyLayer, device: torch.device) -> None:
-        """Start copying ``layer``'s current rows to ``device`` (before its new rows arrive)."""
+        """Start copying ``layer``'s attended rows to ``device`` (before its new rows arrive): a side CUDA
+        stream, or a plain copy on a CPU."""
         if layer.store is None:
             return
+        idx = self.attended_rows(layer)
         stream = self._stream()
         layer.state["prefetched_version"] = layer.store.version
         if stream is None:
-            layer.state["prefetched"] = layer.store.rows(device=device)
+            rows = layer.store.rows(device=device) if idx is None else gather_rows(layer.store, idx).to(device)
+            layer.state["prefetched"] = rows
             return
         stream.wait_stream(torch.cuda.current_stream(device))
+        if idx is None:
+            with torch.cuda.stream(stream):
+                layer.state["prefetched"] = layer.store.rows(device=device, non_blocking=True)
+            return
+        host = gather_rows(layer.store, idx).pin()
         with torch.cuda.stream(stream):
-            layer.state["prefetched"] = layer.store.rows(device=device, non_blocking=True)
+            layer.state["prefetched"] = host.to(device, non_blocking=True)
+        layer.state["prefetch_source"] = host  # the pinned source must outlive the asynchronous copy
 
-    def load_rows(self, layer: PolicyLayer, device: torch.device) -> Rows:
+    def _take_prefetched(self, layer: PolicyLayer, device: torch.device) -> Rows | None:
+        """The prefetched copy of ``layer``'s rows if it is still current (only this step's rows were added)."""
         pre = layer.state.pop("prefetched", None)
         version = layer.state.pop("prefetched_version", None)
+        layer.state.pop("prefetch_source", None)
+        appended = int(self.step.valid.any())  # append() bumps the version only when something was stored
+        if pre is None or layer.store.version != version + appended:
+            return None
+        stream = self._stream()
+        if stream is not None:
+            current = torch.cuda.current_stream(device)
+            current.wait_stream(stream)
+            for t in (pre.keys, pre.values, pre.pos, pre.order, pre.valid, pre.n):
+                t.record_stream(current)  # allocated on the side stream, freed on this one
+        return pre
+
+    def load_rows(self, layer: PolicyLayer, device: torch.device) -> Rows:
+        """The attended rows of ``layer`` on ``device``, plus this step's own tokens."""
         step = self.step
-        appended = int(step.valid.any())  # append() bumps the version only when something was stored
-        if pre is not None and layer.store.version == version + appended:
-            stream = self._stream()
-            if stream is not None:
-                torch.cuda.current_stream(device).wait_stream(stream)
-            new = self._new_tokens
-            rows = extend_rows(pre, new[0], new[1], step.positions, step.order, step.valid)
-        else:
-            rows = layer.store.rows(device=device)
+        old = self._take_prefetched(layer, device)
+        idx = None if old is not None else self.attended_rows(layer)
         if self.prefetch_rows and layer.idx + 1 < self.num_layers:
             self._prefetch(self.layers[layer.idx + 1], device)
-        return rows
-
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        self._new_tokens = (key_states, value_states)
-        try:
-            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
-        finally:
-            self._new_tokens = None
+        if old is None and idx is None:
+            return layer.store.rows(device=device)  # every row, this step's included
+        if old is None:
+            old = gather_rows(layer.store, idx).to(device)
+        k_new, v_new = layer.incoming
+        return extend_rows(old, k_new, v_new, step.positions, step.order, step.valid)
 
 
-@register_policy("offload", config=OffloadConfig)
+@dataclass
+class OffloadConfig(PolicyConfig):
+    """Full KV cache held on host memory; only the current layer's rows are brought to the device."""
+
+    prefetch: bool = True  # copy layer l+1's rows on a side stream while layer l computes (CUDA only)
+
+
+@register_policy("offload", OffloadConfig)
 class OffloadCache(HostRowsMixin):
     def __init__(self, config: OffloadConfig, model_config, tokenizer=None) -> None:
         super().__init__(config, model_config, tokenizer)

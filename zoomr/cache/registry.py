@@ -1,7 +1,8 @@
-"""Policy registry: ``@register_policy("name", config=Dataclass)`` and ``build_policy(cfg, model_config)``.
+"""Policy registry: ``@register_policy("name", Config)`` and ``build_policy(cfg, model_config)``.
 
-A policy module anywhere in ``zoomr/cache/`` registers itself at import; :func:`build_policy` imports every
-module of the package on a miss, so adding a policy is one file (plus its schema and YAML), no list to edit.
+A policy module anywhere in ``zoomr/cache/`` defines its config dataclass and registers both at import;
+:func:`build_policy` imports every module of the package on a miss, and Hydra's schemas are read from here
+(:func:`registered`), so adding a policy is one file plus one YAML, no list to edit.
 """
 
 from __future__ import annotations
@@ -18,12 +19,21 @@ POLICIES: dict[str, type[PolicyCache]] = {}
 
 
 def register_policy(name: str, config: type) -> Callable[[type[PolicyCache]], type[PolicyCache]]:
-    """Class decorator: make ``cls`` buildable as ``policy: <name>`` with hyperparameters ``config``."""
+    """Class decorator: make ``cls`` buildable as ``policy: <name>`` with hyperparameters ``config`` (a
+    dataclass with ``name`` and ``policy`` fields, which it fills from ``name``: see
+    :mod:`zoomr.cache.config`). The one place a policy's name is written."""
 
     def wrap(cls: type[PolicyCache]) -> type[PolicyCache]:
         if name in POLICIES and POLICIES[name] is not cls:
             raise ValueError(f"policy {name!r} registered twice ({POLICIES[name].__name__}, {cls.__name__})")
+        owner = config.__dict__.get("policy_name")
+        if owner is not None and owner != name:
+            raise ValueError(f"{config.__name__} already configures policy {owner!r}, not {name!r}")
+        missing = {"name", "policy"} - {f.name for f in dataclasses.fields(config)}
+        if missing:
+            raise TypeError(f"{config.__name__} (config of policy {name!r}) lacks the fields {sorted(missing)}")
         cls.policy_name, cls.config_class = name, config
+        config.policy_name = name
         POLICIES[name] = cls
         return cls
 
@@ -35,6 +45,12 @@ def _discover() -> None:
 
     for info in pkgutil.iter_modules(package.__path__):
         importlib.import_module(f"{package.__name__}.{info.name}")
+
+
+def registered() -> dict[str, type]:
+    """Every policy of the package and its config dataclass, ``{policy name: config class}``."""
+    _discover()
+    return {name: cls.config_class for name, cls in sorted(POLICIES.items())}
 
 
 def policy_class(name: str) -> type[PolicyCache]:

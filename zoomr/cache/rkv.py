@@ -9,19 +9,22 @@ Per KV head, with the last ``window`` post-RoPE queries (a ring kept across step
 - score = lam * importance - (1 - lam) * redundancy; keep the top ``budget - window`` older rows + the window.
 Compaction runs after a layer's attention once a (sequence, head) holds ``budget + buffer`` rows (so every
 ``buffer`` tokens), prefill included. ``rkv_serving`` (AbridgeKV's comparison) keeps ONE set for every head and
-layer: scores averaged over heads, summed over layers, compaction every ``compact_every`` decode steps.
+layer: scores averaged over heads, summed over layers, compaction every ``compact_every`` decode steps
+(:mod:`zoomr.cache.rkv_serving`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
-from zoomr.cache.base import PolicyCache, PolicyLayer, Step
+from zoomr.cache.base import PolicyCache, PolicyLayer
+from zoomr.cache.config import PolicyConfig, check_positive
 from zoomr.cache.queries import push_queries, select_queries
 from zoomr.cache.registry import register_policy
 from zoomr.cache.snapkv import top_plus_window
-from zoomr.schemas.cache import RKVConfig, RKVServingConfig
 
 
 def redundancy(keys: torch.Tensor, n: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -63,7 +66,7 @@ def rkv_scores(
     return score.masked_fill(~older, float("-inf"))
 
 
-class _QueryRing(PolicyCache):
+class QueryRing(PolicyCache):
     """Keeps each layer's last ``window`` post-RoPE queries per sequence."""
 
     def on_queries(self, layer: PolicyLayer, query: torch.Tensor) -> None:
@@ -84,8 +87,41 @@ class _QueryRing(PolicyCache):
         return s, rows.n
 
 
-@register_policy("rkv", config=RKVConfig)
-class RKVCache(_QueryRing):
+@dataclass
+class RKVConfig(PolicyConfig):
+    """R-KV (Cai et al. 2025): score = lam * importance - (1 - lam) * redundancy, per KV head.
+
+    ``window`` most recent queries score the non-window keys (GQA: max over the group's logits), max-pooled
+    with ``kernel``; redundancy from key cosine similarity (> ``similarity_threshold``: near-duplicate).
+    Compaction to ``budget_rows`` when the rows exceed ``budget_rows + buffer``.
+    """
+
+    budget_rows: int | None = 1024
+    window: int = 8
+    kernel: int = 7
+    lam: float = 0.1
+    similarity_threshold: float = 0.5
+    buffer: int = 128
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive(type(self).__name__, window=self.window, kernel=self.kernel)
+        if self.buffer < 0:
+            raise ValueError(f"{type(self).__name__}: buffer must be >= 0, got {self.buffer}")
+        if self.budget_rows is None or self.budget_rows <= self.window:
+            raise ValueError(f"{type(self).__name__}: need budget_rows > window, got {self.budget_rows}")
+        if not 0.0 <= self.lam <= 1.0:
+            raise ValueError(f"{type(self).__name__}: lam must lie in [0, 1], got {self.lam}")
+        if not -1.0 <= self.similarity_threshold <= 1.0:  # a cosine similarity (1: no row is exempted)
+            raise ValueError(
+                f"{type(self).__name__}: similarity_threshold is a cosine similarity and must lie in [-1, 1], "
+                f"got {self.similarity_threshold}"
+            )
+        if self.kernel % 2 == 0:
+            raise ValueError(f"{type(self).__name__}: kernel must be odd, got {self.kernel}")
+
+@register_policy("rkv", RKVConfig)
+class RKVCache(QueryRing):
     def after_attention(self, layer: PolicyLayer) -> None:
         cfg, n = self.config, layer.store.n
         due = n >= cfg.budget_rows + cfg.buffer
@@ -96,30 +132,3 @@ class RKVCache(_QueryRing):
             keep = top_plus_window(scores, n, cfg.budget_rows, cfg.window)
             held = torch.arange(keep.shape[-1], device=n.device)[None, None, :] < n[:, :, None]
             self.evict(layer.idx, torch.where(due[:, :, None].to(keep.device), keep, held))
-
-
-@register_policy("rkv_serving", config=RKVServingConfig)
-class RKVServingCache(_QueryRing):
-    def __init__(self, config: RKVServingConfig, model_config, tokenizer=None) -> None:
-        super().__init__(config, model_config, tokenizer)
-        self.decode_steps = 0
-
-    def on_step_end(self, step: Step) -> None:
-        cfg = self.config
-        before = self.decode_steps
-        if not step.is_prefill:  # count generated tokens (one per plain decode step, more for fed chunks)
-            self.decode_steps += int(step.valid.sum(1).max())
-        crossed = self.decode_steps // cfg.compact_every > before // cfg.compact_every
-        due = step.ends_prefill or (not step.is_prefill and crossed)
-        if not due or int(self.layers[0].store.n.max()) <= cfg.budget_rows:
-            return
-        with self.selecting():
-            total = None
-            for layer in self.layers:  # rows are shared: the same n and order in every layer and head
-                scores, n = self.layer_scores(layer)
-                per_seq = scores.mean(dim=1)  # average over heads
-                total = per_seq if total is None else total + per_seq  # sum over layers
-            B, N = total.shape
-            keep = top_plus_window(total[:, None], n[:, :1], cfg.budget_rows, cfg.window)
-            for layer in self.layers:
-                self.evict(layer.idx, keep.expand(B, self.kv_heads, N))

@@ -12,14 +12,16 @@ Decoding then appends every new row (SnapKV does not evict during decoding).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 from zoomr.cache.base import PolicyCache, PolicyLayer
+from zoomr.cache.config import PolicyConfig, check_positive, check_ratio
 from zoomr.cache.queries import push_queries, select_queries
 from zoomr.cache.ratio import kept_at_ratio
 from zoomr.cache.registry import register_policy
-from zoomr.schemas.cache import SnapKVConfig
 
 
 def snapkv_scores(
@@ -71,7 +73,33 @@ def top_plus_window(
     return torch.where((n <= budget)[:, :, None], held, keep)
 
 
-@register_policy("snapkv", config=SnapKVConfig)
+@dataclass
+class SnapKVConfig(PolicyConfig):
+    """SnapKV (Li et al. 2024), prefill only: the last ``window`` prompt queries vote (attention summed over the
+    window, averaged over a GQA group, pooled with ``kernel``); keep the top ``budget_rows - window`` + window."""
+
+    budget_rows: int | None = 1024
+    window: int = 32
+    kernel: int = 5
+    pooling: str = "avgpool"
+    compression_ratio: float | None = None  # each prompt keeps int(n * (1 - ratio)) rows (budget_rows=None)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive("SnapKVConfig", window=self.window, kernel=self.kernel)
+        if self.compression_ratio is not None:
+            check_ratio("SnapKVConfig", self.compression_ratio, self.budget_rows)
+        elif self.budget_rows is None or self.budget_rows < self.window:
+            raise ValueError(
+                f"SnapKVConfig: need budget_rows >= window, got {self.budget_rows} < {self.window}"
+            )
+        if self.kernel % 2 == 0:
+            raise ValueError(f"SnapKVConfig: kernel must be odd (centred pooling), got {self.kernel}")
+        if self.pooling not in ("avgpool", "maxpool"):
+            raise ValueError(f"SnapKVConfig: pooling must be avgpool or maxpool, got {self.pooling!r}")
+
+
+@register_policy("snapkv", SnapKVConfig)
 class SnapKVCache(PolicyCache):
     def on_queries(self, layer: PolicyLayer, query: torch.Tensor) -> None:
         if self.step.is_prefill:

@@ -17,13 +17,15 @@ eviction.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from zoomr.cache.base import PolicyCache, PolicyLayer
+from zoomr.cache.config import PolicyConfig, check_ratio
 from zoomr.cache.ratio import kept_at_ratio
 from zoomr.cache.registry import register_policy
 from zoomr.cache.rope import rope_inv_freq
-from zoomr.schemas.cache import StreamingConfig
 
 
 def sink_window_keep(n: torch.Tensor, width: int, n_sink: int, recent: int | torch.Tensor) -> torch.Tensor:
@@ -35,7 +37,33 @@ def sink_window_keep(n: torch.Tensor, width: int, n_sink: int, recent: int | tor
     return (j < n) & ((j < n_sink) | (j >= n - recent))
 
 
-@register_policy("streaming", config=StreamingConfig)
+@dataclass
+class StreamingConfig(PolicyConfig):
+    """StreamingLLM (Xiao et al. 2024): the first ``n_sink`` rows + the most recent ``budget_rows - n_sink``.
+
+    ``reposition``: re-rotate kept keys to their positions inside the cache (the paper's pos_shift variant);
+    default keeps original positions (as R-KV's baseline does).
+    """
+
+    budget_rows: int | None = 1024
+    n_sink: int = 4
+    reposition: bool = False
+    compression_ratio: float | None = None  # variant: prune each prompt once to this ratio (budget_rows=None)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.compression_ratio is not None:
+            check_ratio("StreamingConfig", self.compression_ratio, self.budget_rows)
+            if self.n_sink < 0:
+                raise ValueError(f"StreamingConfig: need n_sink >= 0, got {self.n_sink}")
+            return
+        if self.budget_rows is None or self.n_sink < 0 or self.budget_rows <= self.n_sink:
+            raise ValueError(
+                f"StreamingConfig: need budget_rows > n_sink >= 0, got {self.budget_rows}, {self.n_sink}"
+            )
+
+
+@register_policy("streaming", StreamingConfig)
 class StreamingCache(PolicyCache):
     def __init__(self, config: StreamingConfig, model_config, tokenizer=None) -> None:
         super().__init__(config, model_config, tokenizer)

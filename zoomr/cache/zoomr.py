@@ -34,10 +34,10 @@ import torch
 
 from zoomr import tokens
 from zoomr.cache.base import PolicyCache, PolicyLayer, Step
-from zoomr.cache.offload import HostRowsMixin, extend_rows
+from zoomr.cache.config import PolicyConfig
+from zoomr.cache.offload import HostRowsMixin
 from zoomr.cache.registry import register_policy
-from zoomr.cache.store import PagedKV, Rows
-from zoomr.schemas.zoomr import ZoomRConfig
+from zoomr.cache.store import PagedKV
 from zoomr.segments import Segment, SegmentTracker, boundary_table
 
 # --------------------------------------------------------------------------------------------- voting
@@ -93,7 +93,46 @@ def consensus(votes: torch.Tensor, c: int) -> Consensus:
 # --------------------------------------------------------------------------------------------- policy
 
 
-@register_policy("zoomr", config=ZoomRConfig)
+@dataclass
+class ZoomRConfig(PolicyConfig):
+    """ZoomR decoding (ZoomR §3.3-3.4, Algorithm 1); SumR is ``consensus=0, summaries=all``.
+
+    - ``top_k``: summaries each (layer, query head) votes for with q_t · k̄_i; ``consensus`` (c): the
+      most-voted summaries whose regular segments R_i are zoomed into (ties: the later segment).
+    - ``summaries``: ``voted`` keeps S_i for i in I_all minus I_c (the paper); ``all`` keeps every summary
+      (SumR: no retrieval at all). ``zoom_keeps_summary``: also keep S_i of zoomed segments (the paper
+      keeps R_i only).
+    - ``window`` (N_w): most recent rows kept at each recompute; the prompt is always kept whole.
+    - ``recompute``: ``boundary`` (at semantic boundaries, A.3) or ``every`` step (ablation).
+    - ``mean_key_delimiters``: average the delimiters' keys into k̄_i too (default: content tokens only).
+    - ``offload``: the full KV lives in (pinned) host memory and only I_f is brought to the device,
+      layer by layer (``prefetch``: the next layer's rows are copied on a side stream, CUDA only).
+    """
+
+    top_k: int = 2
+    consensus: int = 2
+    window: int = 512
+    summaries: str = "voted"
+    zoom_keeps_summary: bool = False
+    recompute: str = "boundary"
+    mean_key_delimiters: bool = False
+    offload: bool = True
+    prefetch: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.top_k < 1 or self.consensus < 0 or self.window < 0:
+            raise ValueError(
+                f"ZoomRConfig: need top_k >= 1, consensus >= 0, window >= 0; got "
+                f"{self.top_k}, {self.consensus}, {self.window}"
+            )
+        if self.summaries not in ("voted", "all"):
+            raise ValueError(f"ZoomRConfig: summaries must be voted|all, got {self.summaries!r}")
+        if self.recompute not in ("boundary", "every"):
+            raise ValueError(f"ZoomRConfig: recompute must be boundary|every, got {self.recompute!r}")
+
+
+@register_policy("zoomr", ZoomRConfig)
 class ZoomRCache(HostRowsMixin):
     """ZoomR / SumR (``consensus=0, summaries=all``). Needs the tokenizer (delimiters, boundaries) and the
     token ids of every step: decode with :func:`zoomr.engine.generate`, or call ``begin_step(valid,
@@ -139,17 +178,18 @@ class ZoomRCache(HostRowsMixin):
     def store_device(self, compute_device: torch.device) -> torch.device:
         return super().store_device(compute_device) if self.config.offload else compute_device
 
-    # ------------------------------------------------------------------ step protocol
-    def begin_step(self, valid, positions=None, input_ids=None, **kwargs) -> Step:
-        B = valid.shape[0]
+    # ------------------------------------------------------------------ hooks
+    def on_step_begin(self, step: Step) -> None:
+        """Feed this step's tokens to the segment trackers; mark the sequences that recompute (a boundary)."""
+        B = step.valid.shape[0]
         held = self._rows_held()
         self._n_old = held if held.numel() else torch.zeros(B, dtype=torch.long)  # rows before this step
-        step = super().begin_step(valid, positions=positions, input_ids=input_ids, **kwargs)
         if self.trackers is None:
             self.seq_ids = list(range(B))
             self.recompute_log = {i: [] for i in range(B)}
         if step.is_prefill:
-            return step
+            return
+        input_ids = step.input_ids
         if input_ids is None:
             raise RuntimeError(
                 "ZoomR reads the generated tokens: decode with zoomr.engine.generate, or call "
@@ -182,7 +222,6 @@ class ZoomRCache(HostRowsMixin):
         self.n_summ = torch.tensor([len(t.segments) for t in self.trackers], dtype=torch.long)
         self._recompute = recompute
         self._votes = torch.zeros(B, max(int(self.n_summ.max()), 1), dtype=torch.long)
-        return step
 
     def on_append(self, layer: PolicyLayer) -> None:
         """Mean post-RoPE keys of the summaries completed by this step's tokens, at this layer."""
@@ -291,43 +330,10 @@ class ZoomRCache(HostRowsMixin):
         self._old_idx = idx
         return idx
 
-    def load_rows(self, layer: PolicyLayer, device: torch.device) -> Rows:
-        """I_f's rows of this layer on the device (prefetched when offloading), plus this step's own tokens."""
-        step = self.step
-        idx = self._selected_old_rows(self._n_old)
-        pre = layer.state.pop("prefetched", None)
-        version = layer.state.pop("prefetched_version", None)
-        layer.state.pop("prefetch_source", None)
-        if pre is not None and layer.store.version == version + int(step.valid.any()):
-            stream = self._stream()
-            if stream is not None:
-                current = torch.cuda.current_stream(device)
-                current.wait_stream(stream)
-                for t in (pre.keys, pre.values, pre.pos, pre.order, pre.valid, pre.n):
-                    t.record_stream(current)  # allocated on the side stream, freed on this one
-            old = pre
-        else:
-            old = gather_rows(layer.store, idx).to(device)
-        if self.prefetch_rows and layer.idx + 1 < self.num_layers:
-            self._prefetch(self.layers[layer.idx + 1], device)
-        k_new, v_new = self._new_tokens
-        return extend_rows(old, k_new, v_new, step.positions, step.order, step.valid)
-
-    def _prefetch(self, layer: PolicyLayer, device: torch.device) -> None:
-        """Gather the next layer's I_f rows on the host and copy them to the device (a side stream on CUDA,
-        a plain copy on a CPU), before its new rows arrive (HostRowsMixin's protocol, selected rows only)."""
-        if layer.store is None or self._old_idx is None:
-            return
-        host = gather_rows(layer.store, self._old_idx)
-        layer.state["prefetched_version"] = layer.store.version
-        stream = self._stream()
-        if stream is None:
-            layer.state["prefetched"] = host.to(device)
-            return
-        host = host.pin()
-        with torch.cuda.stream(stream):
-            layer.state["prefetched"] = host.to(device, non_blocking=True)
-        layer.state["prefetch_source"] = host  # the pinned source must outlive the asynchronous copy
+    def attended_rows(self, layer: PolicyLayer) -> torch.Tensor:
+        """Which rows: I_f, the same for every layer and KV head this step (HostRowsMixin gathers, copies and
+        prefetches them, then appends the step's own tokens)."""
+        return self._selected_old_rows(self._n_old)
 
     # ------------------------------------------------------------------ bookkeeping
     def resident_rows(self) -> torch.Tensor:
@@ -371,51 +377,8 @@ class ZoomRCache(HostRowsMixin):
 # --------------------------------------------------------------------------------------------- gathering
 
 
-@dataclass
-class _HostRows:
-    keys: torch.Tensor
-    values: torch.Tensor
-    pos: torch.Tensor
-    order: torch.Tensor
-    valid: torch.Tensor
-
-    def pin(self) -> _HostRows:
-        return _HostRows(
-            *(t.pin_memory() for t in (self.keys, self.values, self.pos, self.order, self.valid))
-        )
-
-    def to(self, device: torch.device, non_blocking: bool = False) -> Rows:
-        t = [x.to(device, non_blocking=non_blocking) for x in (self.keys, self.values, self.pos, self.order)]
-        valid = self.valid.to(device, non_blocking=non_blocking)
-        return Rows(*t, valid, valid.sum(-1))
-
-
 def gather_sequence_keys(store: PagedKV, b: int, idx: torch.Tensor) -> torch.Tensor:
     """Keys ``[H, m, d]`` of rows ``idx [m]`` of sequence ``b`` (a store that never evicts: row = position)."""
     idx = idx.to(store.device)
     flat, _ = store.flat_index()
     return store.k.view(-1, store.head_dim)[flat[b][:, idx]]
-
-
-def gather_rows(store: PagedKV, idx: torch.Tensor) -> _HostRows:
-    """Rows ``idx [B, N]`` (-1 = padding; the same rows for every KV head) of a store that never evicts,
-    gathered where the store lives (a copy), ready for ``.to(device)``."""
-    d = store.head_dim
-    idx = idx.to(store.device)
-    B, N = idx.shape
-    H = store.heads
-    valid = (idx >= 0)[:, None, :].expand(B, H, N)
-    if N == 0:
-        empty = torch.zeros(B, H, 0, dtype=torch.long, device=store.device)
-        kv = torch.zeros(B, H, 0, d, dtype=store.dtype, device=store.device)
-        return _HostRows(kv, kv.clone(), empty, empty.clone(), valid.contiguous())
-    j = idx.clamp_min(0)
-    flat = store.flat_index()[0].gather(2, j[:, None, :].expand(B, H, N))  # [B, H, N] row ids in the buffers
-    neg = torch.full((), -1, dtype=torch.long, device=store.device)
-    return _HostRows(
-        store.k.view(-1, d)[flat],
-        store.v.view(-1, d)[flat],
-        store.pos.view(-1)[flat].where(valid, neg),
-        store.order.view(-1)[flat].where(valid, neg),
-        valid.contiguous(),
-    )

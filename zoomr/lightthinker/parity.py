@@ -47,8 +47,7 @@ def parity_report(
     margin: float = 0.05,
 ) -> dict[str, Any]:
     """All three checks of the module docstring on one greedy generation."""
-    from zoomr.cache.lightthinker import LightThinkerCache
-    from zoomr.schemas.lightthinker import LightThinkerMethod
+    from zoomr.cache.lightthinker import LightThinkerCache, LightThinkerMethod
 
     cache = LightThinkerCache(
         LightThinkerMethod(), model.config, tokenizer, num_cache_tokens=num_cache_tokens

@@ -5,7 +5,10 @@ Each module in this package defines dataclasses and a module-level ``SCHEMAS`` l
 ``conf/<group>/<x>.yaml`` opts into a schema with ``defaults: [/schema/<group>/<name>@_here_, _self_]``,
 so an unknown key or a wrong type fails at compose time with Hydra's own message.
 
-Adding a method = one schema module here (or a dataclass in an existing one) + one YAML.
+A cache policy's config is not declared here: it lives in the policy's own file and registers with it
+(:mod:`zoomr.cache.registry`); :func:`iter_schemas` adds every registered policy as
+``("method", <policy>, <its config>)``, so adding a policy is one Python file + one YAML. Adding any other
+method = one schema module here (or a dataclass in an existing one) + one YAML.
 Library code uses these dataclasses as plain objects and never touches Hydra.
 """
 
@@ -18,10 +21,14 @@ from typing import Any
 
 
 def iter_schemas() -> Iterator[tuple[str, str, type]]:
-    """Every (group, name, dataclass) declared by a module of this package."""
+    """Every (group, name, dataclass) declared by a module of this package, then every cache policy's."""
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{__name__}.{info.name}")
         yield from getattr(module, "SCHEMAS", [])
+    from zoomr.cache.registry import registered
+
+    for policy, config in registered().items():
+        yield "method", policy, config
 
 
 def register_with_hydra() -> None:
@@ -32,6 +39,8 @@ def register_with_hydra() -> None:
 
     cs = ConfigStore.instance()
     for group, name, node in iter_schemas():
+        if getattr(node, "policy_name", None) is not None:
+            node = node()  # an instance: the node carries the policy's name and policy, filled from the registry
         if group == "":
             cs.store(name=name, node=node)
         else:

@@ -1,4 +1,7 @@
-"""Schemas of AbridgeKV training (``+method=abridge``) and layer allocation (``+method=abridge_allocate``)."""
+"""Schemas of masked training (AbridgeKV, LightThinker) and AbridgeKV's layer allocation (``+method=abridge_allocate``).
+
+The ``+method=abridge`` config (training and serving) lives with its policy in :mod:`zoomr.cache.abridge`.
+"""
 
 from __future__ import annotations
 
@@ -47,32 +50,6 @@ class MaskedTraining:
 
 
 @dataclass
-class AbridgeMethod(MaskedTraining):
-    """AbridgeKV: pause tokens after every completed block, block-masked full fine-tuning, per-layer quotas.
-
-    ``quota``: uniform code rows kept per layer and block (null = num_pause // 2); ``schedule``: a
-    per-layer quota file (from ``+method=abridge_allocate``), which wins over ``quota``.
-    ``code_positions``: spread | tail (inside the replaced span) | appended (the paper's ablation).
-    ``mask_backend``: auto (FlexAttention BlockMask on CUDA, dense mask + SDPA elsewhere) | dense | flex.
-    """
-
-    name: str = "abridge"
-    trainer: str = "abridge"
-    policy: str = "abridge"  # the serving policy in zoomr.cache (python -m eval +method=abridge)
-    page_size: int = 16  # serving: rows per storage page
-    layout_from_checkpoint: bool = True  # serving: a checkpoint's abridge.json wins over the fields below
-    allow_untrained: bool = False  # serving: run on a model without abridge.json (smoke tests, not results)
-    block_size: int = 64  # C
-    num_pause: int = 16  # K_max: pause tokens (code rows) written per completed block
-    quota: int | None = None
-    schedule: str | None = None
-    code_positions: str = "spread"
-    # after training on the recall testbed from ``init_from``: greedy held-out accuracy of this model vs full
-    # KV (the start model) vs StreamingLLM at this model's rows, through the evaluator (0 = skip)
-    testbed_eval_problems: int = 64
-
-
-@dataclass
 class AbridgeAllocateMethod:
     """Halve each layer's quota in turn on a trained uniform model; write a three-level schedule."""
 
@@ -85,6 +62,5 @@ class AbridgeAllocateMethod:
 
 
 SCHEMAS = [
-    ("method", "abridge", AbridgeMethod),
     ("method", "abridge_allocate", AbridgeAllocateMethod),
 ]

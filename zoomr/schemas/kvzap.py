@@ -1,12 +1,10 @@
-"""Schemas of KVzap (papers/kvzap_*.txt): the training-pair pipeline, the surrogate fit, the pruning policy."""
+"""Schemas of KVzap (papers/kvzap_*.txt): the training-pair pipeline and the surrogate fit (the pruning policy's
+config, which holds the fit, lives with the policy in :mod:`zoomr.cache.kvzap`)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
-
-from zoomr.schemas.cache import PolicyConfig
 
 
 @dataclass
@@ -103,70 +101,4 @@ class KVzapFit:
     max_train_pairs: int | None = None  # subsample the training pairs (None: all)
 
 
-@dataclass
-class KVzapMethod(PolicyConfig):
-    """``+method=kvzap``: fitting (``python -m train``) and the threshold pruning policy (``python -m eval``).
-
-    Policy (paper §3.3, Algorithm 1; kvpress ``DMSPress``): every token is scored once per layer from its
-    attention input by the surrogate ``<surrogate_dir>/<model_type>``; a KV pair scoring below ``threshold``
-    is evicted, after the attention of the step, once ``window`` newer tokens exist. ``decoding=false``
-    prunes during prefill only. ``threshold: -.inf`` keeps everything (full KV).
-    """
-
-    name: str = "kvzap"
-    policy: str = "kvzap"  # zoomr.cache registry name
-    trainer: str | None = "kvzap"  # train.<trainer> fits the surrogates
-    pairs_dir: str = "runs/kvzap/pairs"
-    surrogate_dir: str = "runs/kvzap"  # holds linear/ and mlp/ (ours, or NVIDIA's nvidia/KVzap-* downloads)
-    model_type: str = "mlp"  # linear | mlp: which surrogate the policy uses
-    threshold: float = -4.0
-    window: int = 128
-    decoding: bool = True
-    fit: KVzapFit = field(default_factory=KVzapFit)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.model_type not in ("linear", "mlp"):
-            raise ValueError(f"KVzapMethod: model_type must be linear|mlp, got {self.model_type!r}")
-        if self.window < 0 or math.isnan(self.threshold):
-            raise ValueError(
-                f"KVzapMethod: need window >= 0 and a threshold, got {self.window}, {self.threshold}"
-            )
-
-
-@dataclass
-class KVzipOracleConfig(PolicyConfig):
-    """``+method=kvzap_oracle``: KVzip / KVzip+ scores of the prompt as an oracle pruning policy (prefill only).
-
-    The prompt is scored once with the repeat pretext right after an unchunked prefill. ``mode=ratio``
-    (KVzip, kvpress ``KVzipPress``): evict the ``ratio`` lowest-scoring pairs over all layers and heads
-    (``layerwise``: the same ratio in every layer), the first ``n_sink`` tokens protected. ``mode=threshold``:
-    KVzap's rule with the exact scores (log s < ``threshold`` and ``window`` newer prompt tokens), the
-    oracle a KVzap surrogate approximates.
-    """
-
-    name: str = "kvzap_oracle"
-    policy: str = "kvzip"
-    score: str = "kvzip_plus"  # kvzip_plus | kvzip
-    mode: str = "ratio"  # ratio | threshold
-    ratio: float = 0.5
-    layerwise: bool = False
-    n_sink: int = 4
-    threshold: float = -4.0
-    window: int = 128
-    chunk_size: int = 512
-    instruction: str = "\n\nRepeat the previous context exactly."
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.score not in ("kvzip_plus", "kvzip") or self.mode not in ("ratio", "threshold"):
-            raise ValueError(f"KVzipOracleConfig: score kvzip_plus|kvzip, mode ratio|threshold; got {self}")
-        if not 0 <= self.ratio < 1:
-            raise ValueError(f"KVzipOracleConfig: ratio must be in [0, 1), got {self.ratio}")
-
-
-SCHEMAS = [
-    ("pipeline", "kvzap_pairs", KVzapPairsPipeline),
-    ("method", "kvzap", KVzapMethod),
-    ("method", "kvzap_oracle", KVzipOracleConfig),
-]
+SCHEMAS = [("pipeline", "kvzap_pairs", KVzapPairsPipeline)]

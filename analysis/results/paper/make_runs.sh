@@ -35,8 +35,8 @@ for B in math500 aime25; do
   for T in -7.8 -7.5 -7.2; do
     ev "kvzap_t$T" +method=kvzap method.surrogate_dir="$R/kvzap/surrogates" method.threshold=$T method.window=16
   done
-  ev kvzap_oracle_r0.5 +method=kvzap_oracle method.ratio=0.5
-  ev kvzap_oracle_t-9.6 +method=kvzap_oracle method.mode=threshold method.threshold=-9.6 method.window=16
+  ev kvzap_oracle_r0.5 +method=kvzip method.ratio=0.5
+  ev kvzap_oracle_t-9.6 +method=kvzip method.mode=threshold method.threshold=-9.6 method.window=16
 done
 # decode throughput and time to finish at each arm's own generation lengths (Figures 3b, 3d)
 python -m analysis.bench_throughput --quick --eval-runs "$R"/eval/math500/* --out "$R/bench"
