@@ -9,8 +9,8 @@ import torch
 
 from zoomr import tokens
 from zoomr.abridge.layout import IGNORE, RAW
+from zoomr.cache.lightthinker import LightThinkerMethod
 from zoomr.lightthinker.layout import CACHE, CONTINUE, ThoughtTokens
-from zoomr.schemas.lightthinker import LightThinkerMethod
 from zoomr.schemas.testbed import TestbedData
 from zoomr.testbed import task as tb
 from zoomr.testbed import vocab as tt
