@@ -131,10 +131,29 @@ def summarize(arms: list[str], task: Any) -> list[dict[str, Any]]:
                                        if k.startswith("recall_") and not k.endswith("_n") and k != "recall_all"},
                 "compression": float(r.metrics["pooled"].get("compression", 0.0)),
                 **({"matched_to": arm.match, "match_scale": arm.match_scale} if arm.match else {}),
+                **(selection(task) if arm.method == "zoomr" else {}),
                 **arm.extra,
             }
         )  # fmt: skip
     return out
+
+
+SELECTION_DIR = "zoomr_selection"  # analysis.zoomr_testbed --arms zoomr_writes --out <out>/zoomr_selection
+
+
+def selection(task: Any) -> dict[str, Any]:
+    """ZoomR's selection hit rate at every cue (the paper's rule; is the defining paragraph in I_c?), from
+    ``analysis.zoomr_testbed`` on the same model and problems (it reads the policy's recompute log), if run:
+    ``python -m analysis.zoomr_testbed --model <base_sum> --n <n> --test-seed <seed> --window 64
+    --arms zoomr_writes --out <out>/zoomr_selection``."""
+    import json
+
+    path = Path(task.out) / SELECTION_DIR / "results.json"
+    if not path.exists():
+        return {}
+    sel = json.loads(path.read_text())["results"]["zoomr_writes"]["selection"]
+    return {"selection_hit_rate": sel["hit_rate"], "selection_hit_rate_far": sel["hit_rate_far"],
+            "selection_chance": sel["chance"], "selection_source": str(path)}  # fmt: skip
 
 
 def run_task(task_cfg: dict[str, Any], logger: dict[str, Any] | None = None) -> dict[str, Any]:

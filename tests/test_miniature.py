@@ -1,0 +1,71 @@
+"""The miniature reproduction's plan (issue 15): dependency order, commands that compose with Hydra as
+written, the committed results in the issue's schema, and the report built from real eval run directories."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from analysis.miniature import eval_command, train_command
+from analysis.miniature_plan import ARMS, MODELS, full_arm, plan
+from zoomr.entry import CONF_DIR
+from zoomr.paths import REPO_ROOT
+from zoomr.schemas import register_with_hydra
+from zoomr.schemas.analysis import MiniatureTask
+
+METHODS = {"full", "streaming", "h2o", "snapkv", "rkv", "rkv_serving", "evict_recency", "evict_random",
+           "evict_attention", "kvzap", "kvzap_linear", "kvzip", "abridge", "zoomr", "sumr", "lightthinker"}  # fmt: skip
+
+
+def test_plan_orders_dependencies_and_refuses_unknown_arms():
+    models, arms = plan(["streaming", "h2o@zoomr"])
+    assert arms.index("full") < arms.index("abridge") < arms.index("streaming")  # the match comes first
+    assert arms.index("full_summaries") < arms.index("zoomr") < arms.index("h2o@zoomr")
+    assert models.index("base") < models.index("abridge_4to1") < models.index("abridge_4to1_more")
+    assert full_arm(ARMS["abridge"]) == "full" and full_arm(ARMS["sumr"]) == "full_summaries"
+    with pytest.raises(ValueError, match="unknown miniature arm"):
+        plan(["abridge_16to1"])
+
+
+def _compose(entry: str, args: list[str]):
+    register_with_hydra()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(entry, overrides=[a for a in args if not a.startswith("logger=")])
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_model_command_composes(name):
+    cmd = train_command(name, 1024)
+    cfg = _compose(cmd[2], cmd[3:])
+    assert cfg.get("method") is not None or cfg.get("pipeline") is not None
+
+
+@pytest.mark.parametrize("name", sorted(ARMS))
+def test_every_arm_command_composes(name):
+    task = MiniatureTask(n=8, test_seed=2_000_003)
+    cmd = eval_command(ARMS[name], task, 100.0 if ARMS[name].match else None)
+    cfg = _compose("eval", cmd[3:])
+    assert cfg.benchmark.options.test_seed == 2_000_003 and cfg.benchmark.options.n_test == 8
+    assert (cfg.method.name if cfg.get("method") else "full") in METHODS | {"kvzap"}
+    assert ARMS[name].method in METHODS
+    if ARMS[name].match:
+        assert f"method.budget_rows={max(8, round(100 * ARMS[name].match_scale))}" in shlex.join(cmd)
+
+
+def test_committed_results_follow_the_issue_schema():
+    results = json.loads((REPO_ROOT / "analysis/results/miniature/results.json").read_text())
+    assert {"test_seed", "n_problems", "trace_tokens"} <= set(results["meta"])
+    names = [a["name"] for a in results["arms"]]
+    assert len(names) == len(set(names)) and {"full", "abridge", "zoomr", "sumr", "lightthinker"} <= set(names)
+    for a in results["arms"]:
+        assert a["method"] in METHODS
+        assert 0 <= a["answer_accuracy"] <= 1 and a["rows_over_full"] > 0
+        low, high = a["ci_vs_full"]
+        assert low <= a["delta_vs_full"] <= high
+    full = next(a for a in results["arms"] if a["name"] == "full")
+    assert full["rows_over_full"] == 1.0 and full["ci_vs_full"] == [0.0, 0.0]
+    assert all("ratio" in a for a in results["arms"] if a["method"] == "abridge")
+    assert "selection_hit_rate" in next(a for a in results["arms"] if a["name"] == "zoomr")
