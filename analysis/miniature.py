@@ -55,7 +55,7 @@ def train_command(model: str, trace_tokens: int) -> list[str]:
     args = [o.format(**substitutions(model, trace_tokens)) for o in m.overrides]
     if m.entry != "train":
         return [sys.executable, "-m", m.entry, *args, "logger=none"]
-    length = [f"data.trace_tokens={trace_tokens}"] if m.entry == "train" and "data=" in " ".join(args) else []
+    length = [f"data.trace_tokens={trace_tokens}"] if "data=" in " ".join(args) else []
     if m.overrides[0] == "+method=abridge":  # the whole trace fits (prompt + response + end of turn)
         length.append(f"method.max_response_tokens={trace_tokens + 16}")
     return [sys.executable, "-m", "train", *args, *length, f"run_name={m.run_name(trace_tokens)}", "logger=none"]

@@ -46,3 +46,22 @@ def test_full_kv_reference_scores_the_same_targets(tmp_path):
     (ce,) = full_kv_response_ce(model.eval(), collate([s], 0))
     assert ce.numel() == sum(t != IGNORE for t in s.labels)
     assert abs(heldout_full_kv_ce(model, [s], 0) - float(ce.mean())) < 1e-6
+
+
+def test_full_kv_reference_of_a_second_stage_is_the_uncompressed_start(tmp_path):
+    """A second AbridgeKV stage starts from an AbridgeKV model, whose weights no longer work uncompressed:
+    the closing table's full-KV arm follows ``method.init_from`` up to the first plain checkpoint."""
+    import json
+
+    from train.abridge import uncompressed_start
+
+    base = tmp_path / "base" / "final"
+    stage1 = tmp_path / "stage1" / "final"
+    stage2 = tmp_path / "stage2" / "final"
+    for d in (base, stage1, stage2):
+        d.mkdir(parents=True)
+    for run, start in ((stage1, base), (stage2, stage1)):
+        (run / "abridge.json").write_text("{}")
+        (run.parent / "config.json").write_text(json.dumps({"method": {"init_from": str(start)}}))
+    assert uncompressed_start(stage2) == base and uncompressed_start(stage1) == base
+    assert uncompressed_start(base) == base  # a plain model is its own reference
