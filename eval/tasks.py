@@ -60,6 +60,8 @@ class Task:
 
     name: ClassVar[str] = ""
     scoped: ClassVar[bool] = False  # problems cannot be listed again without the tokenizer / the hub
+    # benchmark options a method sets without changing the problems; arms that differ in them stay comparable
+    arm_options: ClassVar[tuple[str, ...]] = ()
 
     def load(self, bench: Any, tokenizer: Any = None, gen: Any = None) -> list[Problem]:
         from eval.benchmarks import load_benchmark

@@ -53,6 +53,7 @@ class TestbedTask(Task):
 
     __test__ = False  # not a pytest class despite the name
     name = "testbed"
+    arm_options = ("thought_splitter",)  # LightThinker's thought ends: same problems, one more model-written token each
     answer_check = staticmethod(exact_answer)
 
     def load(self, bench: Any, tokenizer: Any = None, gen: Any = None) -> list[Problem]:

@@ -9,6 +9,7 @@ from zoomr.abridge.optim import lr_factor
 from zoomr.abridge.quotas import (
     halve_layer,
     level_counts,
+    pause_positions_needed,
     resolve_quotas,
     save_schedule,
     three_level_schedule,
@@ -68,7 +69,7 @@ def test_layout_rejects_bad_settings():
 
 def test_paper_three_level_schedule_preserves_the_mean():
     costs = [float((7 * i) % 36) for i in range(36)]
-    sched = three_level_schedule(costs, base=128, num_pause=256)
+    sched = three_level_schedule(costs, base=128)
     assert sched.count(256) == 6 and sched.count(64) == 12 and sched.count(128) == 18
     assert sum(sched) == 36 * 128
     ranked = sorted(range(36), key=lambda i: -costs[i])
@@ -78,9 +79,11 @@ def test_paper_three_level_schedule_preserves_the_mean():
 
 def test_tiny_schedule_and_limits():
     assert level_counts(4) == (1, 2) and level_counts(2) == (0, 0)
-    assert three_level_schedule([0.1, 0.0, 0.5, 0.2], base=8, num_pause=16) == [4, 4, 16, 8]
-    with pytest.raises(ValueError, match="exceeds K"):
-        three_level_schedule([0.1, 0.0, 0.5, 0.2], base=16, num_pause=16)
+    assert three_level_schedule([0.1, 0.0, 0.5, 0.2], base=8) == [4, 4, 16, 8]
+    assert pause_positions_needed([4, 4, 16, 8], num_pause=16) == 16  # a uniform K/2 model: K suffices
+    assert pause_positions_needed(three_level_schedule([0.1, 0.0, 0.5, 0.2], base=16), num_pause=16) == 32
+    with pytest.raises(ValueError, match="odd quota"):
+        three_level_schedule([0.1, 0.0, 0.5, 0.2], base=7)
     assert halve_layer([8, 8, 8], 1) == [8, 4, 8]
 
 

@@ -30,7 +30,9 @@ def test_different_settings_are_refused_and_named(tmp_path, capsys):
     assert main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "cmp")]) == 2
     assert "--allow-different-settings" in capsys.readouterr().err and not (tmp_path / "cmp").exists()
     result = compare(runs, allow_different_settings=True)
-    assert result["setting_differences"] == ["tiny/h2o vs tiny/full (aime25): generation.max_new_tokens: was 48, now 160"]
+    assert result["setting_differences"] == [
+        "tiny/h2o vs tiny/full (aime25): generation.max_new_tokens: was 48, now 160"
+    ]
     assert main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "cmp"),
                  "--allow-different-settings"]) == 0  # fmt: skip
     assert "WARNING: arms ran with different settings" in (tmp_path / "cmp" / "table.md").read_text()
@@ -42,3 +44,24 @@ def test_model_and_method_may_differ(tmp_path):
     _fingerprint(_fake_run(tmp_path / "b", "abridge", 0.4, seed=2), "abridge", 48, model="abridge-ckpt")
     result = compare([load_run(tmp_path / "a"), load_run(tmp_path / "b")])
     assert result["setting_differences"] == [] and "delta" in result["arms"]["tiny/abridge"]["aime25"]
+
+
+def test_options_a_method_sets_do_not_make_arms_incomparable():
+    """LightThinker's testbed arm leaves a thought end to the model (``thought_splitter``): same problems, so it
+    stays comparable with full KV; a different trace length is still a different benchmark."""
+    from eval.compare import comparable_settings
+    from eval.testbed_task import TESTBED
+
+    def fp(**options):
+        return {"model": {"name": "m"}, "method": {"name": "x"}, "generation": {"max_new_tokens": 1088},
+                "benchmark": {"name": "testbed", "options": {"trace_tokens": 1024, **options}}}  # fmt: skip
+
+    full, lt = (
+        comparable_settings(fp(), TESTBED.arm_options),
+        comparable_settings(fp(thought_splitter=True), TESTBED.arm_options),
+    )
+    assert full == lt and "model" not in full and "method" not in full
+    assert comparable_settings(fp(thought_splitter=True)) != comparable_settings(
+        fp()
+    )  # no arm options: compared
+    assert comparable_settings(fp(trace_tokens=2048), TESTBED.arm_options) != full

@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from zoomr.abridge.artifacts import load_abridge_config
 from zoomr.abridge.forward import heldout_ce
-from zoomr.abridge.quotas import halve_layer, save_schedule, three_level_schedule
+from zoomr.abridge.quotas import halve_layer, pause_positions_needed, save_schedule, three_level_schedule
 from zoomr.abridge.trainer import load_streams
 from zoomr.entry import model_spec, start_run, to_plain
 from zoomr.models import ModelSpec, load_model, load_tokenizer
@@ -57,11 +57,13 @@ def plot_costs(path: Path, costs: list[float], schedule: list[int], base: int) -
     return path
 
 
-def next_command(model: str, data: str, schedule: Path | str) -> str:
+def next_command(model: str, data: str, schedule: Path | str, num_pause: int | None = None) -> str:
     """The per-layer training run on ``schedule``: its own ``run_name``, since ``resume=auto`` refuses to
-    continue the uniform run's directory (``abridge-<model>-<data>``) with other settings."""
+    continue the uniform run's directory (``abridge-<model>-<data>``) with other settings; ``num_pause``
+    when the doubled layers need more code positions than the allocated model had."""
+    k = f" method.num_pause={num_pause}" if num_pause else ""
     return (
-        f"python -m train +method=abridge model={model} data={data} method.schedule={schedule} "
+        f"python -m train +method=abridge model={model} data={data} method.schedule={schedule}{k} "
         f"run_name=abridge_perlayer-{model}-{data}"
     )
 
@@ -74,9 +76,12 @@ def run(cfg) -> dict[str, Any]:
         raise SystemExit(
             f"{ckpt} was trained with a non-uniform schedule {quotas}: allocate from a uniform model"
         )
+    three_level_schedule([0.0] * len(quotas), quotas[0])  # an unallocatable quota is refused before any work
     # a rerun on the same weights returns the finished allocation; retrained weights at that path are refused
     weights = {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(ckpt.glob("*.safetensors"))}
-    plan = prepare_run(cfg.run_dir, to_plain(cfg), cfg.resume, derived={"weights": weights}, title="allocation")
+    plan = prepare_run(
+        cfg.run_dir, to_plain(cfg), cfg.resume, derived={"weights": weights}, title="allocation"
+    )
     if plan.finished:
         return plan.finished
     run_dir, logger = start_run(cfg, job_type="allocate")
@@ -98,7 +103,8 @@ def run(cfg) -> dict[str, Any]:
     ).streams[:n_heldout]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     base_ce, costs = layer_costs(model, streams, quotas, pad_id, m.batch_size, m.mask_backend)
-    schedule = three_level_schedule(costs, quotas[0], layout.num_pause)
+    schedule = three_level_schedule(costs, quotas[0])
+    num_pause = pause_positions_needed(schedule, layout.num_pause)
     out = save_schedule(
         run_dir / "schedule.json",
         schedule,
@@ -107,6 +113,7 @@ def run(cfg) -> dict[str, Any]:
         base_heldout_ce=base_ce,
         checkpoint=str(ckpt),
         heldout_examples=n_heldout,
+        num_pause=num_pause,
     )
     plot = plot_costs(run_dir / "layer_costs.png", costs, schedule, quotas[0])
     logger.table(
@@ -124,7 +131,9 @@ def run(cfg) -> dict[str, Any]:
         "schedule": f"{schedule} (mean {sum(schedule) / len(schedule):g})",
         "schedule_file": str(out),
         "plot": str(plot),
-        "next": next_command(cfg.model.name, cfg.data.name, out),
+        "next": next_command(
+            cfg.model.name, cfg.data.name, out, num_pause if num_pause != layout.num_pause else None
+        ),
     }
     write_summary(plan, summary, f"AbridgeKV allocation: {cfg.run_name}")
     logger.finish()

@@ -52,6 +52,11 @@ def resolve_quotas(num_layers: int, num_pause: int, quota: int | None, schedule:
     return check_quotas([q] * num_layers, num_layers, num_pause)
 
 
+def pause_positions_needed(schedule: Sequence[int], num_pause: int) -> int:
+    """K of the model that trains on ``schedule``: the allocated model's K, or more when a doubled quota exceeds it."""
+    return max(num_pause, *schedule)
+
+
 def halve_layer(quotas: Sequence[int], layer: int) -> list[int]:
     """The allocation probe: ``quotas`` with layer ``layer`` cut to half."""
     out = list(quotas)
@@ -67,15 +72,14 @@ def level_counts(num_layers: int) -> tuple[int, int]:
     return up, 2 * up
 
 
-def three_level_schedule(costs: Sequence[float], base: int, num_pause: int) -> list[int]:
+def three_level_schedule(costs: Sequence[float], base: int) -> list[int]:
     """Three levels from per-layer costs, mean preserved (see module docstring).
 
-    Ties break toward the lower layer index (stable ranking).
+    Ties break toward the lower layer index (stable ranking). The doubled layers need K >= 2q code
+    positions per block (:func:`pause_positions_needed`): the paper allocates from a uniform K/2 model.
     """
     n = len(costs)
     up, down = level_counts(n)
-    if up and 2 * base > num_pause:
-        raise ValueError(f"doubling quota {base} exceeds K={num_pause}: allocate from a uniform K/2 model")
     if down and base % 2:
         raise ValueError(f"halving an odd quota {base} would change the mean")
     order = sorted(range(n), key=lambda i: (-costs[i], i))

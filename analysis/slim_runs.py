@@ -1,0 +1,125 @@
+"""Slim, self-contained copies of run directories: what ``paper_tables`` reads, small enough to commit (issue 16).
+
+    python -m analysis.slim_runs runs/miniature/arms runs/train/mini-kvzap-T1024 \\
+        --out analysis/results/miniature/runs
+
+An evaluation run (``config.json`` + ``results.jsonl``) keeps its small JSON files and its rows without the
+per-row text fields (``text``, ``gold``, ``extracted``) and the per-fact ``recall`` lists (a 256-problem
+testbed arm goes from 2.5 MB to about 0.1 MB); every row keeps its scalars (``correct``, ``kv``,
+``n_tokens``, ``recall_accuracy`` …) and gains ``"slim": true``. Its model is renamed to the model it is
+compared within (:func:`analysis.paper_tables.inputs.base_model_name`, which follows checkpoints' training
+runs up their ``init_from`` chain) and ``model.hf_id`` moves to ``model.evaluated_checkpoint``, so the copy
+is grouped exactly like the original without the checkpoints being present. Other recognised inputs (KVzap
+fits, allocation schedules, bench JSON) are copied whole. ``paper_tables`` over the copies regenerates the
+same tables and figures as over the originals (tests/test_slim_runs.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+DROPPED = ("text", "gold", "extracted", "recall")  # large per-row fields no table reads
+KEPT_FILES = ("config.json", "fingerprint.json", "summary.json", "metrics.json", "schedule.json", "r2.json",
+              "scope.json", "arm_command.json")  # fmt: skip
+
+
+def slim_row(row: dict[str, Any]) -> dict[str, Any]:
+    return {**{k: v for k, v in row.items() if k not in DROPPED}, "slim": True}
+
+
+def relative(data: Any, root: str) -> Any:
+    """``data`` with every string path under ``root`` made relative to it (no machine's paths in committed files)."""
+    if isinstance(data, dict):
+        return {k: relative(v, root) for k, v in data.items()}
+    if isinstance(data, list):
+        return [relative(v, root) for v in data]
+    return data.replace(root, "") if isinstance(data, str) else data
+
+
+def slim_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The run's config with its model named as the model it is compared within and no checkpoint path to load."""
+    from analysis.paper_tables.inputs import base_model_name
+
+    model = dict(config.get("model") or {})
+    if model.get("hf_id"):
+        model["name"] = base_model_name(model)
+        model["evaluated_checkpoint"] = model.pop("hf_id")
+    return {**config, "model": model}
+
+
+def slim_run(src: Path, dst: Path) -> int:
+    """Copy one run directory (an eval run slimmed, anything else whole; paths under the working directory
+    made relative); returns bytes written."""
+    root = f"{Path.cwd()}/"
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in KEPT_FILES:
+        if (src / name).is_file():
+            data = json.loads((src / name).read_text())
+            if name == "config.json" and (src / "results.jsonl").is_file():
+                data = slim_config(data)
+            (dst / name).write_text(json.dumps(relative(data, root), indent=1) + "\n")
+    if (src / "results.jsonl").is_file():
+        with (src / "results.jsonl").open() as f, (dst / "results.jsonl").open("w") as g:
+            for line in f:
+                if line.strip():
+                    g.write(json.dumps(slim_row(json.loads(line))) + "\n")
+    return sum(p.stat().st_size for p in dst.iterdir() if p.is_file())
+
+
+def run_dirs(root: Path) -> list[Path]:
+    """``root`` itself when it is a run directory, else the run directories below it (checkpoints pruned)."""
+    from analysis.paper_tables.inputs import PRUNE
+
+    def is_run(p: Path) -> bool:
+        return (p / "config.json").is_file() and any(
+            (p / f).is_file() for f in ("results.jsonl", "r2.json", "schedule.json")
+        )
+
+    if is_run(root):
+        return [root]
+    return sorted(p for p in root.rglob("*") if p.is_dir() and not set(p.parts) & PRUNE and is_run(p))
+
+
+def slim_runs(sources: list[Path], out: Path) -> dict[str, int]:
+    """Slim copies of every run directory under ``sources`` into ``out/<source name>/<relative path>``, plus
+    bench JSON files given directly; returns bytes per copy."""
+    written: dict[str, int] = {}
+    for src in sources:
+        if not src.exists():
+            raise SystemExit(f"slim_runs: {src} does not exist")
+        if src.is_file():
+            out.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, out / src.name)
+            written[src.name] = src.stat().st_size
+            continue
+        found = run_dirs(src)
+        if not found:
+            raise SystemExit(
+                f"slim_runs: {src} holds no run directory (config.json with results.jsonl, r2.json or schedule.json)"
+            )
+        for run in found:
+            rel = Path(src.name) / run.relative_to(src)
+            written[str(rel)] = slim_run(run, out / rel)
+    return written
+
+
+def main(argv: list[str] | None = None) -> dict[str, int]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "sources", nargs="+", type=Path, help="run directories, folders of them, or bench JSON files"
+    )
+    p.add_argument("--out", type=Path, required=True)
+    a = p.parse_args(argv)
+    written = slim_runs(a.sources, a.out)
+    for name, size in written.items():
+        print(f"{size / 1024:8.1f} KiB  {name}")
+    print(f"{len(written)} copies, {sum(written.values()) / 2**20:.1f} MiB -> {a.out}")
+    return written
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""Slim run copies (analysis/slim_runs.py) feed ``paper_tables`` exactly as the originals do, and the committed
+miniature copies regenerate the committed paper tables (issue 16)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from analysis.slim_runs import DROPPED, slim_runs
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMITTED_RUNS = ROOT / "analysis/results/miniature/runs"
+COMMITTED_TABLES = ROOT / "analysis/results/paper_miniature"
+
+
+def _eval_run(run_dir: Path, hf_id: str | None) -> Path:
+    from tests.test_eval_runner import _fake_run
+
+    _fake_run(run_dir, "abridge", 0.5)
+    config = json.loads((run_dir / "config.json").read_text())
+    config["model"] = {"name": "tiny", **({"hf_id": hf_id} if hf_id else {})}
+    (run_dir / "config.json").write_text(json.dumps(config))
+    rows = [json.loads(x) for x in (run_dir / "results.jsonl").read_text().splitlines()]
+    with (run_dir / "results.jsonl").open("w") as f:
+        for r in rows:
+            f.write(
+                json.dumps({**r, "text": "long " * 50, "recall": [{"key": "k1", "correct": True}]}) + "\n"
+            )
+    return run_dir
+
+
+def test_slim_copy_keeps_scalars_drops_text_and_keeps_the_models_family(tmp_path, monkeypatch):
+    from analysis.paper_tables.inputs import discover
+
+    monkeypatch.chdir(tmp_path)
+    base = tmp_path / "runs/train/base/final"
+    ft = tmp_path / "runs/train/ft"
+    base.mkdir(parents=True)
+    (ft / "final").mkdir(parents=True)
+    (ft / "config.json").write_text(json.dumps({"method": {"init_from": str(base)}}))
+    src = _eval_run(tmp_path / "runs/eval/abridge", str(ft / "final"))
+
+    written = slim_runs([tmp_path / "runs/eval"], tmp_path / "slim")
+    assert list(written) == ["eval/abridge"]
+    slim = tmp_path / "slim/eval/abridge"
+    rows = [json.loads(x) for x in (slim / "results.jsonl").read_text().splitlines()]
+    orig = [json.loads(x) for x in (src / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == len(orig) and all(r["slim"] for r in rows)
+    assert all(not set(DROPPED) & set(r) for r in rows)
+    assert [(r["problem_id"], r["correct"], r["n_tokens"]) for r in rows] == [
+        (r["problem_id"], r["correct"], r["n_tokens"]) for r in orig
+    ]
+    model = json.loads((slim / "config.json").read_text())["model"]
+    assert (
+        "hf_id" not in model and model["evaluated_checkpoint"] == "runs/train/ft/final"
+    )  # relative to the cwd
+
+    # grouped under the base model, like the original, although no checkpoint is reachable from the copy
+    original, copy = discover([str(tmp_path / "runs/eval/**")]), discover([str(tmp_path / "slim/**")])
+    assert [a.model for a in copy.evals] == [a.model for a in original.evals] == ["base"]
+    assert copy.evals[0].pooled == original.evals[0].pooled
+
+
+def test_slim_runs_refuses_a_folder_without_runs(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="holds no run directory"):
+        slim_runs([tmp_path / "empty"], tmp_path / "out")
+    with pytest.raises(SystemExit, match="does not exist"):
+        slim_runs([tmp_path / "missing"], tmp_path / "out")
+
+
+def _table_lines(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines() if not re.search(r"UTC|\(\d+(\.\d+)? s\)", line)]
+
+
+def test_committed_miniature_runs_regenerate_the_committed_paper_tables(tmp_path, monkeypatch):
+    """``paper_tables`` over the committed slim copies writes the same tables as the committed output."""
+    from analysis.paper_tables import main
+
+    monkeypatch.chdir(ROOT)  # the committed output names its inputs relative to the repo root
+    main([str(COMMITTED_RUNS.relative_to(ROOT) / "**"), "--out", str(tmp_path)])
+    committed = sorted(p.name for p in COMMITTED_TABLES.glob("*.md") if p.name != "README.md")
+    assert committed, "no committed paper tables"
+    assert sorted(p.name for p in tmp_path.glob("*.md") if p.name != "README.md") == committed
+    for name in committed:
+        assert _table_lines(tmp_path / name) == _table_lines(COMMITTED_TABLES / name), name
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(
+        p.name for p in COMMITTED_TABLES.glob("*.png")
+    )
