@@ -304,6 +304,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     slim = {n: {k: v for k, v in r.items() if k not in ("ag", "cue_ag", "cue_hits", "key")} for n, r in results.items()}
     (out_dir / "results.json").write_text(json.dumps({"meta": meta, "results": slim}, indent=2))
     (out_dir / "table.md").write_text(text + "\n")
+    for name, r in results.items():  # AG of every recompute, for paper_tables' AG histogram
+        if r.get("config", {}).get("policy") == "zoomr":
+            ag = {"arm": name, "agreeability": [x for seq in r["ag"] for x in seq],
+                  "agreeability_at_cues": [x for seq in r.get("cue_ag", []) for x in seq], "meta": meta}  # fmt: skip
+            (out_dir / f"agreeability_{name}.json").write_text(json.dumps(ag))
     print(f"\nwritten {out_dir / 'results.json'}, {out_dir / 'table.md'}, " + ", ".join(str(out_dir / f) for f in figures))
     return results
 

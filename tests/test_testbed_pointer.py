@@ -96,6 +96,12 @@ def test_capture_records_post_rope_queries_and_keys_of_a_real_llama():
     assert sorted(qk) == [0, 1] and qk[0][0].shape == (1, 4, 12, 8) and qk[0][1].shape == (1, 2, 12, 8)
     for layer in (0, 1):  # the keys are those a cache stores: after RoPE
         assert torch.allclose(qk[layer][1], cache.layers[layer].keys, atol=1e-6)
+    with torch.no_grad(), capture_qk(model) as outer:  # nested (an evaluation inside a training loop's capture)
+        model(input_ids=ids[:, :5])
+        with capture_qk(model) as inner:
+            model(input_ids=ids)
+        assert inner[0][1].shape[2] == 12 and outer[0][1].shape[2] == 5  # the inner capture took the inner forward
+    assert model.config._attn_implementation == "sdpa"
 
 
 def test_encoded_cues_point_at_the_defining_summary():

@@ -57,7 +57,7 @@ def capture_qk(model: torch.nn.Module) -> Iterator[dict[int, tuple[torch.Tensor,
     try:
         yield store
     finally:
-        _ACTIVE.remove(store)
+        del _ACTIVE[next(i for i, s in enumerate(_ACTIVE) if s is store)]  # by identity: == compares tensors
         model.set_attn_implementation(previous)
 
 

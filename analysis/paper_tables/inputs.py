@@ -7,7 +7,8 @@ Recognised (a directory is searched recursively, skipping ``wandb/``, ``checkpoi
 - KVzap surrogate fit: ``r2.json`` + ``config.json`` (``python -m train +method=kvzap``);
 - throughput bench: a JSON with ``throughput`` and ``finish``, e.g. ``bench_throughput.json``
   (``python -m analysis.bench_throughput``);
-- ZoomR bench: a JSON with ``formula`` and ``measured`` (``python -m analysis.bench_zoomr``);
+- ZoomR bench: a JSON with ``formula`` and ``measured`` (``python -m analysis.bench_zoomr``), or with the
+  ``agreeability`` of every recompute (``analysis.zoomr_testbed``'s ``agreeability_<arm>.json``);
 - training run (``summary.json`` + ``config.json``): recognised, used by no table (listed as such).
 """
 
@@ -107,8 +108,8 @@ def classify(path: Path, inputs: Inputs) -> bool:
             data = _read_json(path)
             if isinstance(data, dict) and "throughput" in data and "finish" in data:
                 inputs.throughput.append(JsonInput(path, data))
-            elif isinstance(data, dict) and "formula" in data and "measured" in data:
-                inputs.zoomr_bench.append(JsonInput(path, data))
+            elif isinstance(data, dict) and ("formula" in data and "measured" in data or "agreeability" in data):
+                inputs.zoomr_bench.append(JsonInput(path, data))  # bench_zoomr, or zoomr_testbed's agreeability_<arm>
             else:
                 return False
             return True
