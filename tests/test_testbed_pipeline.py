@@ -78,3 +78,28 @@ def test_zoomr_arms_through_the_evaluator_keep_the_recompute_log(checkpoint, tmp
     stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "arms").glob("*.json")}
     zoomr_testbed.main(argv)
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "arms").glob("*.json")} == stamps
+
+
+def test_pointer_stage_continues_from_the_checkpoint(checkpoint, tmp_path):
+    """``method.init_from`` starts from the checkpoint's weights (not a fresh init) and the key-token pointer
+    loss trains; the stage's final weights differ from its start."""
+    from safetensors.torch import load_file
+
+    run_dir = tmp_path / "stage"
+    cmd = [
+        sys.executable, "-m", "train", "+method=sft_testbed", "data=testbed_summaries", "model=tiny-testbed",
+        "data.trace_tokens=160", f"method.init_from={checkpoint}", "method.summary_pointer_at_key=true",
+        "method.max_steps=2", "method.curriculum.copy_steps=0", "method.curriculum.recall_steps=0",
+        "method.curriculum.start_tokens=160", "method.tokens_per_step=512", "method.eval_every=2",
+        "method.eval_examples=2", "method.warmup_steps=1", "logger=none", f"hydra.run.dir={run_dir}",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    start, end = load_file(checkpoint / "model.safetensors"), load_file(run_dir / "final" / "model.safetensors")
+    # a fresh init would be far from the start everywhere; two small steps stay close but move
+    diffs = [float((end[k] - start[k]).abs().max()) for k in start]
+    assert max(diffs) > 0 and max(diffs) < 0.05, (min(diffs), max(diffs))
+    bad = [("data=testbed" if a == "data=testbed_summaries" else a) for a in cmd[:-1]] + [f"hydra.run.dir={tmp_path / 'bad'}"]
+    proc = subprocess.run(bad, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "summary_pointer_at_key" in proc.stderr
+    assert not (tmp_path / "bad" / "summary.json").exists()

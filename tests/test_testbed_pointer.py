@@ -119,6 +119,31 @@ def test_encoded_cues_point_at_the_defining_summary():
     assert encode_problem(generate(TestbedData(trace_tokens=256), random.Random(0)), enc)[3]["cues"] == []
 
 
+def test_key_cues_sit_on_the_key_before_each_boundary_and_bad_settings_are_refused(tmp_path):
+    from train.testbed_pretrain import check_method
+    from zoomr.schemas.testbed import TestbedTrainMethod
+    from zoomr.summary_pointer import with_key_cues
+
+    enc = tt.FastEncoder()
+    data = TestbedData(summaries=True, trace_tokens=512)
+    ids, _, _, meta = encode_problem(generate(data, random.Random(3)), enc)
+    cues = with_key_cues([meta["cues"]])[0]
+    n = len(meta["cues"])
+    assert len(cues) == 2 * n and cues[:n] == meta["cues"]
+    inv = {v: k for k, v in enc.ids.items()}
+    for boundary, key in zip(cues[:n], cues[n:]):
+        assert inv[ids[boundary.pos]] == ":" and inv[ids[key.pos]].startswith("k") and key.target == boundary.target
+        span = meta["spans"][key.target]
+        assert ids[key.pos] in ids[span[0] : span[1]]  # the key is in the summary it points at
+    check_method(TestbedTrainMethod(summary_pointer_at_key=True), data)
+    with pytest.raises(ValueError, match="summary_pointer_at_key"):
+        check_method(TestbedTrainMethod(summary_pointer_at_key=True), TestbedData(summaries=False))
+    with pytest.raises(ValueError, match="summary_pointer_at_key"):
+        check_method(TestbedTrainMethod(summary_pointer_at_key=True), TestbedData(summaries=True, query_form="inline"))
+    with pytest.raises(ValueError, match="not a checkpoint"):
+        check_method(TestbedTrainMethod(init_from=str(tmp_path)), data)
+
+
 @pytest.mark.parametrize("layers", [[1], None])
 def test_trainer_pointer_layers(layers):
     from train.testbed_pretrain import pointer_layers

@@ -11,6 +11,8 @@ With summaries, an auxiliary summary-pointer loss (``method.summary_pointer_weig
 :func:`zoomr.summary_pointer.pointer_loss`) teaches the queries at each cue's boundary to score the
 defining paragraph's summary highest with ZoomR's q · k̄_i, as a pretrained LLM's attention is tied to
 its own summaries; the teacher-forced selection hit rate of the paper's rule is logged with the accuracy.
+``method.summary_pointer_at_key`` adds the same loss at each cue's key token (the matching the boundary's
+query then reuses); ``method.init_from`` continues from a checkpoint (a second stage: weights only).
 
 Checkpoints (model, optimizer, step) go to ``<run_dir>/checkpoints/step-N``; ``resume=auto`` continues
 from the newest one (the batch stream is a function of the step, so a resumed run sees the same data).
@@ -23,6 +25,7 @@ import logging
 import math
 import time
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +35,10 @@ from tqdm.auto import tqdm
 
 from zoomr.entry import model_spec, start_run
 from zoomr.models import describe, load_model, load_tokenizer
+from zoomr.paths import resolve_repo_path
 from zoomr.schemas import to_dataclass
 from zoomr.schemas.testbed import TestbedData, TestbedTrainMethod
-from zoomr.summary_pointer import capture_qk, pointer_loss
+from zoomr.summary_pointer import capture_qk, pointer_loss, with_key_cues
 from zoomr.testbed import vocab as tt
 from zoomr.testbed.checkpoint import finalize
 from zoomr.testbed.curriculum import Batch, Curriculum
@@ -104,18 +108,30 @@ def save_checkpoint(model, tokenizer, opt, step: int, elapsed: float, ckpt_dir: 
         old.rmdir()
 
 
+def check_method(method: TestbedTrainMethod, data: TestbedData) -> None:
+    """Refuse settings that cannot work, before any state is written."""
+    if method.summary_pointer_at_key and (not data.summaries or data.query_form != "cue"):
+        raise ValueError("method.summary_pointer_at_key needs data with summaries and query_form=cue (a key before ':')")
+    if method.init_from and not (resolve_repo_path(method.init_from) / "config.json").is_file():
+        raise ValueError(f"method.init_from={method.init_from}: not a checkpoint directory (no config.json)")
+
+
 def run(cfg) -> dict[str, Any]:
     method: TestbedTrainMethod = to_dataclass(TestbedTrainMethod, cfg.method)
     data: TestbedData = to_dataclass(TestbedData, cfg.data)
     if method.threads:
         torch.set_num_threads(method.threads)
+    check_method(method, data)
     spec = model_spec(cfg)
+    if method.init_from:  # a second stage: the checkpoint's weights (and tokenizer), not a fresh init
+        spec = replace(spec, hf_id=str(resolve_repo_path(method.init_from)))
     run_dir, logger = start_run(cfg, job_type="train")
     tokenizer = load_tokenizer(spec, cfg.cache_dir)
     check_tokenizer(tokenizer)
     torch.manual_seed(cfg.seed)
     model = load_model(spec, cfg.cache_dir).train()
-    init_weights(model, method)
+    if not method.init_from:
+        init_weights(model, method)
     opt = torch.optim.AdamW(param_groups(model, method.weight_decay), lr=method.learning_rate, betas=tuple(method.betas))
     enc = tt.FastEncoder(tokenizer)
     stream = Curriculum(data, method.curriculum, method.max_steps, method.tokens_per_step, enc)
@@ -146,7 +162,8 @@ def run(cfg) -> dict[str, Any]:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, method)
         loss, _ = batch_loss(model, batch)
-        aux = pointer_loss(qk, batch.spans, batch.cues, layers) if use_pointer and batch.cues else None
+        cues = with_key_cues(batch.cues) if method.summary_pointer_at_key and batch.cues else batch.cues
+        aux = pointer_loss(qk, batch.spans, cues, layers) if use_pointer and cues else None
         if aux is not None:
             loss = loss + method.summary_pointer_weight * aux
         opt.zero_grad(set_to_none=True)

@@ -70,6 +70,11 @@ class Cue:
     far: bool = False  # the defining paragraph lies outside ZoomR's recent window at this position
 
 
+def with_key_cues(cues: Sequence[Sequence[Cue]]) -> list[list[Cue]]:
+    """Each sequence's cues plus, for each, the same target at its key token (the position before the boundary)."""
+    return [[*cs, *(Cue(c.pos - 1, c.target, c.far) for c in cs)] for cs in cues]
+
+
 def mean_summary_keys(key: torch.Tensor, spans: Sequence[tuple[int, int]]) -> torch.Tensor:
     """k̄_i ``[Hkv, M, d]`` of one sequence: the mean of ``key [Hkv, T, d]`` over each summary's rows [start, end)."""
     if not spans:

@@ -91,6 +91,14 @@ class TestbedTrainMethod:
     # cannot know the key, so no loss can make it point).
     summary_pointer_weight: float = 1.0
     summary_pointer_layers: list[int] | None = None
+    # Also put the pointer loss on each cue's key token (the token before ":"; query_form=cue only). A
+    # training device, not a change of ZoomR's rule (which scores with the boundary's query): the key's own
+    # query can match the summary's keys in one step, and the boundary's query then reuses that matching
+    # once layer 0 copies the key into ":" (trained alone at ":", the heads settle on a recency prior).
+    summary_pointer_at_key: bool = False
+    # A checkpoint to continue from (weights only, fresh optimizer and schedule): a second training stage,
+    # e.g. the pointer stage of the ZoomR miniature; None trains from scratch
+    init_from: str | None = None
     eval_every: int = 100  # teacher-forced answer accuracy on held-out full-length traces
     eval_examples: int = 16
     save_every: int = 200  # checkpoint (model + optimizer + step) for resume
