@@ -162,6 +162,24 @@ def test_selected_context_is_exactly_prompt_window_zoomed_and_voted(tiny2):
 
 
 @torch.no_grad()
+def test_vote_layers_variant_counts_only_the_listed_layers(tiny2):
+    """The paper: every (layer, head) votes; ``vote_layers=[1]`` (a variant) halves the votes of this 2-layer model."""
+    model, tok = tiny2
+    ids, n_p = trace_ids(tok, n_para=8)
+    votes = {}
+    for name, layers in (("paper", None), ("layer1", [1])):
+        cache = zoomr(tok, model, top_k=2, consensus=1, window=8, vote_layers=layers)
+        forced_logits(model, cache, ids, n_p)
+        votes[name] = [sum(r["votes"].values()) for r in cache.recompute_log[0][1:]]
+    assert votes["paper"] == [2 * 4 * min(2, m) for m in range(1, 8)]
+    assert votes["layer1"] == [v // 2 for v in votes["paper"]]
+    with pytest.raises(ValueError, match="vote_layers"):
+        zoomr(tok, model, vote_layers=[2])  # the model has layers 0..1
+    with pytest.raises(ValueError, match="vote_layers"):
+        zoomr(tok, model, vote_layers=[])
+
+
+@torch.no_grad()
 def test_sumr_keeps_every_summary_and_no_regular_segment(tiny2):
     model, tok = tiny2
     ids, n_p = trace_ids(tok, n_para=5)

@@ -105,6 +105,8 @@ class ZoomRConfig(PolicyConfig):
     - ``window`` (N_w): most recent rows kept at each recompute; the prompt is always kept whole.
     - ``recompute``: ``boundary`` (at semantic boundaries, A.3) or ``every`` step (ablation).
     - ``mean_key_delimiters``: average the delimiters' keys into k̄_i too (default: content tokens only).
+    - ``vote_layers``: None, every layer votes (the paper); a list of layer indices is a variant in which only
+      those layers vote (e.g. the testbed's 3-layer model, whose first layer cannot see the cue at ``:``).
     - ``offload``: the full KV lives in (pinned) host memory and only I_f is brought to the device,
       layer by layer (``prefetch``: the next layer's rows are copied on a side stream, CUDA only).
     """
@@ -116,11 +118,14 @@ class ZoomRConfig(PolicyConfig):
     zoom_keeps_summary: bool = False
     recompute: str = "boundary"
     mean_key_delimiters: bool = False
+    vote_layers: list[int] | None = None
     offload: bool = True
     prefetch: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.vote_layers is not None and (not self.vote_layers or min(self.vote_layers) < 0):
+            raise ValueError(f"ZoomRConfig: vote_layers must be null or a non-empty list of layer indices, got {self.vote_layers}")
         if self.top_k < 1 or self.consensus < 0 or self.window < 0:
             raise ValueError(
                 f"ZoomRConfig: need top_k >= 1, consensus >= 0, window >= 0; got "
@@ -151,6 +156,8 @@ class ZoomRCache(HostRowsMixin):
         self.sel: list[torch.Tensor] = []  # per sequence: selected rows below ``frozen`` (sorted)
         self.frozen: torch.Tensor | None = None  # [B]: rows at or after this are always visible
         self.kbar: list[torch.Tensor | None] = [None] * self.num_layers  # [B, Hkv, cap, d] per layer
+        if self.config.vote_layers is not None and max(self.config.vote_layers) >= self.num_layers:
+            raise ValueError(f"zoomr: vote_layers={self.config.vote_layers}, but the model has layers 0..{self.num_layers - 1}")
         self.n_summ: torch.Tensor | None = None  # [B]
         self.recompute_log: dict[int, list[dict[str, Any]]] = {}
         self._completed: list[tuple[int, Segment]] = []
@@ -252,6 +259,8 @@ class ZoomRCache(HostRowsMixin):
         """At a recompute step: this layer's heads vote with the boundary token's query."""
         if self._recompute is None or not bool(self._recompute.any()) or self.kbar[layer.idx] is None:
             return
+        if self.config.vote_layers is not None and layer.idx not in self.config.vote_layers:
+            return  # a variant: only the listed layers vote
         valid = self.step.valid
         last = valid.shape[1] - 1 - valid.flip(1).long().argmax(1)  # each sequence's last fed token
         q = query[torch.arange(query.shape[0], device=query.device), :, last.to(query.device)]  # [B, Hq, d]
