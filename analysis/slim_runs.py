@@ -10,7 +10,8 @@ testbed arm goes from 2.5 MB to about 0.1 MB); every row keeps its scalars (``co
 compared within (:func:`analysis.paper_tables.inputs.base_model_name`, which follows checkpoints' training
 runs up their ``init_from`` chain) and ``model.hf_id`` moves to ``model.evaluated_checkpoint``, so the copy
 is grouped exactly like the original without the checkpoints being present. Other recognised inputs (KVzap
-fits, allocation schedules, bench JSON) are copied whole. ``paper_tables`` over the copies regenerates the
+fits, allocation schedules) are copied whole; a bench JSON given as a source is copied with the eval runs it
+names pointed at their copies. ``paper_tables`` over the copies regenerates the
 same tables and figures as over the originals (tests/test_slim_runs.py).
 """
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
+import os
 from pathlib import Path
 from typing import Any
 
@@ -86,16 +87,13 @@ def run_dirs(root: Path) -> list[Path]:
 
 def slim_runs(sources: list[Path], out: Path) -> dict[str, int]:
     """Slim copies of every run directory under ``sources`` into ``out/<source name>/<relative path>``, plus
-    bench JSON files given directly; returns bytes per copy."""
+    bench JSON files given directly (the eval runs they name retargeted to the copies); returns bytes per copy."""
+    missing = [str(s) for s in sources if not s.exists()]
+    if missing:
+        raise SystemExit(f"slim_runs: {', '.join(missing)} does not exist")
     written: dict[str, int] = {}
-    for src in sources:
-        if not src.exists():
-            raise SystemExit(f"slim_runs: {src} does not exist")
-        if src.is_file():
-            out.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, out / src.name)
-            written[src.name] = src.stat().st_size
-            continue
+    moved: dict[str, str] = {}  # each copied run directory, as a bench JSON may name it -> its copy
+    for src in [s for s in sources if s.is_dir()]:
         found = run_dirs(src)
         if not found:
             raise SystemExit(
@@ -104,7 +102,23 @@ def slim_runs(sources: list[Path], out: Path) -> dict[str, int]:
         for run in found:
             rel = Path(src.name) / run.relative_to(src)
             written[str(rel)] = slim_run(run, out / rel)
+            for name in {str(run), str(run.resolve()), os.path.relpath(run)}:
+                moved[name] = str(out / rel)
+    for src in [s for s in sources if s.is_file()]:
+        out.mkdir(parents=True, exist_ok=True)
+        data = relative(retarget(json.loads(src.read_text()), moved), f"{Path.cwd()}/")
+        (out / src.name).write_text(json.dumps(data, indent=1) + "\n")
+        written[src.name] = (out / src.name).stat().st_size
     return written
+
+
+def retarget(data: Any, moved: dict[str, str]) -> Any:
+    """``data`` with every string that names a copied run directory replaced by the copy's path."""
+    if isinstance(data, dict):
+        return {k: retarget(v, moved) for k, v in data.items()}
+    if isinstance(data, list):
+        return [retarget(v, moved) for v in data]
+    return moved.get(data.rstrip("/"), data) if isinstance(data, str) else data
 
 
 def main(argv: list[str] | None = None) -> dict[str, int]:

@@ -64,6 +64,16 @@ def test_slim_copy_keeps_scalars_drops_text_and_keeps_the_models_family(tmp_path
     assert copy.evals[0].pooled == original.evals[0].pooled
 
 
+def test_a_bench_json_is_pointed_at_the_copies_of_the_runs_it_timed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _eval_run(tmp_path / "runs/eval/full", None)
+    bench = tmp_path / "bench_throughput.json"
+    bench.write_text(json.dumps({"throughput": {}, "finish": [{"run": "runs/eval/full"}, {"run": str(tmp_path / "runs/eval/full")}, {"run": "elsewhere"}]}))
+    slim_runs([tmp_path / "runs/eval", bench], tmp_path / "slim")
+    finish = json.loads((tmp_path / "slim/bench_throughput.json").read_text())["finish"]
+    assert [f["run"] for f in finish] == ["slim/eval/full"] * 2 + ["elsewhere"]  # relative to the cwd
+
+
 def test_slim_runs_refuses_a_folder_without_runs(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit, match="holds no run directory"):
