@@ -17,14 +17,7 @@ from dataclasses import dataclass, field
 # a layer keeping q of them compresses a completed block C:q (q = 16: 4:1, q = 8: 8:1).
 BLOCK, PAUSES = 64, 16
 ABRIDGE_STEPS = 3000
-KVZAP_THRESHOLDS = (
-    -8.0,
-    -7.0,
-    -6.0,
-    -5.5,
-    -5.0,
-    -4.0,
-)  # log-score thresholds τ (analysis/miniature_kvzap.py)
+KVZAP_THRESHOLDS = (-8.0, -7.0, -6.0, -5.5, -5.0, -4.0)  # log-score thresholds τ (analysis/miniature_kvzap.py)
 ZOOMR_WINDOW = 64  # N_w: the paper's 512 is half a 1,024-token testbed trace; 64 ~ one paragraph
 
 
@@ -62,13 +55,8 @@ class Arm:
         return self.method_yaml or (None if self.method == "full" else self.method)
 
 
-def _abridge(
-    quota: int | None,
-    steps: int = ABRIDGE_STEPS,
-    extra: tuple[str, ...] = (),
-    start: str = "base",
-    pauses: int = PAUSES,
-) -> tuple[str, ...]:
+def _abridge(quota: int | None, steps: int = ABRIDGE_STEPS, extra: tuple[str, ...] = (), start: str = "base",
+             pauses: int = PAUSES) -> tuple[str, ...]:
     return (
         "+method=abridge", "data=testbed", "model=tiny-testbed", f"method.init_from={{{start}}}",
         f"method.block_size={BLOCK}", f"method.num_pause={pauses}", f"method.quota={'null' if quota is None else quota}",
@@ -91,54 +79,22 @@ MODELS: dict[str, Model] = {
         Model("abridge_4to1", _abridge(16), needs=("base",)),
         # a second stage from the 3,000-step model at half the peak LR (the first stage ends at 0.55 answer
         # accuracy with recall 0.935: undertrained, its loss still falling), on fresh problems (data.seed=1)
-        Model(
-            "abridge_4to1_more",
-            _abridge(
-                16, steps=2000, extra=("method.optim.learning_rate=5e-4", "data.seed=1"), start="abridge_4to1"
-            ),
-            needs=("abridge_4to1",),
-        ),
+        Model("abridge_4to1_more", _abridge(16, steps=2000, extra=("method.optim.learning_rate=5e-4", "data.seed=1"), start="abridge_4to1"),
+              needs=("abridge_4to1",)),
         Model("abridge_8to1", _abridge(8, steps=1500), needs=("base",)),  # half the steps: CPU time
         # the per-layer schedule (AbridgeKV §5.1): halve each layer's quota of the uniform 4:1 model in turn
         # (held-out CE, 32 training-stream problems), three levels at the same mean quota, retrained from the
         # base model for the uniform model's steps; its doubled layer needs K = 2q = 32 code positions
-        Model(
-            "abridge_alloc",
-            (
-                "+method=abridge_allocate",
-                "data=testbed",
-                "model=tiny-testbed",
-                "method.checkpoint={abridge_4to1}",
-                "method.heldout_examples=32",
-            ),
-            needs=("abridge_4to1",),
-        ),
-        Model(
-            "abridge_perlayer",
-            _abridge(
-                None,
-                extra=("method.schedule=runs/train/{abridge_alloc_name}/schedule.json",),
-                pauses=2 * PAUSES,
-            ),
-            needs=("base", "abridge_alloc"),
-        ),
+        Model("abridge_alloc", ("+method=abridge_allocate", "data=testbed", "model=tiny-testbed",
+                                "method.checkpoint={abridge_4to1}", "method.heldout_examples=32"), needs=("abridge_4to1",)),
+        Model("abridge_perlayer", _abridge(None, extra=("method.schedule=runs/train/{abridge_alloc_name}/schedule.json",),
+                                           pauses=2 * PAUSES), needs=("base", "abridge_alloc")),
         # KVzap (analysis/miniature_kvzap.py): pairs from the base model's own hidden states on training-stream
         # traces, then the linear and MLP surrogates; the arms serve the base model with them
-        Model(
-            "kvzap_pairs",
-            ("+pipeline=kvzap_pairs_testbed", "model=tiny-testbed", "model.hf_id={base}"),
-            needs=("base",),
-            entry="data_prep",
-            done="runs/kvzap/{base_name}/pairs/manifest.json",
-            serves="base",
-        ),
-        Model(
-            "kvzap",
-            ("+method=kvzap", "model=tiny-testbed", "model.hf_id={base}"),
-            needs=("base", "kvzap_pairs"),
-            done="runs/kvzap/{base_name}/mlp/model.safetensors",
-            serves="base",
-        ),
+        Model("kvzap_pairs", ("+pipeline=kvzap_pairs_testbed", "model=tiny-testbed", "model.hf_id={base}"),
+              needs=("base",), entry="data_prep", done="runs/kvzap/{base_name}/pairs/manifest.json", serves="base"),
+        Model("kvzap", ("+method=kvzap", "model=tiny-testbed", "model.hf_id={base}"), needs=("base", "kvzap_pairs"),
+              done="runs/kvzap/{base_name}/mlp/model.safetensors", serves="base"),
     ]
 }
 
@@ -157,35 +113,16 @@ ARMS: dict[str, Arm] = {
         Arm("evict_random", "evict_random", "base", _EVICT, method_yaml="evict_random"),
         Arm("evict_attention", "evict_attention", "base", _EVICT, method_yaml="evict_attention"),
         Arm("abridge", "abridge", "abridge_4to1_more", extra={"ratio": BLOCK / 16, "steps": 5000}),
-        Arm(
-            "abridge_3000steps",
-            "abridge",
-            "abridge_4to1",
-            extra={"ratio": BLOCK / 16, "steps": ABRIDGE_STEPS},
-        ),
+        Arm("abridge_3000steps", "abridge", "abridge_4to1", extra={"ratio": BLOCK / 16, "steps": ABRIDGE_STEPS}),
         Arm("abridge_8to1", "abridge", "abridge_8to1", extra={"ratio": BLOCK / 8}),
-        Arm(
-            "abridge_perlayer",
-            "abridge",
-            "abridge_perlayer",
-            extra={"ratio": BLOCK / 16, "steps": ABRIDGE_STEPS, "schedule": "per-layer (abridge_allocate)"},
-        ),
+        Arm("abridge_perlayer", "abridge", "abridge_perlayer", extra={"ratio": BLOCK / 16, "steps": ABRIDGE_STEPS,
+                                                                      "schedule": "per-layer (abridge_allocate)"}),
         Arm("streaming@abridge_8to1", "streaming", "base", match="abridge_8to1"),
         Arm("h2o@abridge_8to1", "h2o", "base", match="abridge_8to1"),
-        *(
-            Arm(f"kvzap@{t:g}", "kvzap", "kvzap", (f"method.threshold={t}",), extra={"threshold": t})
-            for t in KVZAP_THRESHOLDS
-        ),
-        *(
-            Arm(
-                f"kvzap_linear@{t:g}",
-                "kvzap_linear",
-                "kvzap",
-                (f"method.threshold={t}",),
-                extra={"threshold": t},
-            )
-            for t in KVZAP_THRESHOLDS
-        ),
+        *(Arm(f"kvzap@{t:g}", "kvzap", "kvzap", (f"method.threshold={t}",), extra={"threshold": t})
+          for t in KVZAP_THRESHOLDS),
+        *(Arm(f"kvzap_linear@{t:g}", "kvzap_linear", "kvzap", (f"method.threshold={t}",), extra={"threshold": t})
+          for t in KVZAP_THRESHOLDS),
         Arm("kvzip", "kvzip", "base"),  # KVzip+ oracle (labelled kvzap_oracle in results before the rename)
         Arm("full_summaries", "full", "base_sum"),
         Arm("zoomr", "zoomr", "base_sum", (f"method.window={ZOOMR_WINDOW}",)),

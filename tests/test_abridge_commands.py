@@ -29,6 +29,9 @@ def test_printed_per_layer_command_gets_its_own_run_directory():
     assert per_layer.method.schedule == schedule and per_layer.model.name == "tiny-llama"
     assert per_layer.hydra.run.dir != uniform.hydra.run.dir
     assert allocate.method.checkpoint == f"{uniform.hydra.run.dir}/final"  # allocation reads the uniform run
+    # from a q = K model the doubled layer needs more code positions: the command carries them
+    wider = _train(shlex.split(next_command("tiny-llama", "traces", schedule, num_pause=32))[3:])
+    assert wider.method.num_pause == 32 and per_layer.method.num_pause == uniform.method.num_pause
 
 
 def test_parity_bench_prints_a_verdict():

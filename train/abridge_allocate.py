@@ -79,9 +79,7 @@ def run(cfg) -> dict[str, Any]:
     three_level_schedule([0.0] * len(quotas), quotas[0])  # an unallocatable quota is refused before any work
     # a rerun on the same weights returns the finished allocation; retrained weights at that path are refused
     weights = {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(ckpt.glob("*.safetensors"))}
-    plan = prepare_run(
-        cfg.run_dir, to_plain(cfg), cfg.resume, derived={"weights": weights}, title="allocation"
-    )
+    plan = prepare_run(cfg.run_dir, to_plain(cfg), cfg.resume, derived={"weights": weights}, title="allocation")
     if plan.finished:
         return plan.finished
     run_dir, logger = start_run(cfg, job_type="allocate")
@@ -131,9 +129,7 @@ def run(cfg) -> dict[str, Any]:
         "schedule": f"{schedule} (mean {sum(schedule) / len(schedule):g})",
         "schedule_file": str(out),
         "plot": str(plot),
-        "next": next_command(
-            cfg.model.name, cfg.data.name, out, num_pause if num_pause != layout.num_pause else None
-        ),
+        "next": next_command(cfg.model.name, cfg.data.name, out, num_pause if num_pause != layout.num_pause else None),
     }
     write_summary(plan, summary, f"AbridgeKV allocation: {cfg.run_name}")
     logger.finish()
