@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +33,18 @@ def slim_row(row: dict[str, Any]) -> dict[str, Any]:
     return {**{k: v for k, v in row.items() if k not in DROPPED}, "slim": True}
 
 
+def map_strings(data: Any, fn: Callable[[str], str]) -> Any:
+    """``data`` (nested dicts and lists of JSON) with ``fn`` applied to every string value."""
+    if isinstance(data, dict):
+        return {k: map_strings(v, fn) for k, v in data.items()}
+    if isinstance(data, list):
+        return [map_strings(v, fn) for v in data]
+    return fn(data) if isinstance(data, str) else data
+
+
 def relative(data: Any, root: str) -> Any:
     """``data`` with every string path under ``root`` made relative to it (no machine's paths in committed files)."""
-    if isinstance(data, dict):
-        return {k: relative(v, root) for k, v in data.items()}
-    if isinstance(data, list):
-        return [relative(v, root) for v in data]
-    return data.replace(root, "") if isinstance(data, str) else data
+    return map_strings(data, lambda v: v.replace(root, ""))
 
 
 def slim_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -114,11 +120,7 @@ def slim_runs(sources: list[Path], out: Path) -> dict[str, int]:
 
 def retarget(data: Any, moved: dict[str, str]) -> Any:
     """``data`` with every string that names a copied run directory replaced by the copy's path."""
-    if isinstance(data, dict):
-        return {k: retarget(v, moved) for k, v in data.items()}
-    if isinstance(data, list):
-        return [retarget(v, moved) for v in data]
-    return moved.get(data.rstrip("/"), data) if isinstance(data, str) else data
+    return map_strings(data, lambda v: moved.get(v.rstrip("/"), v))
 
 
 def main(argv: list[str] | None = None) -> dict[str, int]:
