@@ -12,7 +12,9 @@ With summaries, an auxiliary summary-pointer loss (``method.summary_pointer_weig
 defining paragraph's summary highest with ZoomR's q · k̄_i, as a pretrained LLM's attention is tied to
 its own summaries; the teacher-forced selection hit rate of the paper's rule is logged with the accuracy.
 ``method.summary_pointer_at_key`` adds the same loss at each cue's key token (the matching the boundary's
-query then reuses); ``method.init_from`` continues from a checkpoint (a second stage: weights only).
+query then reuses); ``method.cue_view_window`` trains under ZoomR's decoding-time view at each cue's key and
+boundary rows (:mod:`zoomr.testbed.cue_view`); ``method.init_from`` continues from a checkpoint (a second
+stage: weights only).
 
 Checkpoints (model, optimizer, step) go to ``<run_dir>/checkpoints/step-N``; ``resume=auto`` continues
 from the newest one (the batch stream is a function of the step, so a resumed run sees the same data).
@@ -41,6 +43,7 @@ from zoomr.schemas.testbed import TestbedData, TestbedTrainMethod
 from zoomr.summary_pointer import capture_qk, pointer_loss, with_key_cues
 from zoomr.testbed import vocab as tt
 from zoomr.testbed.checkpoint import finalize
+from zoomr.testbed.cue_view import batch_cue_view
 from zoomr.testbed.curriculum import Batch, Curriculum
 from zoomr.testbed.teacher_forced import held_out_batches, teacher_forced_eval, token_kinds
 from zoomr.testbed.vocab import check_tokenizer
@@ -77,9 +80,10 @@ def lr_at(step: int, m: TestbedTrainMethod) -> float:
     return m.learning_rate * (m.min_lr_ratio + (1 - m.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def batch_loss(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mean CE over labelled positions, logits)."""
-    logits = model(input_ids=batch.input_ids).logits
+def batch_loss(model, batch: Batch, cue_view_window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean CE over labelled positions, logits); with ``cue_view_window``, under :func:`batch_cue_view`'s mask."""
+    mask = batch_cue_view(batch, cue_view_window) if cue_view_window is not None else None
+    logits = model(input_ids=batch.input_ids, attention_mask=mask).logits
     return F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(), ignore_index=-100), logits
 
 
@@ -112,6 +116,10 @@ def check_method(method: TestbedTrainMethod, data: TestbedData) -> None:
     """Refuse settings that cannot work, before any state is written."""
     if method.summary_pointer_at_key and (not data.summaries or data.query_form != "cue"):
         raise ValueError("method.summary_pointer_at_key needs data with summaries and query_form=cue (a key before ':')")
+    if method.cue_view_window is not None and (not data.summaries or data.query_form != "cue" or method.cue_view_window < 0):
+        raise ValueError(
+            f"method.cue_view_window={method.cue_view_window}: needs data with summaries, query_form=cue and a window >= 0"
+        )
     if method.init_from and not (resolve_repo_path(method.init_from) / "config.json").is_file():
         raise ValueError(f"method.init_from={method.init_from}: not a checkpoint directory (no config.json)")
 
@@ -161,7 +169,7 @@ def run(cfg) -> dict[str, Any]:
         batch = stream.batch(step)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, method)
-        loss, _ = batch_loss(model, batch)
+        loss, _ = batch_loss(model, batch, method.cue_view_window)
         cues = with_key_cues(batch.cues) if method.summary_pointer_at_key and batch.cues else batch.cues
         aux = pointer_loss(qk, batch.spans, cues, layers) if use_pointer and cues else None
         if aux is not None:
@@ -178,7 +186,7 @@ def run(cfg) -> dict[str, Any]:
             bar.set_postfix(loss=f"{loss.item():.3f}", len=batch.trace_tokens, tok_s=f"{rate:.0f}")
             logger.log({"loss": loss.item(), "lr": opt.param_groups[0]["lr"], "trace_tokens": batch.trace_tokens, "tokens_per_s": rate, **extra}, step=step)
         if (step + 1) % method.eval_every == 0 or step + 1 == method.max_steps:
-            ev = teacher_forced_eval(model, held_out, kinds, qk if data.summaries else None)
+            ev = teacher_forced_eval(model, held_out, kinds, qk if data.summaries else None, method.cue_view_window)
             history.append({"step": step + 1, "seconds": round(elapsed, 1), "tokens": seen, **ev})
             logger.log(ev, step=step)
             tqdm.write(f"step {step + 1}: {elapsed:.0f}s " + " ".join(f"{k}={v:.3f}" for k, v in ev.items()))

@@ -96,6 +96,11 @@ class TestbedTrainMethod:
     # query can match the summary's keys in one step, and the boundary's query then reuses that matching
     # once layer 0 copies the key into ":" (trained alone at ":", the heads settle on a recency prior).
     summary_pointer_at_key: bool = False
+    # ZoomR's view at the cue (zoomr.testbed.cue_view): each cue's key and ":" rows attend only to the prompt,
+    # the summaries and the last this-many rows, as under ZoomR decoding (where the selection made at ":"
+    # applies from "=" on), so the model learns to read the value at "=" from the zoomed-in paragraph.
+    # A training device for the testbed (data with summaries, query_form=cue); None = plain causal attention.
+    cue_view_window: int | None = None
     # A checkpoint to continue from (weights only, fresh optimizer and schedule): a second training stage,
     # e.g. the pointer stage of the ZoomR miniature; None trains from scratch
     init_from: str | None = None

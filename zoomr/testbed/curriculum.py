@@ -43,6 +43,7 @@ class Batch:
     trace_tokens: int  # the length bound this batch was generated at (0 for copy batches)
     spans: list[list[tuple[int, int]]] | None = None  # per row: summary content rows [start, end) (traces)
     cues: list[list[Cue]] | None = None  # per row: query boundaries and the summary that defined the fact
+    starts: list[int] | None = None  # per row: the first response row (rows before it are the prompt)
 
     @property
     def tokens(self) -> int:
@@ -85,7 +86,7 @@ def encode_problem(problem, enc: tt.FastEncoder, window: int = 64) -> tuple[list
         Cue(start + q.cue_pos, q.fact.paragraph - 1, q.fact.definition_pos < q.cue_pos + 1 - window)
         for q in problem.queries
     ] if spans else []
-    return ids, labels, dist, {"spans": spans, "cues": cues}
+    return ids, labels, dist, {"spans": spans, "cues": cues, "start": start}
 
 
 def collate(rows: list[tuple], pad_id: int, kind: str, length: int) -> Batch:
@@ -100,7 +101,8 @@ def collate(rows: list[tuple], pad_id: int, kind: str, length: int) -> Batch:
     meta = [r[3] for r in rows if len(r) > 3]
     spans = [m["spans"] for m in meta] if len(meta) == len(rows) else None
     cues = [m["cues"] for m in meta] if len(meta) == len(rows) else None
-    return Batch(ids, labels, dist >= 0, dist, kind, length, spans, cues)
+    starts = [m["start"] for m in meta] if len(meta) == len(rows) else None
+    return Batch(ids, labels, dist >= 0, dist, kind, length, spans, cues, starts)
 
 
 def trace_batch(data: TestbedData, length: int, tokens_per_step: int, rng: random.Random, enc, pad_id: int) -> Batch:

@@ -1,0 +1,80 @@
+"""ZoomR's decoding-time view at the cue, as a training mask (issue 13: zoomr.testbed.cue_view)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from zoomr.schemas.testbed import TestbedData
+from zoomr.testbed import vocab as tt
+from zoomr.testbed.cue_view import batch_cue_view, cue_view_mask
+from zoomr.testbed.curriculum import collate, encode_problem
+from zoomr.testbed.task import generate
+
+DATA = TestbedData(trace_tokens=512, summaries=True, query_form="cue")
+
+
+def _encoded(seed: int = 7):
+    enc = tt.FastEncoder()
+    p = generate(DATA, random.Random(seed))
+    return p, enc, encode_problem(p, enc, window=64)
+
+
+def test_cue_rows_see_prompt_summaries_and_window_but_not_the_far_definition():
+    p, enc, (ids, _, _, meta) = _encoded()
+    T, start, window = len(ids), meta["start"], 64
+    mask = cue_view_mask(T, [start], [meta["spans"]], [meta["cues"]], window)[0, 0]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    summary_rows = {r for a, b in meta["spans"] for r in range(a - 1, b + 1)}
+    cue_rows = {r for c in meta["cues"] for r in (c.pos - 1, c.pos)}
+    far = 0
+    for cue, q in zip(meta["cues"], p.queries):
+        definition = start + q.fact.definition_pos
+        for r in (cue.pos - 1, cue.pos):
+            seen = set(mask[r].nonzero()[:, 0].tolist())
+            expected = {j for j in range(r + 1) if j < start or j in summary_rows or j >= r - window}
+            assert seen == expected
+            assert (definition in seen) == (definition >= r - window)
+        far += cue.far
+        assert mask[cue.pos + 1, definition]  # "=" reads the paragraph: the selection applies there
+    assert far > 0  # the problem has far cues, so the mask hides something
+    other = [r for r in range(T) if r not in cue_rows]
+    assert torch.equal(mask[other], causal[other])
+
+
+def test_a_window_over_the_whole_trace_is_the_causal_mask_and_the_model_reads_the_mask_as_given():
+    _, enc, row = _encoded(3)
+    batch = collate([row], enc.ids[tt.tokens.PAD], "trace", DATA.trace_tokens)
+    T = batch.input_ids.shape[1]
+    assert torch.equal(batch_cue_view(batch, T)[0, 0], torch.ones(T, T, dtype=torch.bool).tril())
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(enc.ids), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048)  # fmt: skip
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        plain = model(input_ids=batch.input_ids).logits
+        wide = model(input_ids=batch.input_ids, attention_mask=batch_cue_view(batch, T)).logits
+        narrow = model(input_ids=batch.input_ids, attention_mask=batch_cue_view(batch, 0)).logits
+    assert torch.allclose(plain, wide, atol=1e-5)
+    first = min(c.pos for c in batch.cues[0]) - 1  # rows before the first cue's key are untouched
+    assert torch.allclose(plain[0, :first], narrow[0, :first], atol=1e-5)
+    assert not torch.allclose(plain[0, first], narrow[0, first], atol=1e-3)
+
+
+def test_batches_without_cues_use_the_plain_forward_and_bad_settings_are_refused():
+    from train.testbed_pretrain import check_method
+    from zoomr.schemas.testbed import TestbedTrainMethod
+
+    enc = tt.FastEncoder()
+    plain = collate([encode_problem(generate(TestbedData(trace_tokens=256), random.Random(0)), enc)], 0, "trace", 256)
+    assert batch_cue_view(plain, 64) is None
+    check_method(TestbedTrainMethod(cue_view_window=64), DATA)
+    with pytest.raises(ValueError, match="cue_view_window"):
+        check_method(TestbedTrainMethod(cue_view_window=64), TestbedData(summaries=False))
+    with pytest.raises(ValueError, match="cue_view_window"):
+        check_method(TestbedTrainMethod(cue_view_window=-1), DATA)
+    with pytest.raises(ValueError, match="window"):
+        cue_view_mask(4, [0], [[]], [[]], -1)
