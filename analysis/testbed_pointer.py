@@ -8,7 +8,10 @@ summaries with q · k̄_i (post-RoPE, mean over the summary's content keys), vot
 the top-c by votes (:func:`zoomr.summary_pointer.selection_hits`, built on the policy's own
 ``head_votes``/``consensus``). A hit: I_c holds the paragraph that defined the queried fact. Reported for
 the paper's rule (every layer) and per layer, overall and for facts outside the recent window, beside
-chance (c / summaries so far). This is the check to run before spending time on ZoomR accuracy arms
+chance (c / summaries so far). ``--cue-view`` runs the forward under ZoomR's decoding-time view at each
+cue's key and boundary rows (:mod:`zoomr.testbed.cue_view`: the prompt and the window only), the
+condition the decoded selection meets; a model whose boundary query finds the summary by attending to it
+scores far lower there. This is the check to run before spending time on ZoomR accuracy arms
 (shared/specs/MINIATURE_NOTES.md): until the rule beats chance, the arms are uninformative.
 """
 
@@ -24,11 +27,13 @@ import torch
 
 @torch.no_grad()
 def teacher_forced_hit_rate(
-    model, data, n: int, top_k: int = 2, c: int = 2, window: int = 64, batch: int = 8
+    model, data, n: int, top_k: int = 2, c: int = 2, window: int = 64, batch: int = 8, cue_view: bool = False
 ) -> dict[str, Any]:
-    """Hit rates of the rule over ``n`` problems of ``data`` (its test seed), every layer and each layer alone."""
+    """Hit rates of the rule over ``n`` problems of ``data`` (its test seed), every layer and each layer alone;
+    ``cue_view``: with the cue rows under :func:`zoomr.testbed.cue_view.batch_cue_view`'s mask."""
     from zoomr.summary_pointer import capture_qk, count_hits
     from zoomr.testbed import vocab as tt
+    from zoomr.testbed.cue_view import batch_cue_view
     from zoomr.testbed.curriculum import collate, encode_problem
     from zoomr.testbed.task import problems
 
@@ -39,7 +44,7 @@ def teacher_forced_hit_rate(
     with capture_qk(model) as qk:
         for i in range(0, len(rows), batch):
             b = collate(rows[i : i + batch], enc.ids[tt.tokens.PAD], "trace", data.trace_tokens)
-            model(input_ids=b.input_ids)
+            model(input_ids=b.input_ids, attention_mask=batch_cue_view(b, window) if cue_view else None)
             for name, layers in variants.items():
                 counts = count_hits(qk, b.spans, b.cues, top_k, c, layers)
                 totals[name] = {k: totals[name][k] + counts[k] for k in counts}
@@ -63,6 +68,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--top-k", type=int, default=2)
     p.add_argument("--consensus", type=int, default=2)
     p.add_argument("--window", type=int, default=64)
+    p.add_argument("--cue-view", action="store_true", help="cue rows see only the prompt and the window (decoding)")
     p.add_argument("--out", default="runs/testbed_pointer")
     args = p.parse_args(argv)
 
@@ -72,7 +78,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if not data.summaries:
         raise SystemExit(f"{args.model} was trained without summaries: there is nothing to point at")
     model, _ = load_testbed_model(args.model)
-    res = teacher_forced_hit_rate(model, data, args.n, args.top_k, args.consensus, args.window)
+    res = teacher_forced_hit_rate(model, data, args.n, args.top_k, args.consensus, args.window, cue_view=args.cue_view)
     print(f"{'rule':<8}{'hit':>8}{'far':>8}{'chance':>8}{'cues':>7}{'far cues':>9}")
     for name, r in res.items():
         print(f"{name:<8}{r['hit_rate']:>8.3f}{r['hit_rate_far']:>8.3f}{r['chance']:>8.3f}{r['cues']:>7}{r['cues_far']:>9}")

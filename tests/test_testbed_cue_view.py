@@ -23,21 +23,21 @@ def _encoded(seed: int = 7):
     return p, enc, encode_problem(p, enc, window=64)
 
 
-def test_cue_rows_see_prompt_summaries_and_window_but_not_the_far_definition():
+def test_cue_rows_see_the_prompt_and_the_window_only_not_the_far_definition_nor_its_summary():
     p, enc, (ids, _, _, meta) = _encoded()
     T, start, window = len(ids), meta["start"], 64
-    mask = cue_view_mask(T, [start], [meta["spans"]], [meta["cues"]], window)[0, 0]
+    mask = cue_view_mask(T, [start], [meta["cues"]], window)[0, 0]
     causal = torch.ones(T, T, dtype=torch.bool).tril()
-    summary_rows = {r for a, b in meta["spans"] for r in range(a - 1, b + 1)}
     cue_rows = {r for c in meta["cues"] for r in (c.pos - 1, c.pos)}
     far = 0
     for cue, q in zip(meta["cues"], p.queries):
         definition = start + q.fact.definition_pos
         for r in (cue.pos - 1, cue.pos):
             seen = set(mask[r].nonzero()[:, 0].tolist())
-            expected = {j for j in range(r + 1) if j < start or j in summary_rows or j >= r - window}
-            assert seen == expected
+            assert seen == {j for j in range(r + 1) if j < start or j >= r - window}
             assert (definition in seen) == (definition >= r - window)
+            a, b = meta["spans"][cue.target]
+            assert (a in seen) == (a >= r - window)  # the target summary too: the pointer must come from the key
         far += cue.far
         assert mask[cue.pos + 1, definition]  # "=" reads the paragraph: the selection applies there
     assert far > 0  # the problem has far cues, so the mask hides something
@@ -76,5 +76,46 @@ def test_batches_without_cues_use_the_plain_forward_and_bad_settings_are_refused
         check_method(TestbedTrainMethod(cue_view_window=64), TestbedData(summaries=False))
     with pytest.raises(ValueError, match="cue_view_window"):
         check_method(TestbedTrainMethod(cue_view_window=-1), DATA)
+    with pytest.raises(ValueError, match="cue_view_previous_selection"):
+        check_method(TestbedTrainMethod(cue_view_previous_selection=True), DATA)
     with pytest.raises(ValueError, match="window"):
-        cue_view_mask(4, [0], [[]], [[]], -1)
+        cue_view_mask(4, [0], [[]], -1)
+
+
+def test_paragraph_rows_hold_each_paragraphs_definitions_and_no_summary():
+    from zoomr.testbed.cue_view import paragraph_rows
+
+    p, _, (ids, _, _, meta) = _encoded()
+    regular = paragraph_rows(meta["start"], meta["spans"])
+    assert len(regular) == len(meta["spans"])
+    for fact in p.facts:
+        lo, hi = regular[fact.paragraph - 1]
+        assert lo <= meta["start"] + fact.definition_pos < hi
+    for (lo, hi), (a, b) in zip(regular, meta["spans"]):
+        assert hi == a - 1  # up to the begin delimiter, which belongs to the summary
+
+
+def test_previous_selection_shows_the_zoomed_paragraphs_and_voted_summaries_of_the_selection_at_question_mark():
+    from zoomr.summary_pointer import Cue, capture_qk, selection_hits
+    from zoomr.testbed.cue_view import paragraph_rows, previous_selection
+
+    _, enc, row = _encoded(5)
+    batch = collate([row], enc.ids[tt.tokens.PAD], "trace", DATA.trace_tokens)
+    torch.manual_seed(1)
+    cfg = LlamaConfig(vocab_size=len(enc.ids), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048)  # fmt: skip
+    model = LlamaForCausalLM(cfg).eval()
+    spans, cues = batch.spans[0], batch.cues[0]
+    with torch.no_grad(), capture_qk(model) as qk:
+        model(input_ids=batch.input_ids)
+        shown = previous_selection(qk, batch)
+        picks = selection_hits(qk, spans, [Cue(c.pos - 2, c.target) for c in cues], 2, 2)
+    regular = paragraph_rows(batch.starts[0], spans)
+    assert len(shown[0]) == len(cues)
+    for ranges, s in zip(shown[0], picks):
+        assert ranges == [regular[i] for i in s.zoomed] + [(spans[i][0] - 1, spans[i][1] + 1) for i in s.summarized]
+    mask = batch_cue_view(batch, 64, shown)[0, 0]
+    for cue, ranges in zip(cues, shown[0]):
+        for lo, hi in ranges:
+            assert mask[cue.pos, lo:hi].all() and mask[cue.pos - 1, lo:hi].all()
+    assert sum(len(r) for r in shown[0]) > 0  # a random model votes too: something is shown

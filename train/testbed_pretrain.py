@@ -43,7 +43,7 @@ from zoomr.schemas.testbed import TestbedData, TestbedTrainMethod
 from zoomr.summary_pointer import capture_qk, pointer_loss, with_key_cues
 from zoomr.testbed import vocab as tt
 from zoomr.testbed.checkpoint import finalize
-from zoomr.testbed.cue_view import batch_cue_view
+from zoomr.testbed.cue_view import batch_cue_view, previous_selection
 from zoomr.testbed.curriculum import Batch, Curriculum
 from zoomr.testbed.teacher_forced import held_out_batches, teacher_forced_eval, token_kinds
 from zoomr.testbed.vocab import check_tokenizer
@@ -80,9 +80,22 @@ def lr_at(step: int, m: TestbedTrainMethod) -> float:
     return m.learning_rate * (m.min_lr_ratio + (1 - m.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def batch_loss(model, batch: Batch, cue_view_window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mean CE over labelled positions, logits); with ``cue_view_window``, under :func:`batch_cue_view`'s mask."""
-    mask = batch_cue_view(batch, cue_view_window) if cue_view_window is not None else None
+def training_mask(model, batch: Batch, method: TestbedTrainMethod, qk: dict | None) -> torch.Tensor | None:
+    """The attention mask of a training forward: None (causal), or ZoomR's view at the cues (``cue_view_window``),
+    with what the selection at each cue's ``?`` keeps (``cue_view_previous_selection``: the model's own votes,
+    from a gradient-free forward under the plain cue view)."""
+    if method.cue_view_window is None:
+        return None
+    mask = batch_cue_view(batch, method.cue_view_window)
+    if mask is None or not method.cue_view_previous_selection:
+        return mask
+    with torch.no_grad():
+        model(input_ids=batch.input_ids, attention_mask=mask)
+    return batch_cue_view(batch, method.cue_view_window, previous_selection(qk, batch))
+
+
+def batch_loss(model, batch: Batch, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean CE over labelled positions, logits), under ``mask`` if given."""
     logits = model(input_ids=batch.input_ids, attention_mask=mask).logits
     return F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(), ignore_index=-100), logits
 
@@ -116,6 +129,8 @@ def check_method(method: TestbedTrainMethod, data: TestbedData) -> None:
     """Refuse settings that cannot work, before any state is written."""
     if method.summary_pointer_at_key and (not data.summaries or data.query_form != "cue"):
         raise ValueError("method.summary_pointer_at_key needs data with summaries and query_form=cue (a key before ':')")
+    if method.cue_view_previous_selection and method.cue_view_window is None:
+        raise ValueError("method.cue_view_previous_selection needs method.cue_view_window")
     if method.cue_view_window is not None and (not data.summaries or data.query_form != "cue" or method.cue_view_window < 0):
         raise ValueError(
             f"method.cue_view_window={method.cue_view_window}: needs data with summaries, query_form=cue and a window >= 0"
@@ -169,7 +184,7 @@ def run(cfg) -> dict[str, Any]:
         batch = stream.batch(step)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, method)
-        loss, _ = batch_loss(model, batch, method.cue_view_window)
+        loss, _ = batch_loss(model, batch, training_mask(model, batch, method, qk))
         cues = with_key_cues(batch.cues) if method.summary_pointer_at_key and batch.cues else batch.cues
         aux = pointer_loss(qk, batch.spans, cues, layers) if use_pointer and cues else None
         if aux is not None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -134,6 +134,7 @@ class Selection:
     far: bool
     n_summaries: int
     agreeability: float | None
+    summarized: list[int] = field(default_factory=list)  # I_s: voted for, not zoomed (their summaries stay)
 
 
 def selection_hits(
@@ -164,7 +165,10 @@ def selection_hits(
     for n, cue in enumerate(cues):
         m = int(live[n])
         res = consensus(votes[n, :m], c)
-        out.append(Selection(res.zoomed, int(votes[n, cue.target]), cue.target in res.zoomed, cue.far, m, res.agreeability))
+        out.append(
+            Selection(res.zoomed, int(votes[n, cue.target]), cue.target in res.zoomed, cue.far, m, res.agreeability,
+                      res.summarized)
+        )  # fmt: skip
     return out
 
 

@@ -96,11 +96,15 @@ class TestbedTrainMethod:
     # query can match the summary's keys in one step, and the boundary's query then reuses that matching
     # once layer 0 copies the key into ":" (trained alone at ":", the heads settle on a recency prior).
     summary_pointer_at_key: bool = False
-    # ZoomR's view at the cue (zoomr.testbed.cue_view): each cue's key and ":" rows attend only to the prompt,
-    # the summaries and the last this-many rows, as under ZoomR decoding (where the selection made at ":"
-    # applies from "=" on), so the model learns to read the value at "=" from the zoomed-in paragraph.
+    # ZoomR's view at the cue (zoomr.testbed.cue_view): each cue's key and ":" rows attend only to the prompt
+    # and the last this-many rows, what they are sure to see under ZoomR decoding (where the selection made
+    # at ":" applies from "=" on), so the model reads the value at "=" from the zoomed-in paragraph and its
+    # ":" query points from the key itself, not by attending to the summary.
     # A training device for the testbed (data with summaries, query_form=cue); None = plain causal attention.
     cue_view_window: int | None = None
+    # ... and they also see what the selection made at the cue's "?" keeps (I_c's paragraphs, I_s's summaries),
+    # from the model's own votes in a gradient-free forward first (+1 forward per step): decoding's extra context
+    cue_view_previous_selection: bool = False
     # A checkpoint to continue from (weights only, fresh optimizer and schedule): a second training stage,
     # e.g. the pointer stage of the ZoomR miniature; None trains from scratch
     init_from: str | None = None
