@@ -91,7 +91,7 @@ def test_paragraph_rows_hold_each_paragraphs_definitions_and_no_summary():
     for fact in p.facts:
         lo, hi = regular[fact.paragraph - 1]
         assert lo <= meta["start"] + fact.definition_pos < hi
-    for (lo, hi), (a, b) in zip(regular, meta["spans"]):
+    for (_, hi), (a, _) in zip(regular, meta["spans"]):
         assert hi == a - 1  # up to the begin delimiter, which belongs to the summary
 
 
