@@ -19,6 +19,8 @@ BLOCK, PAUSES = 64, 16
 ABRIDGE_STEPS = 3000
 KVZAP_THRESHOLDS = (-8.0, -7.0, -6.0, -5.5, -5.0, -4.0)  # log-score thresholds τ (analysis/miniature_kvzap.py)
 ZOOMR_WINDOW = 64  # N_w: the paper's 512 is half a 1,024-token testbed trace; 64 ~ one paragraph
+ZOOMR_CUE_STEPS = 1200  # the cue-view stage of the ZoomR model (full-length traces only, no warm-up tasks)
+ZOOMR_CUE_PLAIN_STEPS = 400  # its first steps under the plain cue view (the reading moves to "=" in ~300)
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,19 @@ MODELS: dict[str, Model] = {
              "method.summary_pointer_at_key=true"),
             summaries=True,
         ),
+        # ZoomR's decoding-time view at each cue (issue 13, zoomr.testbed.cue_view): a second stage in which the
+        # cue's key and ":" rows see only the prompt and the window, then also what the selection at "?" keeps (the
+        # model's own votes), so the value is read at "=" from the zoomed-in paragraph and ":" points from the key
+        Model(
+            "base_sum_cue",
+            ("+method=sft_testbed", "data=testbed_summaries", "data.model_writes_summaries=true", "model=tiny-testbed",
+             "method.summary_pointer_at_key=true", "method.init_from={base_sum}", f"method.cue_view_window={ZOOMR_WINDOW}",
+             f"method.cue_view_previous_selection_from={ZOOMR_CUE_PLAIN_STEPS}", f"method.max_steps={ZOOMR_CUE_STEPS}",
+             "method.learning_rate=1e-3",
+             "method.warmup_steps=50", "method.curriculum.copy_steps=0", "method.curriculum.recall_steps=0",
+             "method.curriculum.grow_fraction=0"),
+            needs=("base_sum",), summaries=True,
+        ),  # fmt: skip
         Model("abridge_4to1", _abridge(16), needs=("base",)),
         # a second stage from the 3,000-step model at half the peak LR (the first stage ends at 0.55 answer
         # accuracy with recall 0.935: undertrained, its loss still falling), on fresh problems (data.seed=1)
@@ -124,14 +139,14 @@ ARMS: dict[str, Arm] = {
         *(Arm(f"kvzap_linear@{t:g}", "kvzap_linear", "kvzap", (f"method.threshold={t}",), extra={"threshold": t})
           for t in KVZAP_THRESHOLDS),
         Arm("kvzip", "kvzip", "base"),  # KVzip+ oracle (labelled kvzap_oracle in results before the rename)
-        Arm("full_summaries", "full", "base_sum"),
-        Arm("zoomr", "zoomr", "base_sum", (f"method.window={ZOOMR_WINDOW}",)),
-        Arm("sumr", "sumr", "base_sum", (f"method.window={ZOOMR_WINDOW}",)),
-        Arm("streaming@zoomr", "streaming", "base_sum", match="zoomr"),
-        Arm("h2o@zoomr", "h2o", "base_sum", match="zoomr"),
+        Arm("full_summaries", "full", "base_sum_cue"),
+        Arm("zoomr", "zoomr", "base_sum_cue", (f"method.window={ZOOMR_WINDOW}",)),
+        Arm("sumr", "sumr", "base_sum_cue", (f"method.window={ZOOMR_WINDOW}",)),
+        Arm("streaming@zoomr", "streaming", "base_sum_cue", match="zoomr"),
+        Arm("h2o@zoomr", "h2o", "base_sum_cue", match="zoomr"),
         # a variant, not the paper's rule: only the last layer votes (layer 0 cannot see the cue at ":"; on the
         # validation seed 1,000,003, teacher-forced, the last layer alone hits 0.997, layer 1 0.835, every layer 0.939)
-        Arm("zoomr_vote_last_layer", "zoomr", "base_sum", (f"method.window={ZOOMR_WINDOW}", "method.vote_layers=[2]")),
+        Arm("zoomr_vote_last_layer", "zoomr", "base_sum_cue", (f"method.window={ZOOMR_WINDOW}", "method.vote_layers=[2]")),
     ]
 }
 

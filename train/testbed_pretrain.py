@@ -80,14 +80,15 @@ def lr_at(step: int, m: TestbedTrainMethod) -> float:
     return m.learning_rate * (m.min_lr_ratio + (1 - m.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def training_mask(model, batch: Batch, method: TestbedTrainMethod, qk: dict | None) -> torch.Tensor | None:
+def training_mask(model, batch: Batch, method: TestbedTrainMethod, qk: dict | None, step: int) -> torch.Tensor | None:
     """The attention mask of a training forward: None (causal), or ZoomR's view at the cues (``cue_view_window``),
-    with what the selection at each cue's ``?`` keeps (``cue_view_previous_selection``: the model's own votes,
-    from a gradient-free forward under the plain cue view)."""
+    from step ``cue_view_previous_selection_from`` on with what the selection at each cue's ``?`` keeps (the
+    model's own votes, from a gradient-free forward under the plain cue view)."""
     if method.cue_view_window is None:
         return None
     mask = batch_cue_view(batch, method.cue_view_window)
-    if mask is None or not method.cue_view_previous_selection:
+    start = method.cue_view_previous_selection_from
+    if mask is None or start is None or step < start:
         return mask
     with torch.no_grad():
         model(input_ids=batch.input_ids, attention_mask=mask)
@@ -129,8 +130,8 @@ def check_method(method: TestbedTrainMethod, data: TestbedData) -> None:
     """Refuse settings that cannot work, before any state is written."""
     if method.summary_pointer_at_key and (not data.summaries or data.query_form != "cue"):
         raise ValueError("method.summary_pointer_at_key needs data with summaries and query_form=cue (a key before ':')")
-    if method.cue_view_previous_selection and method.cue_view_window is None:
-        raise ValueError("method.cue_view_previous_selection needs method.cue_view_window")
+    if method.cue_view_previous_selection_from is not None and method.cue_view_window is None:
+        raise ValueError("method.cue_view_previous_selection_from needs method.cue_view_window")
     if method.cue_view_window is not None and (not data.summaries or data.query_form != "cue" or method.cue_view_window < 0):
         raise ValueError(
             f"method.cue_view_window={method.cue_view_window}: needs data with summaries, query_form=cue and a window >= 0"
@@ -184,7 +185,7 @@ def run(cfg) -> dict[str, Any]:
         batch = stream.batch(step)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, method)
-        loss, _ = batch_loss(model, batch, training_mask(model, batch, method, qk))
+        loss, _ = batch_loss(model, batch, training_mask(model, batch, method, qk, step))
         cues = with_key_cues(batch.cues) if method.summary_pointer_at_key and batch.cues else batch.cues
         aux = pointer_loss(qk, batch.spans, cues, layers) if use_pointer and cues else None
         if aux is not None:

@@ -102,9 +102,12 @@ class TestbedTrainMethod:
     # ":" query points from the key itself, not by attending to the summary.
     # A training device for the testbed (data with summaries, query_form=cue); None = plain causal attention.
     cue_view_window: int | None = None
-    # ... and they also see what the selection made at the cue's "?" keeps (I_c's paragraphs, I_s's summaries),
-    # from the model's own votes in a gradient-free forward first (+1 forward per step): decoding's extra context
-    cue_view_previous_selection: bool = False
+    # From this step on, they also see what the selection made at the cue's "?" keeps (I_c's paragraphs, I_s's
+    # summaries), from the model's own votes in a gradient-free forward first (+1 forward per step): decoding's
+    # extra context. None = never. Start it once the value is read at "=" (with it from step 0, a model that
+    # reads at the key keeps doing so whenever "?" happened to zoom into the paragraph: measured, no change in
+    # 400 steps, where the plain view moved the reading to "=" in ~300)
+    cue_view_previous_selection_from: int | None = None
     # A checkpoint to continue from (weights only, fresh optimizer and schedule): a second training stage,
     # e.g. the pointer stage of the ZoomR miniature; None trains from scratch
     init_from: str | None = None
