@@ -147,6 +147,8 @@ ARMS: dict[str, Arm] = {
         # a variant, not the paper's rule: only the last layer votes (layer 0 cannot see the cue at ":"; on the
         # validation seed 1,000,003, teacher-forced, the last layer alone hits 0.997, layer 1 0.835, every layer 0.939)
         Arm("zoomr_vote_last_layer", "zoomr", "base_sum_cue", (f"method.window={ZOOMR_WINDOW}", "method.vote_layers=[2]")),
+        # a variant: three paragraphs zoomed in per selection (c = 3; the paper's default is 2): more rows, fewer misses
+        Arm("zoomr_c3", "zoomr", "base_sum_cue", (f"method.window={ZOOMR_WINDOW}", "method.consensus=3")),
     ]
 }
 
