@@ -31,6 +31,7 @@ def test_cue_rows_see_the_prompt_and_the_window_only_not_the_far_definition_nor_
     cue_rows = {r for c in meta["cues"] for r in (c.pos - 1, c.pos)}
     far = 0
     for cue, q in zip(meta["cues"], p.queries):
+        assert [ids[cue.pos - 2], ids[cue.pos]] == [enc.ids[tt.QUERY], enc.ids[tt.QUERY_END]]  # "? k :"
         definition = start + q.fact.definition_pos
         for r in (cue.pos - 1, cue.pos):
             seen = set(mask[r].nonzero()[:, 0].tolist())
