@@ -50,7 +50,7 @@ def test_the_miniature_summaries_model_points_at_its_summaries():
     stage, issue 13; 2 MB, committed): measured teacher-forced on these 32 problems, under ZoomR's view at the cue
     (the cue rows see only the prompt and the window, as in decoding) 0.890 for the paper's rule, 0.892 for layer 2
     alone, 0.294 for layer 0 (chance 0.282); with full attention 0.927. The bars sit below and fail on a regression
-    toward the boundary-only model's 0.47, or toward the full-attention model's 0.62 under the cue view."""
+    toward the boundary-only model's 0.47, or toward the full-attention model's 0.587 under the cue view (validation seed)."""
     from analysis.testbed_pointer import teacher_forced_hit_rate
     from zoomr.testbed.checkpoint import load_testbed_model, trained_data
 
