@@ -86,7 +86,7 @@ def test_batches_without_cues_use_the_plain_forward_and_bad_settings_are_refused
 def test_paragraph_rows_hold_each_paragraphs_definitions_and_no_summary():
     from zoomr.testbed.cue_view import paragraph_rows
 
-    p, _, (ids, _, _, meta) = _encoded()
+    p, enc, (ids, _, _, meta) = _encoded()
     regular = paragraph_rows(meta["start"], meta["spans"])
     assert len(regular) == len(meta["spans"])
     for fact in p.facts:
@@ -94,6 +94,16 @@ def test_paragraph_rows_hold_each_paragraphs_definitions_and_no_summary():
         assert lo <= meta["start"] + fact.definition_pos < hi
     for (_, hi), (a, _) in zip(regular, meta["spans"]):
         assert hi == a - 1  # up to the begin delimiter, which belongs to the summary
+    # the policy's own segments (zoomr.segments): the same R_i, except that the policy's starts at the previous
+    # paragraph break; the same S_i as previous_selection shows (delimiters included)
+    from zoomr import tokens
+    from zoomr.segments import segments_from_ids
+
+    segs = segments_from_ids(ids, enc.ids[tokens.BEGIN_SUMMARY], enc.ids[tokens.END_SUMMARY], meta["start"])
+    assert len(segs) == len(regular)
+    for i, (seg, (lo, hi), (a, b)) in enumerate(zip(segs, regular, meta["spans"])):
+        assert (seg.r_start + (i > 0), seg.r_end) == (lo, hi)
+        assert (seg.s_start, seg.s_end) == (a - 1, b + 1)
 
 
 def test_previous_selection_shows_the_zoomed_paragraphs_and_voted_summaries_of_the_selection_at_question_mark():
