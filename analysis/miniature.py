@@ -131,7 +131,8 @@ def summarize(arms: list[str], task: Any) -> list[dict[str, Any]]:
                                        if k.startswith("recall_") and not k.endswith("_n") and k != "recall_all"},
                 "compression": float(r.metrics["pooled"].get("compression", 0.0)),
                 **({"matched_to": arm.match, "match_scale": arm.match_scale} if arm.match else {}),
-                **(selection(task) if arm.method == "zoomr" else {}),
+                # the selection run measures the paper's rule (k = c = 2): the arm named as its method, not variants
+                **(selection(task) if name == "zoomr" else {}),
                 **arm.extra,
             }
         )  # fmt: skip
@@ -152,8 +153,12 @@ def selection(task: Any) -> dict[str, Any]:
     if not path.exists():
         return {}
     sel = json.loads(path.read_text())["results"]["zoomr_writes"]["selection"]
-    return {"selection_hit_rate": sel["hit_rate"], "selection_hit_rate_far": sel["hit_rate_far"],
-            "selection_chance": sel["chance"], "selection_source": str(path)}  # fmt: skip
+    out = {"selection_hit_rate": sel["hit_rate"], "selection_hit_rate_far": sel["hit_rate_far"],
+           "selection_chance": sel["chance"], "selection_source": str(path)}  # fmt: skip
+    for key in ("hit_rate_by_distance", "miss_votes"):  # absent from runs made before they were measured
+        if key in sel:
+            out[f"selection_{key}"] = sel[key]
+    return out
 
 
 def run_task(task_cfg: dict[str, Any], logger: dict[str, Any] | None = None) -> dict[str, Any]:

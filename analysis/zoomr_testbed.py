@@ -81,16 +81,24 @@ def cue_selections(record: dict[str, Any], log: list[dict[str, Any]], prompt_len
         if rec is None:  # no recompute at the cue (cannot happen at a boundary token)
             out.append({"hit": False, "far": far, "recomputed": False, "n_summaries": 0})
             continue
+        target = q["defined_in"] - 1
+        votes = {int(k): n for k, n in rec.get("votes", {}).items()}  # JSON keys come back as strings
         out.append(
             {
-                "hit": (q["defined_in"] - 1) in rec["zoomed"],
+                "hit": target in rec["zoomed"],
                 "far": far,
                 "recomputed": True,
                 "n_summaries": rec["n_summaries"],
                 "final": q["final"],
+                "distance": q["distance"],
+                "target_votes": votes.get(target, 0),
+                "top_wrong_votes": max((n for i, n in votes.items() if i != target), default=0),
             }
         )
     return out
+
+
+DISTANCE_BUCKETS = ((0, 128, "<128"), (128, 512, "128-512"), (512, None, ">=512"))  # tokens from definition to answer
 
 
 def hit_rates(selections: list[list[dict[str, Any]]], consensus: int) -> dict[str, float]:
@@ -101,6 +109,7 @@ def hit_rates(selections: list[list[dict[str, Any]]], consensus: int) -> dict[st
         return float(np.mean([s["hit"] for s in items])) if items else float("nan")
 
     live = [s for s in flat if s["n_summaries"]]
+    misses = [s for s in flat if s["recomputed"] and not s["hit"]]
     return {
         "hit_rate": rate(flat),
         "hit_rate_far": rate([s for s in flat if s["far"]]),
@@ -108,6 +117,15 @@ def hit_rates(selections: list[list[dict[str, Any]]], consensus: int) -> dict[st
         "chance": float(np.mean([min(1.0, consensus / s["n_summaries"]) for s in live])) if live else float("nan"),
         "cues": len(flat),
         "cues_far": sum(s["far"] for s in flat),
+        "hit_rate_by_distance": {
+            name: rate([s for s in flat if "distance" in s and lo <= s["distance"] and (hi is None or s["distance"] < hi)])
+            for lo, hi, name in DISTANCE_BUCKETS
+        },
+        # how the rule misses: the votes (of L·H·k) the defining summary got, and the most-voted wrong one's
+        "miss_votes": {
+            key: float(np.mean([s[key] for s in misses])) if misses else float("nan")
+            for key in ("target_votes", "top_wrong_votes")
+        },
     }
 
 

@@ -69,3 +69,5 @@ def test_committed_results_follow_the_issue_schema():
     assert full["rows_over_full"] == 1.0 and full["ci_vs_full"] == [0.0, 0.0]
     assert all("ratio" in a for a in results["arms"] if a["method"] == "abridge")
     assert "selection_hit_rate" in next(a for a in results["arms"] if a["name"] == "zoomr")
+    # the selection run measured the paper's rule: its hit rate is not reported for the variants (c = 3, ...)
+    assert not any("selection_hit_rate" in a for a in results["arms"] if a["method"] == "zoomr" and a["name"] != "zoomr")

@@ -167,9 +167,9 @@ def test_online_hit_rate_reads_the_recompute_at_each_cue():
         {"cue_pos": 95, "answer_pos": 97, "distance": 80, "defined_in": 3, "final": True},
     ]}  # fmt: skip
     log = [
-        {"position": 10 + 50, "zoomed": [1, 2], "n_summaries": 3},
-        {"position": 10 + 90, "zoomed": [2, 3], "n_summaries": 4},
-        {"position": 10 + 95, "zoomed": [2, 3], "n_summaries": 4},
+        {"position": 10 + 50, "zoomed": [1, 2], "n_summaries": 3, "votes": {"1": 9, "2": 7}},
+        {"position": 10 + 90, "zoomed": [2, 3], "n_summaries": 4, "votes": {"0": 3, "2": 8, "3": 6}},  # the miss
+        {"position": 10 + 95, "zoomed": [2, 3], "n_summaries": 4},  # no votes logged: counted as 0
         {"position": 10 + 51, "zoomed": [0], "n_summaries": 3},  # another recompute: not a cue
     ]
     sel = cue_selections(record, log, prompt_len=10, window=64)
@@ -177,3 +177,8 @@ def test_online_hit_rate_reads_the_recompute_at_each_cue():
     rates = hit_rates([sel], consensus=2)
     assert rates["hit_rate"] == 2 / 3 and rates["hit_rate_far"] == 0.5 and rates["hit_rate_final"] == 0.5
     assert rates["chance"] == (2 / 3 + 0.5 + 0.5) / 3 and rates["cues_far"] == 2
+    assert rates["hit_rate_by_distance"] == {"<128": 2 / 3, "128-512": pytest.approx(float("nan"), nan_ok=True),
+                                             ">=512": pytest.approx(float("nan"), nan_ok=True)}  # fmt: skip
+    # the miss (target 0): 3 votes for it, 8 for the most-voted wrong summary
+    assert rates["miss_votes"] == {"target_votes": 3.0, "top_wrong_votes": 8.0}
+    assert [s["target_votes"] for s in sel] == [9, 3, 0]
