@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 # a layer keeping q of them compresses a completed block C:q (q = 16: 4:1, q = 8: 8:1).
 BLOCK, PAUSES = 64, 16
 ABRIDGE_STEPS = 3000
-KVZAP_THRESHOLDS = (-8.0, -7.0, -6.0, -5.5, -5.0, -4.0)  # log-score thresholds τ (analysis/miniature_kvzap.py)
+KVZAP_THRESHOLDS = (-8.0, -7.0, -6.0, -5.75, -5.5, -5.0, -4.0)  # log-score thresholds τ (analysis/miniature_kvzap.py);
+# -5.75 refines the grid where compression crosses 50% (between -6 and -5.5 on the validation seed 1,000,003)
 ZOOMR_WINDOW = 64  # N_w: the paper's 512 is half a 1,024-token testbed trace; 64 ~ one paragraph
 ZOOMR_CUE_STEPS = 1200  # the cue-view stage of the ZoomR model (full-length traces only, no warm-up tasks)
 ZOOMR_CUE_PLAIN_STEPS = 400  # its first steps under the plain cue view (the reading moves to "=" in ~300)
@@ -104,6 +105,12 @@ MODELS: dict[str, Model] = {
                                 "method.checkpoint={abridge_4to1}", "method.heldout_examples=32"), needs=("abridge_4to1",)),
         Model("abridge_perlayer", _abridge(None, extra=("method.schedule=runs/train/{abridge_alloc_name}/schedule.json",),
                                            pauses=2 * PAUSES), needs=("base", "abridge_alloc")),
+        # its second stage, as for the uniform model: 2,000 steps at half the peak LR on fresh problems
+        Model("abridge_perlayer_more",
+              _abridge(None, steps=2000, start="abridge_perlayer", pauses=2 * PAUSES,
+                       extra=("method.schedule=runs/train/{abridge_alloc_name}/schedule.json",
+                              "method.optim.learning_rate=5e-4", "data.seed=1")),
+              needs=("abridge_perlayer", "abridge_alloc")),
         # KVzap (analysis/miniature_kvzap.py): pairs from the base model's own hidden states on training-stream
         # traces, then the linear and MLP surrogates; the arms serve the base model with them
         Model("kvzap_pairs", ("+pipeline=kvzap_pairs_testbed", "model=tiny-testbed", "model.hf_id={base}"),
@@ -130,8 +137,11 @@ ARMS: dict[str, Arm] = {
         Arm("abridge", "abridge", "abridge_4to1_more", extra={"ratio": BLOCK / 16, "steps": 5000}),
         Arm("abridge_3000steps", "abridge", "abridge_4to1", extra={"ratio": BLOCK / 16, "steps": ABRIDGE_STEPS}),
         Arm("abridge_8to1", "abridge", "abridge_8to1", extra={"ratio": BLOCK / 8}),
-        Arm("abridge_perlayer", "abridge", "abridge_perlayer", extra={"ratio": BLOCK / 16, "steps": ABRIDGE_STEPS,
-                                                                      "schedule": "per-layer (abridge_allocate)"}),
+        # per-layer quotas (abridge_allocate's schedule), at the uniform arms' steps: 5,000 (two stages) and 3,000
+        Arm("abridge_perlayer", "abridge", "abridge_perlayer_more",
+            extra={"ratio": BLOCK / 16, "steps": 5000, "schedule": "per-layer (abridge_allocate)"}),
+        Arm("abridge_perlayer_3000steps", "abridge", "abridge_perlayer",
+            extra={"ratio": BLOCK / 16, "steps": ABRIDGE_STEPS, "schedule": "per-layer (abridge_allocate)"}),
         Arm("streaming@abridge_8to1", "streaming", "base", match="abridge_8to1"),
         Arm("h2o@abridge_8to1", "h2o", "base", match="abridge_8to1"),
         *(Arm(f"kvzap@{t:g}", "kvzap", "kvzap", (f"method.threshold={t}",), extra={"threshold": t})
