@@ -19,6 +19,7 @@ BLOCK, PAUSES = 64, 16
 ABRIDGE_STEPS = 3000
 KVZAP_THRESHOLDS = (-8.0, -7.0, -6.0, -5.75, -5.5, -5.0, -4.0)  # log-score thresholds τ (analysis/miniature_kvzap.py);
 # -5.75 refines the grid where compression crosses 50% (between -6 and -5.5 on the validation seed 1,000,003)
+SECOND_STAGE = ("method.optim.learning_rate=5e-4", "data.seed=1")  # AbridgeKV's second stage: half the peak LR, fresh problems
 ZOOMR_WINDOW = 64  # N_w: the paper's 512 is half a 1,024-token testbed trace; 64 ~ one paragraph
 ZOOMR_CUE_STEPS = 1200  # the cue-view stage of the ZoomR model (full-length traces only, no warm-up tasks)
 ZOOMR_CUE_PLAIN_STEPS = 400  # its first steps under the plain cue view (the reading moves to "=" in ~300)
@@ -95,7 +96,7 @@ MODELS: dict[str, Model] = {
         Model("abridge_4to1", _abridge(16), needs=("base",)),
         # a second stage from the 3,000-step model at half the peak LR (the first stage ends at 0.55 answer
         # accuracy with recall 0.935: undertrained, its loss still falling), on fresh problems (data.seed=1)
-        Model("abridge_4to1_more", _abridge(16, steps=2000, extra=("method.optim.learning_rate=5e-4", "data.seed=1"), start="abridge_4to1"),
+        Model("abridge_4to1_more", _abridge(16, steps=2000, extra=SECOND_STAGE, start="abridge_4to1"),
               needs=("abridge_4to1",)),
         Model("abridge_8to1", _abridge(8, steps=1500), needs=("base",)),  # half the steps: CPU time
         # the per-layer schedule (AbridgeKV §5.1): halve each layer's quota of the uniform 4:1 model in turn
@@ -108,8 +109,7 @@ MODELS: dict[str, Model] = {
         # its second stage, as for the uniform model: 2,000 steps at half the peak LR on fresh problems
         Model("abridge_perlayer_more",
               _abridge(None, steps=2000, start="abridge_perlayer", pauses=2 * PAUSES,
-                       extra=("method.schedule=runs/train/{abridge_alloc_name}/schedule.json",
-                              "method.optim.learning_rate=5e-4", "data.seed=1")),
+                       extra=("method.schedule=runs/train/{abridge_alloc_name}/schedule.json", *SECOND_STAGE)),
               needs=("abridge_perlayer", "abridge_alloc")),
         # KVzap (analysis/miniature_kvzap.py): pairs from the base model's own hidden states on training-stream
         # traces, then the linear and MLP surrogates; the arms serve the base model with them
