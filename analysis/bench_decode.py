@@ -44,6 +44,7 @@ from omegaconf import OmegaConf
 
 from zoomr import configs
 from zoomr.cache import build_policy
+from zoomr.decode_forward import DecoderForward
 from zoomr.models import load_model_and_tokenizer, spec_from_dict
 from zoomr.paths import REPO_ROOT
 
@@ -82,10 +83,12 @@ class _Runner:
 
 
 class PolicyRunner(_Runner):
-    """A zoomr policy cache driven step by step (``begin_step`` / forward / ``end_step``), as the engine does."""
+    """A zoomr policy cache driven step by step (``begin_step`` / forward / ``end_step``), as the engine does
+    (the engine's :class:`~zoomr.decode_forward.DecoderForward`)."""
 
     def __init__(self, name: str, model, cfg: Any, ids: torch.Tensor, args: argparse.Namespace) -> None:
         self.name, self.model = name, model
+        self.forward = DecoderForward(model)
         self.cache = build_policy(cfg, model.config)
         C = ids.shape[1]
         P = C if args.context_mode == "prompt" else min(args.prompt_tokens, C)
@@ -103,9 +106,7 @@ class PolicyRunner(_Runner):
         step = self.cache.begin_step(
             torch.ones_like(x, dtype=torch.bool), input_ids=x, is_prefill=prefill, ends_prefill=last
         )
-        logits = self.model(
-            input_ids=x, position_ids=step.positions, cache=self.cache, use_cache=True, logits_to_keep=1
-        ).logits
+        logits = self.forward(x, step.positions, self.cache, keep_last=True)
         self.cache.end_step()
         return logits
 

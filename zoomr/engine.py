@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from zoomr.attention import ATTN_IMPLEMENTATION
 from zoomr.cache import ForcedInput, PolicyCache, build_policy
+from zoomr.decode_forward import DecoderForward
 
 
 @dataclass
@@ -230,6 +231,7 @@ class _Decode:
             model, tokenizer, cache, ids, settings, script
         )  # fmt: skip
         self.device = next(model.parameters()).device
+        self.decoder = DecoderForward(model)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         seeds = settings.seed if isinstance(settings.seed, list) else [settings.seed + i for i in range(B)]
         if len(seeds) != B:
@@ -262,10 +264,7 @@ class _Decode:
             step_valid, positions=positions, input_ids=step_ids, is_prefill=prefill, ends_prefill=last_chunk
         )
         t0 = time.perf_counter()
-        kwargs = {"logits_to_keep": 1} if keep_last else {}
-        logits = self.model(
-            input_ids=step_ids, position_ids=step.positions, cache=cache, use_cache=True, **kwargs
-        ).logits
+        logits = self.decoder(step_ids, step.positions, cache, keep_last=keep_last)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         dt = time.perf_counter() - t0
