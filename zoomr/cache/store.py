@@ -483,20 +483,25 @@ class PagedKV:
 
     def drop_rows(self, j: torch.Tensor) -> None:
         """Free row ``j[b, h]`` of every (b, h) (one row each, e.g. H2O's lowest-scored row once a step's
-        append passed the budget). A slab whose (b, h) all hold the same rows slides only the rows after the
-        first dropped one down by one, with a gather built without a sort; anything else goes through
-        :meth:`retain`."""
+        append passed the budget). A slab whose (b, h) all hold the same rows slides the cheaper side by one
+        with a gather built without a sort — the rows before the last dropped one up (``start`` advances) or
+        the rows after the first dropped one down; anything else goes through :meth:`retain`."""
         N = self.n_max
         j = j.to(self.device)
         if not (self.slab and self.n_min == N) or N == 0:
             keep = torch.arange(N, device=self.device) != j[:, :, None]
             self.retain(keep & self._valid(N))
             return
-        first = int(j.min())
-        span = N - 1 - first  # destination rows first .. N-2 take the kept rows after them
-        if span:
+        lo, hi = (int(x) for x in torch.aminmax(j))
+        s = self.start
+        if hi < N - 1 - lo:  # rows 0 .. hi-1 of the new layout (slots s+1 .. s+hi) take the kept rows up to hi
+            if hi:
+                ar = torch.arange(hi, device=self.device)
+                self._move(ar + (ar >= j[:, :, None]), s, s + 1, hi)
+            self.start = s + 1
+        elif span := N - 1 - lo:  # destination rows lo .. N-2 take the kept rows after them
             ar = torch.arange(span, device=self.device)
-            self._move(ar + (ar >= (j - first)[:, :, None]), self.start + first, self.start + first, span)
+            self._move(ar + (ar >= (j - lo)[:, :, None]), s + lo, s + lo, span)
         self._set_kept(None, N - 1, N - 1)
 
     def _set_kept(self, n_keep: torch.Tensor | None, k_lo: int, k_hi: int) -> None:
