@@ -6,7 +6,8 @@ never reads (it builds its own from the rows the policy holds), and RoPE's cos/s
 :class:`DecoderForward` runs the same modules in the same order — ``embed_tokens``, every decoder layer
 (attention hooks, and the policy's cache updates, fire as usual), the final norm, ``lm_head`` on the kept
 positions — with cos/sin looked up in a table the model's own rotary module filled once (grown by
-doubling). The logits are bitwise the model's (``tests/test_decode_forward.py``).
+doubling). The logits are the model's (equal bit for bit on the tiny models; ``tests/test_decode_forward.py``
+allows 1e-6).
 
 It applies only where that is exact: a llama / qwen2 / qwen3 causal LM with full attention in every layer, a
 RoPE whose frequencies do not depend on the sequence length, and no forward hooks on the model or its
