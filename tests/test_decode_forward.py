@@ -14,9 +14,12 @@ from zoomr.models import load_model_and_tokenizer
 
 @pytest.fixture(scope="module")
 def models(cache_dir):
+    overrides = {"phi3": {"partial_rotary_factor": 0.5}}  # RoPE on half of each head's dims
     return {
-        arch: load_model_and_tokenizer(tiny_spec(arch, num_hidden_layers=2), cache_dir, attn_implementation="zoomr")
-        for arch in ("qwen2", "llama", "qwen3")
+        arch: load_model_and_tokenizer(
+            tiny_spec(arch, num_hidden_layers=2, **overrides.get(arch, {})), cache_dir, attn_implementation="zoomr"
+        )
+        for arch in ("qwen2", "llama", "qwen3", "phi3")
     }
 
 
@@ -40,7 +43,7 @@ def _steps(model, forward, policy: str):
     return out
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3", "phi3"])
 @pytest.mark.parametrize("policy", ["full", "h2o"])
 @torch.no_grad()
 def test_direct_forward_gives_the_models_logits(models, arch, policy):
@@ -95,6 +98,12 @@ def test_models_it_cannot_drive_exactly_are_named(models):
         assert direct_path_reason(model) == "sliding-window layers"
     finally:
         model.config.layer_types = original
+    phi3, _ = models["phi3"]
+    phi3.config.sliding_window = 64
+    try:
+        assert direct_path_reason(phi3) == "sliding-window attention"
+    finally:
+        phi3.config.sliding_window = None
     rope = model.model.rotary_emb
     original_type = rope.rope_type
     rope.rope_type = "dynamic"

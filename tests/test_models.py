@@ -77,6 +77,22 @@ def test_model_round_trip_gives_identical_logits(tmp_path, cache_dir):
         assert torch.equal(again(ids).logits, before)
 
 
+def test_partial_rope_phi3_rotates_only_its_share_of_each_head(tmp_path, cache_dir):
+    """``arch=phi3`` + ``partial_rotary_factor``: RoPE on the first dims of a head, the rest position-free, and
+    the setting survives save/load (the ZoomR testbed variant with position-free key dims)."""
+    spec = tiny_spec("phi3", partial_rotary_factor=0.5)
+    model = load_model(spec, cache_dir)
+    assert type(model).__name__ == "Phi3ForCausalLM"
+    head_dim = model.config.hidden_size // model.config.num_attention_heads
+    assert model.model.rotary_emb.inv_freq.numel() * 2 == head_dim // 2
+    cos, sin = model.model.rotary_emb(torch.zeros(1), torch.tensor([[0, 900]]))
+    assert cos.shape[-1] == head_dim // 2 and not torch.allclose(cos[0, 0], cos[0, 1])
+    model.save_pretrained(tmp_path)
+    assert AutoModelForCausalLM.from_pretrained(tmp_path).config.rope_parameters["partial_rotary_factor"] == 0.5
+    with pytest.raises(ValueError, match="partial_rotary_factor needs arch phi3"):
+        tiny_config("llama", 100, partial_rotary_factor=0.5)
+
+
 def test_build_is_cached_and_keyed_on_config(cache_dir):
     a = build_tiny(tiny_spec("qwen2"), cache_dir)
     assert build_tiny(tiny_spec("qwen2"), cache_dir) == a

@@ -9,7 +9,7 @@ positions — with cos/sin looked up in a table the model's own rotary module fi
 doubling). The logits are the model's (equal bit for bit on the tiny models; ``tests/test_decode_forward.py``
 allows 1e-6).
 
-It applies only where that is exact: a llama / qwen2 / qwen3 causal LM with full attention in every layer, a
+It applies only where that is exact: a llama / qwen2 / qwen3 / phi3 causal LM with full attention in every layer, a
 RoPE whose frequencies do not depend on the sequence length, and no forward hooks on the model or its
 decoder stack (a hook there expects ``model(...)``). Anything else goes through ``model(...)``.
 """
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 #: model types whose causal LM is ``embed_tokens`` → layers → ``norm`` → ``lm_head`` (no logit scaling)
-DIRECT_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3"})
+DIRECT_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "phi3"})
 #: RoPE types with position-independent frequencies (``dynamic`` / ``longrope`` rescale with the length)
 STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
 
@@ -46,6 +46,8 @@ def _structure_reason(model: torch.nn.Module) -> str | None:
         return "no lm_head"
     if any(t != "full_attention" for t in (getattr(config, "layer_types", None) or [])):
         return "sliding-window layers"
+    if config.model_type == "phi3" and config.sliding_window is not None:  # phi3: one window for every layer
+        return "sliding-window attention"
     if getattr(inner.rotary_emb, "rope_type", "default") not in STATIC_ROPE_TYPES:
         return f"RoPE type {inner.rotary_emb.rope_type!r} rescales with the sequence length"
     return None

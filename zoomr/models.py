@@ -24,7 +24,7 @@ from zoomr.tokenizer import TOKENIZER_VERSION, train_bpe_tokenizer
 
 log = logging.getLogger(__name__)
 
-ARCHITECTURES = ("qwen2", "llama", "qwen3")
+ARCHITECTURES = ("qwen2", "llama", "qwen3", "phi3")  # phi3: partial RoPE (``partial_rotary_factor``)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -99,10 +99,13 @@ def tiny_config(arch: str, vocab_size: int, **overrides: Any):
     heads, kv = base["num_attention_heads"], base["num_key_value_heads"]
     if heads % kv or heads // kv < 2:
         raise ValueError(f"tiny {arch}: need GQA with >= 2 query heads per KV head, got {heads}/{kv}")
-    rope_theta = base.pop("rope_theta")
+    rope = {"rope_type": "default", "rope_theta": base.pop("rope_theta")}
+    if "partial_rotary_factor" in base:  # RoPE on the first fraction of each head's dims, none on the rest
+        if arch != "phi3":
+            raise ValueError(f"tiny {arch}: partial_rotary_factor needs arch phi3 (llama/qwen rotate every dim)")
+        rope["partial_rotary_factor"] = base.pop("partial_rotary_factor")
     config = AutoConfig.for_model(arch, **base)
-    # transformers 5 keeps RoPE settings in rope_parameters
-    config.rope_parameters = {"rope_type": "default", "rope_theta": rope_theta}
+    config.rope_parameters = rope  # transformers 5 keeps RoPE settings in rope_parameters
     return config
 
 
