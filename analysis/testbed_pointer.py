@@ -12,7 +12,10 @@ chance (c / summaries so far). ``--cue-view`` runs the forward under ZoomR's dec
 cue's key and boundary rows (:mod:`zoomr.testbed.cue_view`: the prompt and the window only), the
 condition the decoded selection meets; a model whose boundary query finds the summary by attending to it
 scores far lower there. This is the check to run before spending time on ZoomR accuracy arms
-(shared/specs/MINIATURE_NOTES.md): until the rule beats chance, the arms are uninformative.
+(shared/specs/MINIATURE_NOTES.md): until the rule beats chance, the arms are uninformative. Where the rule
+misses (``misses`` in the JSON, :class:`MissTally`): the miss rate by how many summaries back the defining one
+lies, and how many misses are unanimous (no head that can see the key votes for the target: a shared error,
+such as another summary's keys lying close to the cue's key, that more heads voting cannot outvote).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ def teacher_forced_hit_rate(
     rows = [encode_problem(p, enc, window) for p in problems(data, n, data.test_seed)]
     variants: dict[str, list[int] | None] = {"paper": None, **{f"layer{i}": [i] for i in range(model.config.num_hidden_layers)}}
     totals = {v: {"hits": 0, "cues": 0, "far_hits": 0, "far_cues": 0, "chance": 0.0} for v in variants}
+    misses = MissTally(top_k, content_layers=list(range(1, model.config.num_hidden_layers)))
     with capture_qk(model) as qk:
         for i in range(0, len(rows), batch):
             b = collate(rows[i : i + batch], enc.ids[tt.tokens.PAD], "trace", data.trace_tokens)
@@ -48,6 +52,7 @@ def teacher_forced_hit_rate(
             for name, layers in variants.items():
                 counts = count_hits(qk, b.spans, b.cues, top_k, c, layers)
                 totals[name] = {k: totals[name][k] + counts[k] for k in counts}
+            misses.add(qk, b.spans, b.cues, c)
     out: dict[str, Any] = {}
     for name, t in totals.items():
         out[name] = {
@@ -57,7 +62,47 @@ def teacher_forced_hit_rate(
             "cues": t["cues"],
             "cues_far": t["far_cues"],
         }
+    out["misses"] = misses.summary()
     return out
+
+
+BACK_BUCKETS = ((0, 1, "0"), (1, 4, "1-3"), (4, 10, "4-9"), (10, 10**9, "10+"))
+
+
+class MissTally:
+    """Where the paper's rule misses: the miss rate by how many summaries back the defining one lies, and how
+    many misses are unanimous (no head of the layers that can see the key, 1 and up, votes for the target: the
+    others' summaries outscore it in every head, i.e. the heads share the error rather than split)."""
+
+    def __init__(self, top_k: int, content_layers: list[int]) -> None:
+        self.top_k, self.layers = top_k, content_layers
+        self.by_back = {name: [0, 0] for *_, name in BACK_BUCKETS}
+        self.unanimous = 0
+        self.misses = 0
+
+    def add(self, qk, spans, cues, c: int) -> None:
+        from zoomr.summary_pointer import selection_hits, target_ranks
+
+        for b, (sp, cs) in enumerate(zip(spans, cues)):
+            if not cs or not sp:
+                continue
+            ranks = target_ranks(qk, sp, cs, self.layers, b=b) if self.layers else None
+            for n, s in enumerate(selection_hits(qk, sp, cs, self.top_k, c, b=b)):
+                back = s.n_summaries - 1 - cs[n].target
+                name = next(name for lo, hi, name in BACK_BUCKETS if lo <= back < hi)
+                self.by_back[name][0] += not s.hit
+                self.by_back[name][1] += 1
+                if not s.hit:
+                    self.misses += 1
+                    self.unanimous += ranks is not None and bool((ranks[n] >= self.top_k).all())
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "miss_rate_by_summaries_back": {k: m / n if n else None for k, (m, n) in self.by_back.items()},
+            "cues_by_summaries_back": {k: n for k, (_, n) in self.by_back.items()},
+            "misses": self.misses,
+            "unanimous_misses": self.unanimous,
+        }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -81,7 +126,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     res = teacher_forced_hit_rate(model, data, args.n, args.top_k, args.consensus, args.window, cue_view=args.cue_view)
     print(f"{'rule':<8}{'hit':>8}{'far':>8}{'chance':>8}{'cues':>7}{'far cues':>9}")
     for name, r in res.items():
+        if name == "misses":
+            continue
         print(f"{name:<8}{r['hit_rate']:>8.3f}{r['hit_rate_far']:>8.3f}{r['chance']:>8.3f}{r['cues']:>7}{r['cues_far']:>9}")
+    m = res["misses"]
+    print("miss rate by summaries back: " + ", ".join(
+        f"{k} {v:.3f} ({m['cues_by_summaries_back'][k]} cues)" for k, v in m["miss_rate_by_summaries_back"].items() if v is not None))
+    print(f"unanimous misses (no head of layers >= 1 votes for the target): {m['unanimous_misses']} of {m['misses']}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {**vars(args), "test_seed": data.test_seed, "query_form": data.query_form}

@@ -10,7 +10,14 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from zoomr.cache.zoomr import consensus, head_votes
 from zoomr.schemas.testbed import TestbedData
-from zoomr.summary_pointer import Cue, capture_qk, mean_summary_keys, pointer_loss, selection_hits
+from zoomr.summary_pointer import (
+    Cue,
+    capture_qk,
+    mean_summary_keys,
+    pointer_loss,
+    selection_hits,
+    target_ranks,
+)
 from zoomr.testbed import vocab as tt
 from zoomr.testbed.curriculum import encode_problem
 from zoomr.testbed.task import generate
@@ -44,6 +51,20 @@ def test_a_query_pointing_at_its_summary_is_a_hit_and_pointing_elsewhere_is_a_mi
     assert sel[0].far and not sel[1].far and sel[2].zoomed == [2] and sel[1].zoomed == [3]
     assert sel[0].target_votes == 4 and sel[0].agreeability == 1.0  # every head votes for it
 
+
+
+def test_target_ranks_count_the_completed_summaries_that_outscore_the_target_per_head():
+    cues = [Cue(25, 1), Cue(27, 0), Cue(15, 0)]
+    qk = _qk({25: 1, 27: 2, 15: 1})  # cue 1 points at summary 2 (its fact is in 0); at row 15 only 0 and 1 are complete
+    ranks = target_ranks(qk, SPANS, cues, layers=[0])
+    assert ranks.shape == (3, 4)
+    assert (ranks[0] == 0).all() and (ranks[1] >= 1).all() and (ranks[2] == 1).all()
+    # the rank is the count of live summaries scoring above the target, as the scores themselves say
+    q, k = qk[0]
+    kbar = mean_summary_keys(k[0], SPANS)
+    alpha = torch.einsum("hd,hmd->hm", q[0, :, 27], kbar.repeat_interleave(2, 0))
+    assert torch.equal(ranks[1], (alpha > alpha[:, :1]).sum(1))
+    assert torch.equal(target_ranks({0: qk[0], 1: qk[0]}, SPANS, cues, layers=[0, 1]), torch.cat([ranks, ranks], 1))
 
 def test_only_completed_summaries_can_be_selected():
     # at row 15 summary 2 (end delimiter at row 16) is still open: a query pointing at it cannot select it
@@ -182,3 +203,18 @@ def test_online_hit_rate_reads_the_recompute_at_each_cue():
     # the miss (target 0): 3 votes for it, 8 for the most-voted wrong summary
     assert rates["miss_votes"] == {"target_votes": 3.0, "top_wrong_votes": 8.0}
     assert [s["target_votes"] for s in sel] == [9, 3, 0]
+
+
+def test_miss_tally_buckets_misses_by_summaries_back_and_counts_unanimous_ones():
+    from analysis.testbed_pointer import MissTally
+
+    cues = [Cue(25, 3), Cue(26, 0), Cue(27, 1)]  # 4 summaries complete: 0, 3 and 2 summaries back
+    right, wrong = _qk({25: 3, 26: 2, 27: 1}), _qk({25: 3, 26: 2, 27: 2})
+    tally = MissTally(top_k=1, content_layers=[1])
+    tally.add({0: right[0], 1: wrong[0]}, [SPANS], [cues], c=1)  # cue 27: layer 0 right, layer 1 wrong: a tie
+    out = tally.summary()
+    assert out["cues_by_summaries_back"] == {"0": 1, "1-3": 2, "4-9": 0, "10+": 0}
+    misses = [s.hit for s in selection_hits({0: right[0], 1: wrong[0]}, SPANS, cues, top_k=1, c=1)].count(False)
+    assert out["misses"] == misses >= 1
+    assert out["unanimous_misses"] == misses  # every miss here has every head of layer 1 voting for summary 2
+    assert out["miss_rate_by_summaries_back"]["0"] == 0.0 and out["miss_rate_by_summaries_back"]["4-9"] is None

@@ -124,6 +124,29 @@ def pointer_loss(
     return torch.stack(terms).sum() / count if count else None
 
 
+
+def target_ranks(
+    qk: dict[int, tuple[torch.Tensor, torch.Tensor]],
+    spans: Sequence[tuple[int, int]],
+    cues: Sequence[Cue],
+    layers: Sequence[int],
+    b: int = 0,
+) -> torch.Tensor:
+    """``[N, len(layers) * Hq]`` long: at each cue of sequence ``b``, the 0-based rank of its defining summary
+    by q · k̄ among the summaries completed before it, per (layer, query head); rank < k means the head votes for it."""
+    live = _live(spans, cues, "cpu")  # [N, M]
+    pos = torch.tensor([c.pos for c in cues])
+    target = torch.tensor([c.target for c in cues])
+    out = []
+    for layer in layers:
+        query, key = qk[layer]
+        q = query[b][:, pos.to(query.device)].detach().float()  # [Hq, N, d]
+        alpha = pointer_scores(q, mean_summary_keys(key[b].detach().float(), spans)).cpu()  # [Hq, N, M]
+        alpha = alpha.masked_fill(~live[None], float("-inf"))
+        own = alpha.gather(-1, target[None, :, None].expand(alpha.shape[0], -1, 1))
+        out.append((alpha > own).sum(-1).T)  # [N, Hq]
+    return torch.cat(out, dim=1)
+
 @dataclass
 class Selection:
     """The paper's rule at one cue: I_c, the vote count of the target, whether I_c holds it."""
