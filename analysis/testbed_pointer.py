@@ -32,7 +32,8 @@ import torch
 def teacher_forced_hit_rate(
     model, data, n: int, top_k: int = 2, c: int = 2, window: int = 64, batch: int = 8, cue_view: bool = False
 ) -> dict[str, Any]:
-    """Hit rates of the rule over ``n`` problems of ``data`` (its test seed), every layer and each layer alone;
+    """Hit rates of the rule over ``n`` problems of ``data`` (its test seed), every layer and each layer alone,
+    and where it misses (``misses``: :class:`MissTally`);
     ``cue_view``: with the cue rows under :func:`zoomr.testbed.cue_view.batch_cue_view`'s mask."""
     from zoomr.summary_pointer import capture_qk, count_hits
     from zoomr.testbed import vocab as tt
