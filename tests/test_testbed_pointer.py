@@ -52,7 +52,6 @@ def test_a_query_pointing_at_its_summary_is_a_hit_and_pointing_elsewhere_is_a_mi
     assert sel[0].target_votes == 4 and sel[0].agreeability == 1.0  # every head votes for it
 
 
-
 def test_target_ranks_count_the_completed_summaries_that_outscore_the_target_per_head():
     cues = [Cue(25, 1), Cue(27, 0), Cue(15, 0)]
     qk = _qk({25: 1, 27: 2, 15: 1})  # cue 1 points at summary 2 (its fact is in 0); at row 15 only 0 and 1 are complete
@@ -65,6 +64,7 @@ def test_target_ranks_count_the_completed_summaries_that_outscore_the_target_per
     alpha = torch.einsum("hd,hmd->hm", q[0, :, 27], kbar.repeat_interleave(2, 0))
     assert torch.equal(ranks[1], (alpha > alpha[:, :1]).sum(1))
     assert torch.equal(target_ranks({0: qk[0], 1: qk[0]}, SPANS, cues, layers=[0, 1]), torch.cat([ranks, ranks], 1))
+
 
 def test_only_completed_summaries_can_be_selected():
     # at row 15 summary 2 (end delimiter at row 16) is still open: a query pointing at it cannot select it

@@ -124,7 +124,6 @@ def pointer_loss(
     return torch.stack(terms).sum() / count if count else None
 
 
-
 def target_ranks(
     qk: dict[int, tuple[torch.Tensor, torch.Tensor]],
     spans: Sequence[tuple[int, int]],
@@ -146,6 +145,7 @@ def target_ranks(
         own = alpha.gather(-1, target[None, :, None].expand(alpha.shape[0], -1, 1))
         out.append((alpha > own).sum(-1).T)  # [N, Hq]
     return torch.cat(out, dim=1)
+
 
 @dataclass
 class Selection:
