@@ -15,6 +15,7 @@ from zoomr.summary_pointer import (
     capture_qk,
     mean_summary_keys,
     pointer_loss,
+    pointer_scores,
     selection_hits,
     target_ranks,
 )
@@ -100,6 +101,25 @@ def test_pointer_loss_is_low_when_pointing_and_trains_the_queries():
     loss = pointer_loss({0: (q, qk[0][1])}, [SPANS], cues, layers=[0])
     loss.backward()
     assert q.grad[0, :, 25].abs().sum() > 0 and q.grad[0, :, 24].abs().sum() == 0  # only the cue rows
+
+
+def test_margin_pointer_loss_is_the_hinge_on_the_strongest_competitor():
+    """The margin variant: max(0, m − (α_target − max other α)) per head on q · k̄ / sqrt(d), averaged over cues."""
+    cues = [[Cue(25, 1), Cue(26, 3)]]
+    qk = _qk({25: 1, 26: 3})
+    query, key = qk[0]
+    d = query.shape[-1]
+    alpha = pointer_scores(query[0][:, [25, 26]], mean_summary_keys(key[0], SPANS)) * d**-0.5  # [Hq, 2, M]
+    live = torch.tensor([[end < c.pos for _, end in SPANS] for c in cues[0]])
+    expect = []
+    for n, c in enumerate(cues[0]):
+        for h in range(alpha.shape[0]):
+            rivals = [float(alpha[h, n, m]) for m in range(len(SPANS)) if m != c.target and live[n, m]]
+            expect.append(max(0.0, 50.0 - (float(alpha[h, n, c.target]) - max(rivals))))
+    got = pointer_loss(qk, [SPANS], cues, layers=[0], margin=50.0)
+    assert 0 < sum(expect) and abs(float(got) - sum(expect) / alpha.shape[0] / 2) < 1e-4
+    assert float(pointer_loss(qk, [SPANS], cues, layers=[0], margin=1e-3)) == 0  # met by every head: no gradient
+    assert float(pointer_loss(_qk({25: 0, 26: 0}), [SPANS], cues, layers=[0], margin=1e-3)) > 0  # pointing elsewhere
 
 
 def test_capture_records_post_rope_queries_and_keys_of_a_real_llama():

@@ -136,6 +136,8 @@ def check_method(method: TestbedTrainMethod, data: TestbedData) -> None:
         raise ValueError(
             f"method.cue_view_window={method.cue_view_window}: needs data with summaries, query_form=cue and a window >= 0"
         )
+    if method.summary_pointer_margin is not None and not method.summary_pointer_margin > 0:
+        raise ValueError(f"method.summary_pointer_margin={method.summary_pointer_margin}: must be null or > 0")
     if method.init_from and not (resolve_repo_path(method.init_from) / "config.json").is_file():
         raise ValueError(f"method.init_from={method.init_from}: not a checkpoint directory (no config.json)")
 
@@ -187,7 +189,7 @@ def run(cfg) -> dict[str, Any]:
             g["lr"] = lr_at(step, method)
         loss, _ = batch_loss(model, batch, training_mask(model, batch, method, qk, step))
         cues = with_key_cues(batch.cues) if method.summary_pointer_at_key and batch.cues else batch.cues
-        aux = pointer_loss(qk, batch.spans, cues, layers) if use_pointer and cues else None
+        aux = pointer_loss(qk, batch.spans, cues, layers, method.summary_pointer_margin) if use_pointer and cues else None
         if aux is not None:
             loss = loss + method.summary_pointer_weight * aux
         opt.zero_grad(set_to_none=True)

@@ -101,11 +101,14 @@ def pointer_loss(
     spans: Sequence[Sequence[tuple[int, int]]],
     cues: Sequence[Sequence[Cue]],
     layers: Sequence[int],
+    margin: float | None = None,
 ) -> torch.Tensor | None:
     """Mean cross-entropy of softmax_i(q · k̄_i / sqrt(d)) toward each cue's defining summary, over the given
     layers, every query head and every cue of the batch (``spans[b]``/``cues[b]`` per sequence); None if no cue.
 
     The scale 1/sqrt(d) leaves the ranking (what ZoomR's top-k reads) unchanged; only completed summaries compete.
+    ``margin`` (a variant): the hinge max(0, margin − (α_target − max_{i ≠ target} α_i)) on the same scaled
+    scores instead, which spends the whole gradient on the heads whose strongest competitor is within the margin.
     """
     terms, count = [], 0
     for layer in layers:
@@ -119,9 +122,21 @@ def pointer_loss(
             alpha = alpha.masked_fill(~_live(sp, cs, query.device)[None], float("-inf"))
             target = torch.tensor([c.target for c in cs], device=query.device)
             Hq = alpha.shape[0]
-            terms.append(F.cross_entropy(alpha.flatten(0, 1), target.repeat(Hq), reduction="sum") / Hq)
+            if margin is None:
+                terms.append(F.cross_entropy(alpha.flatten(0, 1), target.repeat(Hq), reduction="sum") / Hq)
+            else:
+                terms.append(_hinge(alpha, target, margin).sum() / Hq)
             count += len(cs)
     return torch.stack(terms).sum() / count if count else None
+
+
+def _hinge(alpha: torch.Tensor, target: torch.Tensor, margin: float) -> torch.Tensor:
+    """``[Hq, N]``: max(0, margin − (α_target − strongest competitor)); 0 where the target has no competitor."""
+    own = alpha.gather(-1, target[None, :, None].expand(alpha.shape[0], -1, 1)).squeeze(-1)
+    others = alpha.scatter(-1, target[None, :, None].expand(alpha.shape[0], -1, 1), float("-inf"))
+    rival = others.max(-1).values
+    gap = torch.where(torch.isfinite(rival), own - rival, torch.full_like(own, float(margin)))
+    return F.relu(margin - gap)
 
 
 def target_ranks(

@@ -91,6 +91,9 @@ class TestbedTrainMethod:
     # cannot know the key, so no loss can make it point).
     summary_pointer_weight: float = 1.0
     summary_pointer_layers: list[int] | None = None
+    # A variant: None = the cross-entropy above; a number = a hinge with this margin (in units of the scaled
+    # score q · k̄ / sqrt(d)) between the target and its strongest competitor, per query head and cue.
+    summary_pointer_margin: float | None = None
     # Also put the pointer loss on each cue's key token (the token before ":"; query_form=cue only). A
     # training device, not a change of ZoomR's rule (which scores with the boundary's query): the key's own
     # query can match the summary's keys in one step, and the boundary's query then reuses that matching
