@@ -117,7 +117,7 @@ def test_margin_pointer_loss_is_the_hinge_on_the_strongest_competitor():
             rivals = [float(alpha[h, n, m]) for m in range(len(SPANS)) if m != c.target and live[n, m]]
             expect.append(max(0.0, 50.0 - (float(alpha[h, n, c.target]) - max(rivals))))
     got = pointer_loss(qk, [SPANS], cues, layers=[0], margin=50.0)
-    assert 0 < sum(expect) and abs(float(got) - sum(expect) / alpha.shape[0] / 2) < 1e-4
+    assert sum(expect) > 0 and abs(float(got) - sum(expect) / alpha.shape[0] / 2) < 1e-4
     assert float(pointer_loss(qk, [SPANS], cues, layers=[0], margin=1e-3)) == 0  # met by every head: no gradient
     assert float(pointer_loss(_qk({25: 0, 26: 0}), [SPANS], cues, layers=[0], margin=1e-3)) > 0  # pointing elsewhere
 
