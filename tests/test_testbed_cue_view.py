@@ -79,6 +79,9 @@ def test_batches_without_cues_use_the_plain_forward_and_bad_settings_are_refused
         check_method(TestbedTrainMethod(cue_view_window=-1), DATA)
     with pytest.raises(ValueError, match="cue_view_previous_selection_from"):
         check_method(TestbedTrainMethod(cue_view_previous_selection_from=0), DATA)
+    check_method(TestbedTrainMethod(summary_pointer_margin=3.0), DATA)
+    with pytest.raises(ValueError, match="summary_pointer_margin"):
+        check_method(TestbedTrainMethod(summary_pointer_margin=0.0), DATA)
     with pytest.raises(ValueError, match="window"):
         cue_view_mask(4, [0], [[]], -1)
 
