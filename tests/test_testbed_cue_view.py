@@ -82,6 +82,9 @@ def test_batches_without_cues_use_the_plain_forward_and_bad_settings_are_refused
     check_method(TestbedTrainMethod(summary_pointer_margin=3.0), DATA)
     with pytest.raises(ValueError, match="summary_pointer_margin"):
         check_method(TestbedTrainMethod(summary_pointer_margin=0.0), DATA)
+    check_method(TestbedTrainMethod(key_spread_weight=10.0), DATA)
+    with pytest.raises(ValueError, match="key_spread_weight"):
+        check_method(TestbedTrainMethod(key_spread_weight=-1.0), DATA)
     with pytest.raises(ValueError, match="window"):
         cue_view_mask(4, [0], [[]], -1)
 

@@ -13,6 +13,7 @@ from zoomr.schemas.testbed import TestbedData
 from zoomr.summary_pointer import (
     Cue,
     capture_qk,
+    key_spread_penalty,
     mean_summary_keys,
     pointer_loss,
     pointer_scores,
@@ -120,6 +121,26 @@ def test_margin_pointer_loss_is_the_hinge_on_the_strongest_competitor():
     assert sum(expect) > 0 and abs(float(got) - sum(expect) / alpha.shape[0] / 2) < 1e-4
     assert float(pointer_loss(qk, [SPANS], cues, layers=[0], margin=1e-3)) == 0  # met by every head: no gradient
     assert float(pointer_loss(_qk({25: 0, 26: 0}), [SPANS], cues, layers=[0], margin=1e-3)) > 0  # pointing elsewhere
+
+
+def test_key_spread_penalty_is_the_mean_squared_cosine_of_distinct_centred_keys():
+    """Centred before the cosine (n one-hot keys: cosine −1/(n−1)); 1 for keys on a line through their mean; equal
+    to a pair loop; its gradient lowers it."""
+    assert float(key_spread_penalty(torch.eye(6), [0, 1, 2, 3])) == pytest.approx(1 / 9, abs=1e-6)
+    antipodes = torch.cat([torch.eye(3), -torch.eye(3)])  # mean 0: each key orthogonal to all but its antipode
+    assert float(key_spread_penalty(antipodes, range(6))) == pytest.approx(6 / 30, abs=1e-6)
+    assert float(key_spread_penalty(torch.eye(3) * 5 + 1, [0, 1, 2])) == pytest.approx(0.25, abs=1e-6)
+    line = torch.tensor([[1.0, 2.0], [3.0, 6.0], [-2.0, -4.0]])
+    assert float(key_spread_penalty(line, [0, 1, 2])) == pytest.approx(1.0, abs=1e-6)
+    emb = torch.randn(20, 8, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    ids = [2, 5, 7, 11, 13]
+    x = torch.nn.functional.normalize(emb[ids] - emb[ids].mean(0), dim=-1)
+    pairs = [float(x[i] @ x[j]) ** 2 for i in range(5) for j in range(5) if i != j]
+    got = key_spread_penalty(emb, ids)
+    assert float(got) == pytest.approx(sum(pairs) / len(pairs), abs=1e-6)
+    got.backward()
+    with torch.no_grad():
+        assert float(key_spread_penalty(emb - 0.1 * emb.grad, ids)) < float(got)
 
 
 def test_capture_records_post_rope_queries_and_keys_of_a_real_llama():

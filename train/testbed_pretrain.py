@@ -40,7 +40,7 @@ from zoomr.models import describe, load_model, load_tokenizer
 from zoomr.paths import resolve_repo_path
 from zoomr.schemas import to_dataclass
 from zoomr.schemas.testbed import TestbedData, TestbedTrainMethod
-from zoomr.summary_pointer import capture_qk, pointer_loss, with_key_cues
+from zoomr.summary_pointer import capture_qk, key_spread_penalty, pointer_loss, with_key_cues
 from zoomr.testbed import vocab as tt
 from zoomr.testbed.checkpoint import finalize
 from zoomr.testbed.cue_view import batch_cue_view, previous_selection
@@ -136,6 +136,8 @@ def check_method(method: TestbedTrainMethod, data: TestbedData) -> None:
         raise ValueError(
             f"method.cue_view_window={method.cue_view_window}: needs data with summaries, query_form=cue and a window >= 0"
         )
+    if not method.key_spread_weight >= 0:
+        raise ValueError(f"method.key_spread_weight={method.key_spread_weight}: must be >= 0")
     if method.summary_pointer_margin is not None and not method.summary_pointer_margin > 0:
         raise ValueError(f"method.summary_pointer_margin={method.summary_pointer_margin}: must be null or > 0")
     if method.init_from and not (resolve_repo_path(method.init_from) / "config.json").is_file():
@@ -180,6 +182,7 @@ def run(cfg) -> dict[str, Any]:
     step = start
     use_pointer = data.summaries and method.summary_pointer_weight > 0
     layers = pointer_layers(model, method)
+    key_ids = [tokenizer.convert_tokens_to_ids(tt.key(i)) for i in range(tt.N_KEYS)]
     capture = capture_qk(model) if data.summaries else nullcontext()
     qk = capture.__enter__()
     bar = tqdm(range(start, method.max_steps), desc="testbed train", initial=start, total=method.max_steps)
@@ -192,6 +195,9 @@ def run(cfg) -> dict[str, Any]:
         aux = pointer_loss(qk, batch.spans, cues, layers, method.summary_pointer_margin) if use_pointer and cues else None
         if aux is not None:
             loss = loss + method.summary_pointer_weight * aux
+        spread = key_spread_penalty(model.get_input_embeddings().weight, key_ids) if method.key_spread_weight > 0 else None
+        if spread is not None:
+            loss = loss + method.key_spread_weight * spread
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), method.max_grad_norm)
@@ -201,6 +207,8 @@ def run(cfg) -> dict[str, Any]:
         if step % method.log_every == 0:
             rate = seen / max(1e-9, time.time() - t0)
             extra = {"pointer_loss": aux.item()} if aux is not None else {}
+            if spread is not None:
+                extra["key_spread"] = spread.item()
             bar.set_postfix(loss=f"{loss.item():.3f}", len=batch.trace_tokens, tok_s=f"{rate:.0f}")
             logger.log({"loss": loss.item(), "lr": opt.param_groups[0]["lr"], "trace_tokens": batch.trace_tokens, "tokens_per_s": rate, **extra}, step=step)
         if (step + 1) % method.eval_every == 0 or step + 1 == method.max_steps:

@@ -94,6 +94,9 @@ class TestbedTrainMethod:
     # A variant: None = the cross-entropy above; a number = a hinge with this margin (in units of the scaled
     # score q · k̄ / sqrt(d)) between the target and its strongest competitor, per query head and cue.
     summary_pointer_margin: float | None = None
+    # Weight of zoomr.summary_pointer.key_spread_penalty (mean squared cosine between the centred input
+    # embeddings of distinct keys), a testbed-model device against crosstalk in q · k̄; 0 = off
+    key_spread_weight: float = 0.0
     # Also put the pointer loss on each cue's key token (the token before ":"; query_form=cue only). A
     # training device, not a change of ZoomR's rule (which scores with the boundary's query): the key's own
     # query can match the summary's keys in one step, and the boundary's query then reuses that matching
