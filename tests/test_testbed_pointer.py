@@ -134,7 +134,7 @@ def test_key_spread_penalty_is_the_mean_squared_cosine_of_distinct_centred_keys(
     assert float(key_spread_penalty(line, [0, 1, 2])) == pytest.approx(1.0, abs=1e-6)
     emb = torch.randn(20, 8, generator=torch.Generator().manual_seed(0), requires_grad=True)
     ids = [2, 5, 7, 11, 13]
-    x = torch.nn.functional.normalize(emb[ids] - emb[ids].mean(0), dim=-1)
+    x = torch.nn.functional.normalize(emb[ids] - emb[ids].mean(0), dim=-1).detach()
     pairs = [float(x[i] @ x[j]) ** 2 for i in range(5) for j in range(5) if i != j]
     got = key_spread_penalty(emb, ids)
     assert float(got) == pytest.approx(sum(pairs) / len(pairs), abs=1e-6)
