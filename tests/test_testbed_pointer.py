@@ -137,10 +137,11 @@ def test_key_spread_penalty_is_the_mean_squared_cosine_of_distinct_centred_keys(
     x = torch.nn.functional.normalize(emb[ids] - emb[ids].mean(0), dim=-1).detach()
     pairs = [float(x[i] @ x[j]) ** 2 for i in range(5) for j in range(5) if i != j]
     got = key_spread_penalty(emb, ids)
-    assert float(got) == pytest.approx(sum(pairs) / len(pairs), abs=1e-6)
+    before = got.item()
+    assert before == pytest.approx(sum(pairs) / len(pairs), abs=1e-6)
     got.backward()
     with torch.no_grad():
-        assert float(key_spread_penalty(emb - 0.1 * emb.grad, ids)) < float(got)
+        assert key_spread_penalty(emb - 0.1 * emb.grad, ids).item() < before
 
 
 def test_capture_records_post_rope_queries_and_keys_of_a_real_llama():
