@@ -195,8 +195,9 @@ def run(cfg) -> dict[str, Any]:
         aux = pointer_loss(qk, batch.spans, cues, layers, method.summary_pointer_margin) if use_pointer and cues else None
         if aux is not None:
             loss = loss + method.summary_pointer_weight * aux
-        spread = key_spread_penalty(model.get_input_embeddings().weight, key_ids) if method.key_spread_weight > 0 else None
-        if spread is not None:
+        spread = None
+        if method.key_spread_weight > 0:
+            spread = key_spread_penalty(model.get_input_embeddings().weight, key_ids)
             loss = loss + method.key_spread_weight * spread
         opt.zero_grad(set_to_none=True)
         loss.backward()
