@@ -191,7 +191,8 @@ def _worker_loop(
 
     ``status`` (shared memory, ``[index or IDLE, since]``) always says which sample runs since when, so the
     parent times every sample on its own without a message per sample; answers ``[(index, Grade), ...]``
-    are sent every ``flush_s`` seconds and before the worker waits for more work.
+    are sent every ``flush_s`` seconds, once half of a batch is done (so the parent can send the next batch
+    while this one's second half runs, and the worker never waits for work) and before it waits for more.
     """
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # it logs whole texts on timeouts
     conn.send(READY)  # deadlines count from here: a slow start is not a slow sample
@@ -219,7 +220,8 @@ def _worker_loop(
             result.seconds = time.perf_counter() - t0
             done.append((index, result))
             now = time.monotonic()
-            if now - last_flush >= flush_s or (k == len(batch) - 1 and not conn.poll()):
+            half_done = k == len(batch) // 2 - 1
+            if now - last_flush >= flush_s or half_done or (k == len(batch) - 1 and not conn.poll()):
                 conn.send(done)
                 done, last_flush = [], now
 

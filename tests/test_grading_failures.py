@@ -117,3 +117,42 @@ def test_bench_grading_pairs_the_pool_with_the_plain_loop(tmp_path, capsys):
     assert row["agree_with_plain"] == 24 and row["speedup_median"] > 0 and row["counts"]["errors"] == 0
     assert out["timeout_check"]["seconds"] <= out["timeout_check"]["bound_s"]
     assert "| workers | plain loop s | pool s |" in capsys.readouterr().out
+
+
+def test_a_worker_answers_half_its_batch_before_finishing_it():
+    """The worker flushes once half a batch is done, so the parent can top it up before it runs dry."""
+    import multiprocessing as mp
+    import threading
+    import time
+
+    from eval.grading import IDLE, READY, _worker_loop
+
+    release = threading.Event()
+
+    def check(text: str, gold: str, inner_timeout: int) -> tuple[str, bool]:
+        if text == "hold":
+            release.wait(10)
+        return text, text == gold
+
+    parent, child = mp.Pipe()
+    status = [IDLE, 0.0]
+    worker = threading.Thread(target=_worker_loop, args=(child, 1, check, status, 60.0), daemon=True)
+    worker.start()
+    try:
+        assert parent.recv() == READY
+        parent.send([(0, "a", "a"), (1, "b", "x"), (2, "hold", "hold"), (3, "c", "c")])
+        assert parent.poll(5), "no answers before the batch's second half finished"
+        first = parent.recv()
+        assert [(i, g.correct) for i, g in first] == [(0, True), (1, False)]
+        deadline = time.monotonic() + 5
+        while status[0] != 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert status[0] == 2  # the third sample is still running
+        release.set()
+        assert parent.poll(5)
+        assert [(i, g.correct) for i, g in parent.recv()] == [(2, True), (3, True)]
+    finally:
+        release.set()
+        parent.send(None)
+        worker.join(5)
+    assert not worker.is_alive()
