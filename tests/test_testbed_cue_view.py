@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -85,6 +86,11 @@ def test_batches_without_cues_use_the_plain_forward_and_bad_settings_are_refused
     check_method(TestbedTrainMethod(key_spread_weight=10.0), DATA)
     with pytest.raises(ValueError, match="key_spread_weight"):
         check_method(TestbedTrainMethod(key_spread_weight=-1.0), DATA)
+    check_method(TestbedTrainMethod(value_read_weight=1.0), DATA)
+    with pytest.raises(ValueError, match="value_read_weight"):
+        check_method(TestbedTrainMethod(value_read_weight=-1.0), DATA)
+    with pytest.raises(ValueError, match="value_read_weight"):  # it needs a "=" row after each cue's ":"
+        check_method(TestbedTrainMethod(value_read_weight=1.0), dataclasses.replace(DATA, query_form="inline"))
     with pytest.raises(ValueError, match="window"):
         cue_view_mask(4, [0], [[]], -1)
 

@@ -19,6 +19,7 @@ from zoomr.summary_pointer import (
     pointer_scores,
     selection_hits,
     target_ranks,
+    value_read_loss,
 )
 from zoomr.testbed import vocab as tt
 from zoomr.testbed.curriculum import encode_problem
@@ -165,6 +166,36 @@ def test_capture_records_post_rope_queries_and_keys_of_a_real_llama():
             model(input_ids=ids)
         assert inner[0][1].shape[2] == 12 and outer[0][1].shape[2] == 5  # the inner capture took the inner forward
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_value_read_loss_is_the_attention_a_real_llama_pays_the_defining_value_at_equals():
+    """exp(−loss) per cue = the eager attention (``output_attentions``) of the ``=`` row on the row after the key's
+    first response occurrence, averaged over the layers' query heads; its gradient raises that attention."""
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, attn_implementation="eager")  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    # prompt 0-2 (holds key 7 too: not a definition), "7 40" at 4-5, "9 41" at 6-7, filler, "? 7 : = 40" at 10-14
+    ids = torch.tensor([[1, 7, 2, 3, 7, 40, 9, 41, 5, 6, 60, 7, 61, 62, 40, 60, 9, 61, 62, 41]])
+    cues = [[Cue(12, 0), Cue(17, 0)]]  # ":" rows; the "=" rows 13 and 18 must read rows 5 and 7
+    with capture_qk(model) as qk:
+        model(input_ids=ids)
+        loss = value_read_loss(qk, ids, [3], cues, [0, 1])
+    with torch.no_grad():
+        att = model(input_ids=ids, output_attentions=True).attentions  # per layer [1, Hq, T, T]
+    want = torch.stack([torch.cat([a[0, :, 13, 5], a[0, :, 18, 7]]) for a in att]).view(2, 2, 4).mean(dim=(0, 2))
+    assert torch.allclose(loss, -torch.log(want + 1e-9).mean(), atol=1e-5)
+    assert value_read_loss(qk, ids, [3], [[]], [0, 1]) is None
+    before = loss.item()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    for _ in range(20):
+        with capture_qk(model) as qk:
+            model(input_ids=ids)
+            loss = value_read_loss(qk, ids, [3], cues, [0, 1])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < before - 0.5
 
 
 def test_encoded_cues_point_at_the_defining_summary():

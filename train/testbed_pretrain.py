@@ -40,7 +40,7 @@ from zoomr.models import describe, load_model, load_tokenizer
 from zoomr.paths import resolve_repo_path
 from zoomr.schemas import to_dataclass
 from zoomr.schemas.testbed import TestbedData, TestbedTrainMethod
-from zoomr.summary_pointer import capture_qk, key_spread_penalty, pointer_loss, with_key_cues
+from zoomr.summary_pointer import capture_qk, key_spread_penalty, pointer_loss, value_read_loss, with_key_cues
 from zoomr.testbed import vocab as tt
 from zoomr.testbed.checkpoint import finalize
 from zoomr.testbed.cue_view import batch_cue_view, previous_selection
@@ -138,6 +138,8 @@ def check_method(method: TestbedTrainMethod, data: TestbedData) -> None:
         )
     if not method.key_spread_weight >= 0:
         raise ValueError(f"method.key_spread_weight={method.key_spread_weight}: must be >= 0")
+    if not method.value_read_weight >= 0 or (method.value_read_weight > 0 and (not data.summaries or data.query_form != "cue")):
+        raise ValueError(f"method.value_read_weight={method.value_read_weight}: must be >= 0, and > 0 needs data with summaries and query_form=cue")
     if method.summary_pointer_margin is not None and not method.summary_pointer_margin > 0:
         raise ValueError(f"method.summary_pointer_margin={method.summary_pointer_margin}: must be null or > 0")
     if method.init_from and not (resolve_repo_path(method.init_from) / "config.json").is_file():
@@ -199,6 +201,10 @@ def run(cfg) -> dict[str, Any]:
         if method.key_spread_weight > 0:
             spread = key_spread_penalty(model.get_input_embeddings().weight, key_ids)
             loss = loss + method.key_spread_weight * spread
+        read = None
+        if method.value_read_weight > 0 and batch.cues:
+            read = value_read_loss(qk, batch.input_ids, batch.starts, batch.cues, layers)
+            loss = loss + method.value_read_weight * read if read is not None else loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), method.max_grad_norm)
@@ -210,6 +216,8 @@ def run(cfg) -> dict[str, Any]:
             extra = {"pointer_loss": aux.item()} if aux is not None else {}
             if spread is not None:
                 extra["key_spread"] = spread.item()
+            if read is not None:
+                extra["value_read"] = read.item()
             bar.set_postfix(loss=f"{loss.item():.3f}", len=batch.trace_tokens, tok_s=f"{rate:.0f}")
             logger.log({"loss": loss.item(), "lr": opt.param_groups[0]["lr"], "trace_tokens": batch.trace_tokens, "tokens_per_s": rate, **extra}, step=step)
         if (step + 1) % method.eval_every == 0 or step + 1 == method.max_steps:

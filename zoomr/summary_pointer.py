@@ -139,6 +139,50 @@ def _hinge(alpha: torch.Tensor, target: torch.Tensor, margin: float) -> torch.Te
     return F.relu(margin - gap)
 
 
+def value_read_loss(
+    qk: dict[int, tuple[torch.Tensor, torch.Tensor]],
+    input_ids: torch.Tensor,
+    starts: Sequence[int],
+    cues: Sequence[Sequence[Cue]],
+    layers: Sequence[int],
+) -> torch.Tensor | None:
+    """Mean over cues of −log of the attention the ``=`` row after each cue's ``:`` pays to the row holding
+    the queried value in its defining paragraph (``k v``: the row after the key's first response occurrence),
+    averaged over the query heads of ``layers`` (a mixture: one head reading the value suffices); None if no cue.
+
+    A testbed-model training device (``method.value_read_weight``) for the cue-view stage, where the key and
+    ``:`` rows are blind to the paragraph and the value must be read at ``=``: some models never move their
+    reading there (README, attempt 9). Causal softmax of q · k / sqrt(d) over every earlier row, as the
+    ``=`` row attends in that stage.
+    """
+    terms = []
+    for b, cs in enumerate(cues):
+        ids, T = input_ids[b], input_ids.shape[1]
+        rows, values = [], []
+        for c in cs:
+            if c.pos + 1 >= T:
+                continue
+            seen = (ids[starts[b] : c.pos - 1] == ids[c.pos - 1]).nonzero()
+            if len(seen):
+                rows.append(c.pos + 1)
+                values.append(starts[b] + int(seen[0]) + 1)
+        if not rows:
+            continue
+        dev = input_ids.device
+        row, value = torch.tensor(rows, device=dev), torch.tensor(values, device=dev)
+        causal = torch.arange(T, device=dev)[None, :] <= row[:, None]  # [N, T]
+        mix, heads = 0.0, 0
+        for layer in layers:
+            query, key = qk[layer]
+            Hq, Hkv, d = query.shape[1], key.shape[1], query.shape[-1]
+            logits = query[b][:, row] @ key[b].repeat_interleave(Hq // Hkv, dim=0).transpose(-1, -2) * d**-0.5
+            p = logits.masked_fill(~causal[None], float("-inf")).softmax(-1)  # [Hq, N, T]
+            mix = mix + p.gather(-1, value[None, :, None].expand(Hq, -1, 1)).squeeze(-1).sum(0)
+            heads += Hq
+        terms.append(-torch.log(mix / heads + 1e-9))
+    return torch.cat(terms).mean() if terms else None
+
+
 def key_spread_penalty(embedding: torch.Tensor, key_ids: Sequence[int]) -> torch.Tensor:
     """Mean squared cosine between the centred input embeddings of distinct keys (off-diagonal pairs).
 

@@ -97,6 +97,9 @@ class TestbedTrainMethod:
     # Weight of zoomr.summary_pointer.key_spread_penalty (mean squared cosine between the centred input
     # embeddings of distinct keys), a testbed-model device against crosstalk in q · k̄; 0 = off
     key_spread_weight: float = 0.0
+    # Weight of zoomr.summary_pointer.value_read_loss (the "=" row's attention on the queried value's row, a
+    # mixture over the pointer layers' heads), a testbed-model device for the cue-view stage; 0 = off
+    value_read_weight: float = 0.0
     # Also put the pointer loss on each cue's key token (the token before ":"; query_form=cue only). A
     # training device, not a change of ZoomR's rule (which scores with the boundary's query): the key's own
     # query can match the summary's keys in one step, and the boundary's query then reuses that matching
