@@ -82,7 +82,7 @@ def test_zoomr_arms_through_the_evaluator_keep_the_recompute_log(checkpoint, tmp
 
 def test_pointer_stage_continues_from_the_checkpoint(checkpoint, tmp_path):
     """``method.init_from`` starts from the checkpoint's weights (not a fresh init) and the key-token pointer
-    loss trains; the stage's final weights differ from its start."""
+    loss (with the value-read device on) trains; the stage's final weights differ from its start."""
     from safetensors.torch import load_file
 
     run_dir = tmp_path / "stage"
@@ -91,7 +91,8 @@ def test_pointer_stage_continues_from_the_checkpoint(checkpoint, tmp_path):
         "data.trace_tokens=160", f"method.init_from={checkpoint}", "method.summary_pointer_at_key=true",
         "method.max_steps=2", "method.curriculum.copy_steps=0", "method.curriculum.recall_steps=0",
         "method.curriculum.start_tokens=160", "method.tokens_per_step=512", "method.eval_every=2",
-        "method.eval_examples=2", "method.warmup_steps=1", "logger=none", f"hydra.run.dir={run_dir}",
+        "method.eval_examples=2", "method.warmup_steps=1", "method.value_read_weight=1.0", "logger=none",
+        f"hydra.run.dir={run_dir}",
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

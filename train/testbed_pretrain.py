@@ -204,7 +204,8 @@ def run(cfg) -> dict[str, Any]:
         read = None
         if method.value_read_weight > 0 and batch.cues:
             read = value_read_loss(qk, batch.input_ids, batch.starts, batch.cues, layers)
-            loss = loss + method.value_read_weight * read if read is not None else loss
+            if read is not None:
+                loss = loss + method.value_read_weight * read
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), method.max_grad_norm)
