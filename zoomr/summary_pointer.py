@@ -174,8 +174,8 @@ def value_read_loss(
         mix, heads = 0.0, 0
         for layer in layers:
             query, key = qk[layer]
-            Hq, Hkv, d = query.shape[1], key.shape[1], query.shape[-1]
-            logits = query[b][:, row] @ key[b].repeat_interleave(Hq // Hkv, dim=0).transpose(-1, -2) * d**-0.5
+            Hq, d = query.shape[1], query.shape[-1]
+            logits = pointer_scores(query[b][:, row], key[b]) * d**-0.5  # every row as a "summary" of one key
             p = logits.masked_fill(~causal[None], float("-inf")).softmax(-1)  # [Hq, N, T]
             mix = mix + p.gather(-1, value[None, :, None].expand(Hq, -1, 1)).squeeze(-1).sum(0)
             heads += Hq
