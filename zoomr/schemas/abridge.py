@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from zoomr.schemas.checks import AT_LEAST_ONE, BETA, FRACTION, NON_NEGATIVE, POSITIVE, check_fields
 from zoomr.schemas.sft import check_length
 
 
@@ -23,6 +24,14 @@ class AbridgeOptim:
     decay_start_fraction: float = 0.8
     final_lr_fraction: float = 0.1
 
+    def __post_init__(self) -> None:
+        check_fields(self, "method.optim", learning_rate=POSITIVE, adam_beta1=BETA, adam_beta2=BETA,
+                     weight_decay=NON_NEGATIVE, max_grad_norm=POSITIVE, warmup_fraction=FRACTION,
+                     decay_start_fraction=FRACTION, final_lr_fraction=FRACTION)  # fmt: skip
+        if self.warmup_fraction > self.decay_start_fraction:
+            raise ValueError(f"method.optim: warmup_fraction={self.warmup_fraction} must be <= "
+                             f"decay_start_fraction={self.decay_start_fraction} (the decay starts after the warm-up)")  # fmt: skip
+
 
 @dataclass
 class MaskedTraining:
@@ -38,7 +47,7 @@ class MaskedTraining:
     per_device_batch_size: int = 4
     gradient_accumulation_steps: int = 1
     logging_steps: int = 10
-    eval_steps: int = 50
+    eval_steps: int = 50  # 0: no held-out evaluation during training
     save_steps: int = 50
     save_total_limit: int = 2
     bf16: bool = False
@@ -47,6 +56,12 @@ class MaskedTraining:
 
     def __post_init__(self) -> None:
         check_length(type(self).__name__, self.max_steps)
+        check_fields(self, "method", max_prompt_tokens=AT_LEAST_ONE, max_response_tokens=AT_LEAST_ONE,
+                     heldout_examples=NON_NEGATIVE, per_device_batch_size=AT_LEAST_ONE,
+                     gradient_accumulation_steps=AT_LEAST_ONE, logging_steps=AT_LEAST_ONE, eval_steps=NON_NEGATIVE,
+                     save_steps=AT_LEAST_ONE, save_total_limit=AT_LEAST_ONE)  # fmt: skip
+        if self.mask_backend not in ("auto", "dense", "flex"):
+            raise ValueError(f"method.mask_backend must be auto|dense|flex, got {self.mask_backend!r}")
 
 
 @dataclass
@@ -59,6 +74,9 @@ class AbridgeAllocateMethod:
     heldout_examples: int | None = None  # null: as the checkpoint was trained
     batch_size: int = 4
     mask_backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        check_fields(self, "method", heldout_examples=AT_LEAST_ONE, batch_size=AT_LEAST_ONE)
 
 
 SCHEMAS = [

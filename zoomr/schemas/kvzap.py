@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from zoomr.schemas.checks import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, check_fields
+
 
 @dataclass
 class TextSource:
@@ -99,6 +101,16 @@ class KVzapFit:
     weight_decay: float = 0.01
     clip: float = 1.0
     max_train_pairs: int | None = None  # subsample the training pairs (None: all)
+
+    def __post_init__(self) -> None:
+        check_fields(self, "method.fit", ridge_alpha=NON_NEGATIVE, hidden_dim=AT_LEAST_ONE, epochs=AT_LEAST_ONE,
+                     batch_size=AT_LEAST_ONE, lr=POSITIVE, weight_decay=NON_NEGATIVE, clip=POSITIVE,
+                     max_train_pairs=AT_LEAST_ONE)  # fmt: skip
+        unknown = sorted(set(self.models) - {"linear", "mlp"})
+        if unknown or not self.models:
+            raise ValueError(f"method.fit.models={self.models!r}: give one or both of linear, mlp")
+        if self.target not in ("kvzip_plus", "kvzip"):
+            raise ValueError(f"method.fit.target must be kvzip_plus|kvzip, got {self.target!r}")
 
 
 SCHEMAS = [("pipeline", "kvzap_pairs", KVzapPairsPipeline)]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from zoomr.schemas.checks import AT_LEAST_ONE, BETA, FRACTION, NON_NEGATIVE, POSITIVE, check_fields
+
 
 @dataclass
 class LoraSettings:
@@ -13,6 +15,9 @@ class LoraSettings:
     target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
+
+    def __post_init__(self) -> None:
+        check_fields(self, "method.lora", r=AT_LEAST_ONE, alpha=POSITIVE, dropout=BETA)
 
 
 @dataclass
@@ -42,6 +47,10 @@ class SFTMethod:
 
     def __post_init__(self) -> None:
         check_length(type(self).__name__, self.max_steps, self.epochs)
+        check_fields(self, "method", max_length=AT_LEAST_ONE, per_device_batch_size=AT_LEAST_ONE,
+                     gradient_accumulation_steps=AT_LEAST_ONE, learning_rate=POSITIVE, weight_decay=NON_NEGATIVE,
+                     warmup_ratio=FRACTION, max_grad_norm=POSITIVE, logging_steps=AT_LEAST_ONE,
+                     save_steps=AT_LEAST_ONE, save_total_limit=AT_LEAST_ONE)  # fmt: skip
 
 
 def check_length(schema: str, max_steps: int, epochs: float | None = None) -> None:

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from zoomr.schemas.checks import AT_LEAST_ONE, BETA, FRACTION, NON_NEGATIVE, POSITIVE, check_fields
+from zoomr.schemas.sft import check_length
+
 
 @dataclass
 class TestbedData:
@@ -59,6 +62,16 @@ class CurriculumSettings:
     recall_facts: list[int] = field(default_factory=lambda: [4, 32])  # facts per recall row
     copy_tokens_per_step: int = 4096  # copy and recall batches are short: this many tokens each
     copy_block: list[int] = field(default_factory=lambda: [8, 64])
+
+    def __post_init__(self) -> None:
+        check_fields(self, "method.curriculum", start_tokens=AT_LEAST_ONE, grow_fraction=FRACTION,
+                     full_length_fraction=FRACTION, filler_full_at=AT_LEAST_ONE, copy_steps=NON_NEGATIVE,
+                     copy_warmup_fraction=FRACTION, recall_steps=NON_NEGATIVE, recall_facts=AT_LEAST_ONE,
+                     copy_tokens_per_step=AT_LEAST_ONE, copy_block=AT_LEAST_ONE)  # fmt: skip
+        for name in ("recall_facts", "copy_block"):
+            lo_hi = getattr(self, name)
+            if len(lo_hi) != 2 or lo_hi[0] > lo_hi[1]:
+                raise ValueError(f"method.curriculum.{name}={lo_hi!r}: must be a range [low, high] with low <= high")
 
 
 @dataclass
@@ -125,6 +138,16 @@ class TestbedTrainMethod:
     save_every: int = 200  # checkpoint (model + optimizer + step) for resume
     log_every: int = 10
     threads: int = 0  # torch threads; 0 = leave as set by OMP_NUM_THREADS
+
+    def __post_init__(self) -> None:
+        check_length(type(self).__name__, self.max_steps)
+        check_fields(self, "method", max_seconds=NON_NEGATIVE, tokens_per_step=AT_LEAST_ONE, learning_rate=POSITIVE,
+                     min_lr_ratio=FRACTION, warmup_steps=NON_NEGATIVE, betas=BETA, weight_decay=NON_NEGATIVE,
+                     max_grad_norm=POSITIVE, embedding_init_std=POSITIVE, summary_pointer_weight=NON_NEGATIVE,
+                     eval_every=AT_LEAST_ONE, eval_examples=AT_LEAST_ONE, save_every=AT_LEAST_ONE,
+                     log_every=AT_LEAST_ONE, threads=NON_NEGATIVE)  # fmt: skip
+        if len(self.betas) != 2:
+            raise ValueError(f"method.betas={self.betas!r}: AdamW takes two betas")
 
 
 SCHEMAS = [("data", "testbed", TestbedData), ("method", "sft_testbed", TestbedTrainMethod)]

@@ -1,0 +1,90 @@
+"""Numeric settings out of range are refused when the config is read, naming the field (zoomr/schemas/checks.py)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zoomr.cache.abridge import AbridgeMethod
+from zoomr.schemas.abridge import AbridgeAllocateMethod, AbridgeOptim
+from zoomr.schemas.checks import BETA, POSITIVE, check_fields
+from zoomr.schemas.kvzap import KVzapFit
+from zoomr.schemas.sft import LoraSettings, SFTMethod
+from zoomr.schemas.testbed import CurriculumSettings, TestbedTrainMethod
+
+REPO = Path(__file__).resolve().parents[1]
+
+BAD = [
+    (AbridgeOptim, "learning_rate", -1e-4, "method.optim.learning_rate=-0.0001 (must be > 0)"),
+    (AbridgeOptim, "learning_rate", math.nan, "learning_rate=nan"),
+    (AbridgeOptim, "adam_beta2", 1.0, "adam_beta2=1.0 (must be in [0, 1))"),
+    (AbridgeOptim, "weight_decay", -0.1, "weight_decay=-0.1 (must be >= 0)"),
+    (AbridgeOptim, "final_lr_fraction", 1.5, "final_lr_fraction=1.5"),
+    (AbridgeMethod, "per_device_batch_size", 0, "method.per_device_batch_size=0 (must be >= 1)"),
+    (AbridgeMethod, "gradient_accumulation_steps", 0, "gradient_accumulation_steps=0"),
+    (AbridgeMethod, "eval_steps", -1, "eval_steps=-1 (must be >= 0)"),
+    (AbridgeMethod, "logging_steps", 0, "logging_steps=0"),
+    (AbridgeMethod, "mask_backend", "cuda", "mask_backend must be auto|dense|flex"),
+    (AbridgeAllocateMethod, "batch_size", 0, "method.batch_size=0"),
+    (SFTMethod, "learning_rate", 0.0, "method.learning_rate=0.0 (must be > 0)"),
+    (SFTMethod, "warmup_ratio", 2.0, "warmup_ratio=2.0 (must be in [0, 1])"),
+    (SFTMethod, "max_length", 0, "max_length=0"),
+    (LoraSettings, "r", 0, "method.lora.r=0"),
+    (LoraSettings, "dropout", 1.0, "method.lora.dropout=1.0"),
+    (TestbedTrainMethod, "max_steps", 0, "max_steps=0 trains nothing"),
+    (TestbedTrainMethod, "tokens_per_step", 0, "method.tokens_per_step=0"),
+    (TestbedTrainMethod, "betas", [0.9, 1.2], "method.betas=[0.9, 1.2] (must be each in [0, 1))"),
+    (TestbedTrainMethod, "betas", [0.9], "AdamW takes two betas"),
+    (TestbedTrainMethod, "min_lr_ratio", -0.5, "min_lr_ratio=-0.5"),
+    (TestbedTrainMethod, "log_every", 0, "log_every=0"),
+    (TestbedTrainMethod, "learning_rate", math.inf, "learning_rate=inf"),
+    (CurriculumSettings, "grow_fraction", 1.5, "method.curriculum.grow_fraction=1.5"),
+    (CurriculumSettings, "copy_block", [64, 8], "copy_block=[64, 8]: must be a range"),
+    (CurriculumSettings, "recall_facts", [0, 4], "recall_facts=[0, 4] (must be each >= 1)"),
+    (KVzapFit, "lr", 0.0, "method.fit.lr=0.0"),
+    (KVzapFit, "epochs", 0, "method.fit.epochs=0"),
+    (KVzapFit, "models", ["ridge"], "give one or both of linear, mlp"),
+    (KVzapFit, "target", "kvzip+", "kvzip_plus|kvzip"),
+]
+
+
+@pytest.mark.parametrize("schema,name,value,message", BAD, ids=[f"{s.__name__}.{n}={v}" for s, n, v, _ in BAD])
+def test_an_out_of_range_setting_is_refused_naming_the_field(schema, name, value, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        schema(**{name: value})
+
+
+@pytest.mark.parametrize("schema", sorted({s for s, *_ in BAD}, key=lambda s: s.__name__))
+def test_the_defaults_pass(schema):
+    schema()
+
+
+def test_zero_held_out_evaluation_steps_means_none():
+    assert AbridgeMethod(eval_steps=0).eval_steps == 0  # README: method.eval_steps=0 (no evaluation)
+
+
+def test_every_bad_field_is_named_in_one_message_and_none_is_left_unset():
+    class Settings:
+        lr, beta, unset, flag = -1.0, 0.5, None, True
+
+    with pytest.raises(ValueError) as err:
+        check_fields(Settings(), "x", lr=POSITIVE, beta=BETA, unset=POSITIVE, flag=POSITIVE)
+    assert "x.lr=-1.0 (must be > 0)" in str(err.value) and "x.flag=True" in str(err.value)  # a bool is no number
+    assert "beta" not in str(err.value) and "unset" not in str(err.value)
+
+
+def test_the_cli_refuses_a_negative_learning_rate_before_writing_the_run(tmp_path):
+    """The real entry point: it fails with the field's name and leaves no run state (no settings, no checkpoints)."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", "+method=abridge", "method.optim.learning_rate=-1", "logger=none",
+         f"hydra.run.dir={run_dir}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "method.optim.learning_rate=-1.0 (must be > 0)" in proc.stderr
+    assert not (run_dir / "settings.json").exists() and not (run_dir / "checkpoints").exists()

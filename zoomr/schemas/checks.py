@@ -1,0 +1,38 @@
+"""Range checks of numeric settings, run in a schema's ``__post_init__`` (before any state is written).
+
+``check_fields(obj, "method.optim", learning_rate=POSITIVE, adam_beta1=BETA)`` raises one ``ValueError`` naming
+every field whose value is not a finite number in its range (``None`` passes: an optional field left unset).
+Without it a negative learning rate, a zero batch size or a NaN weight decay reaches torch or the ``Trainer``
+after the run directory, the tokenizer and the data exist, or trains silently with a meaningless schedule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+Rule = tuple[Callable[[float], bool], str]
+
+POSITIVE: Rule = (lambda v: v > 0, "> 0")
+NON_NEGATIVE: Rule = (lambda v: v >= 0, ">= 0")
+AT_LEAST_ONE: Rule = (lambda v: v >= 1, ">= 1")
+FRACTION: Rule = (lambda v: 0 <= v <= 1, "in [0, 1]")
+BETA: Rule = (lambda v: 0 <= v < 1, "in [0, 1)")  # Adam's betas, a dropout probability
+
+
+def check_fields(obj: Any, prefix: str, **rules: Rule) -> None:
+    """Raise ``ValueError`` naming each ``prefix.<field>=<value>`` of ``obj`` that breaks its rule."""
+    bad = []
+    for name, (ok, text) in rules.items():
+        value = getattr(obj, name)
+        values = value if isinstance(value, list | tuple) else [value]
+        for v in values:
+            if v is None:
+                continue
+            number = isinstance(v, int | float) and not isinstance(v, bool)
+            if not (number and math.isfinite(v) and ok(v)):
+                bad.append(f"{prefix}.{name}={value!r} (must be {'each ' if value is not v else ''}{text})")
+                break
+    if bad:
+        raise ValueError(f"{type(obj).__name__}: " + "; ".join(bad))
