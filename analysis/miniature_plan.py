@@ -187,6 +187,25 @@ def full_arm(arm: Arm) -> str:
     return "full_summaries" if model.summaries else "full"
 
 
+def training_seeds(models: list[str]) -> dict[int, list[str]]:
+    """Testbed stream seed -> the models that train on it (``data.seed``, default 0; KVzap's pairs: their stream)."""
+    from zoomr.schemas.kvzap import TestbedPairsSource
+    from zoomr.schemas.testbed import TestbedData
+
+    seeds: dict[int, list[str]] = {}
+    for name in models:
+        m = MODELS[name]
+        if m.entry == "data_prep":
+            seed = TestbedPairsSource().seed
+        elif any(o.startswith("data=testbed") for o in m.overrides):
+            given = [int(o.split("=", 1)[1]) for o in m.overrides if o.startswith("data.seed=")]
+            seed = given[-1] if given else TestbedData().seed
+        else:
+            continue
+        seeds.setdefault(seed, []).append(name)
+    return seeds
+
+
 def plan(names: list[str]) -> tuple[list[str], list[str]]:
     """(models to train, arms to evaluate) in dependency order for the arms ``names`` (empty: all)."""
     wanted = list(names) or list(ARMS)

@@ -88,3 +88,25 @@ def test_the_cli_refuses_a_negative_learning_rate_before_writing_the_run(tmp_pat
     assert proc.returncode != 0
     assert "method.optim.learning_rate=-1.0 (must be > 0)" in proc.stderr
     assert not (run_dir / "settings.json").exists() and not (run_dir / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_a_test_seed_equal_to_the_training_stream_is_refused(seed):
+    """Problem i of a stream is the same problem wherever it is drawn: such a test set is the training set."""
+    from eval.testbed_task import testbed_problems
+    from zoomr.schemas.testbed import TestbedData
+
+    with pytest.raises(ValueError, match=f"data.test_seed={seed} is the training stream's seed"):
+        TestbedData(seed=seed, test_seed=seed)
+    with pytest.raises(ValueError, match="would be training problems"):
+        testbed_problems({"seed": seed, "test_seed": seed, "n_test": 2})
+    assert len(testbed_problems({"seed": seed, "test_seed": seed + 1_000_003, "n_test": 2})) == 2
+
+
+@pytest.mark.parametrize("seed,model", [(0, "abridge_4to1"), (1, "abridge_perlayer_more"), (2, "kvzap_pairs")])
+def test_the_miniature_refuses_a_test_seed_any_of_its_models_trains_on(seed, model, tmp_path, capsys):
+    from analysis.miniature import run_task
+
+    with pytest.raises(ValueError, match=rf"task.test_seed={seed} is the training stream of \[.*'{model}'"):
+        run_task({"arms": ["full"], "test_seed": seed, "out": str(tmp_path / "out"), "dry_run": True})
+    assert "miniature:" not in capsys.readouterr().out and not (tmp_path / "out").exists()  # refused first

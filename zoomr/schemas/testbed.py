@@ -47,6 +47,13 @@ class TestbedData:
     n_test: int = 256  # test problems (load_test_problems)
     test_seed: int = 1_000_003  # test problems are drawn from a seed stream disjoint from training
 
+    def __post_init__(self) -> None:
+        if self.test_seed == self.seed:  # problem i of a stream is the same problem wherever it is drawn
+            raise ValueError(
+                f"data.test_seed={self.test_seed} is the training stream's seed (data.seed): the test problems "
+                "would be training problems; test seeds are 1000003 and up"
+            )
+
 
 @dataclass
 class CurriculumSettings:
