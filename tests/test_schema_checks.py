@@ -13,7 +13,7 @@ from zoomr.cache.abridge import AbridgeMethod
 from zoomr.schemas.abridge import AbridgeAllocateMethod, AbridgeOptim
 from zoomr.schemas.checks import BETA, POSITIVE, check_fields
 from zoomr.schemas.kvzap import KVzapFit
-from zoomr.schemas.sft import LoraSettings, SFTMethod
+from zoomr.schemas.sft import LoraSettings, SFTMethod, TracesData
 from zoomr.schemas.testbed import CurriculumSettings, TestbedTrainMethod
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,6 +45,10 @@ BAD = [
     (CurriculumSettings, "grow_fraction", 1.5, "method.curriculum.grow_fraction=1.5"),
     (CurriculumSettings, "copy_block", [64, 8], "copy_block=[64, 8]: must be a range"),
     (CurriculumSettings, "recall_facts", [0, 4], "recall_facts=[0, 4] (must be each >= 1)"),
+    (TracesData, "eval_fraction", 1.0, "data.eval_fraction=1.0 (must be in [0, 1)"),
+    (TracesData, "max_samples", 0, "data.max_samples=0 (must be >= 1)"),
+    (TracesData, "format", "csv", "data.format must be one of"),
+    (TracesData, "source", "ftp", "data.source must be local or hub"),
     (KVzapFit, "lr", 0.0, "method.fit.lr=0.0"),
     (KVzapFit, "epochs", 0, "method.fit.epochs=0"),
     (KVzapFit, "models", ["ridge"], "give one or both of linear, mlp"),

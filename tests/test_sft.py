@@ -46,3 +46,27 @@ def test_full_finetuning_on_other_architectures_lowers_the_loss(tmp_path, model)
     assert summary["mode"] == "full fine-tuning"
     assert summary["loss_end"] < summary["loss_start"]
     assert (Path(summary["checkpoint"]) / "model.safetensors").exists()
+
+
+def test_held_out_split_is_disjoint_seeded_and_never_empty():
+    import datasets
+
+    from zoomr.sft import held_out_split
+
+    ds = datasets.Dataset.from_list([{"id": str(i)} for i in range(10)])
+    train_rows, held = held_out_split(ds, 0.25, seed=3)
+    assert len(held) == 2 and len(train_rows) == 8  # round(2.5) = 2
+    assert not set(held["id"]) & set(train_rows["id"]) and set(held["id"]) | set(train_rows["id"]) == set(ds["id"])
+    assert held_out_split(ds, 0.25, seed=3)[1]["id"] == held["id"]  # a resume holds out the same rows
+    assert len(held_out_split(ds, 0.01, seed=3)[1]) == 1 and held_out_split(ds, 0.0, seed=3) == (ds, None)
+    with pytest.raises(ValueError, match="holds out all 1 rows"):
+        held_out_split(ds.select([0]), 0.5, seed=3)
+
+
+def test_eval_fraction_holds_rows_out_and_reports_their_loss(tmp_path):
+    run_dir = tmp_path / "run"
+    summary = train(run_dir, "data.max_samples=8", "data.eval_fraction=0.25", "method.max_steps=2", "method.save_steps=2")
+    assert summary["data"].endswith("(6 examples, 2 held out)")
+    state = json.loads((run_dir / "checkpoints" / "checkpoint-2" / "trainer_state.json").read_text())
+    logged = [h["eval_loss"] for h in state["log_history"] if "eval_loss" in h]
+    assert len(logged) == 1 and summary["eval_loss"] == pytest.approx(logged[0], rel=1e-5)  # same weights, same rows

@@ -32,7 +32,10 @@ def lora_config(method: SFTMethod):
     )
 
 
-def sft_args(method: SFTMethod, output_dir: Path, seed: int, report_to: list[str], deepspeed: dict | None):
+def sft_args(
+    method: SFTMethod, output_dir: Path, seed: int, report_to: list[str], deepspeed: dict | None, evaluate: bool = False
+):
+    """TRL's SFTConfig; ``evaluate``: the held-out loss at every save (``data.eval_fraction`` > 0)."""
     from trl import SFTConfig
 
     return SFTConfig(
@@ -43,7 +46,21 @@ def sft_args(method: SFTMethod, output_dir: Path, seed: int, report_to: list[str
         lr_scheduler_type=method.lr_scheduler,
         num_train_epochs=method.epochs,
         dataset_num_proc=None,
+        eval_strategy="steps" if evaluate else "no",
+        eval_steps=method.save_steps if evaluate else None,
+        per_device_eval_batch_size=method.per_device_batch_size,
     )
+
+
+def held_out_split(dataset: Any, fraction: float, seed: int) -> tuple[Any, Any | None]:
+    """(train, held-out) rows: ``fraction`` of them (at least one) held out by a seeded shuffle; (all, None) at 0."""
+    if not fraction:
+        return dataset, None
+    n_eval = max(1, round(fraction * len(dataset)))
+    if n_eval >= len(dataset):
+        raise ValueError(f"data.eval_fraction={fraction} holds out all {len(dataset)} rows: nothing left to train on")
+    split = dataset.train_test_split(test_size=n_eval, seed=seed, shuffle=True)
+    return split["train"], split["test"]
 
 
 def train_sft(cfg: Any, schema: type = SFTMethod, prepare: Callable | None = None) -> dict[str, Any]:
@@ -64,18 +81,18 @@ def train_sft(cfg: Any, schema: type = SFTMethod, prepare: Callable | None = Non
     extra: dict[str, Any] = {}
     if prepare is not None:
         model, peft_config, extra = prepare(model, tokenizer, method, peft_config)
-    dataset = load_sft_dataset(to_plain(cfg.data), tokenizer)
+    data = to_plain(cfg.data)
+    dataset, held_out = held_out_split(load_sft_dataset(data, tokenizer), float(data.get("eval_fraction") or 0), cfg.seed)
     ckpt_dir = run_dir / "checkpoints"
+    args = sft_args(
+        method, ckpt_dir, cfg.seed, ["wandb"] if logger.enabled else [],
+        to_plain(cfg.deepspeed.config) if cfg.deepspeed.config else None, evaluate=held_out is not None,
+    )  # fmt: skip
     trainer = SFTTrainer(
         model=model,
-        args=sft_args(
-            method,
-            ckpt_dir,
-            cfg.seed,
-            ["wandb"] if logger.enabled else [],
-            to_plain(cfg.deepspeed.config) if cfg.deepspeed.config else None,
-        ),
+        args=args,
         train_dataset=dataset,
+        eval_dataset=held_out,
         processing_class=tokenizer,
         peft_config=peft_config,
         callbacks=[LogAtSave()],
@@ -83,13 +100,16 @@ def train_sft(cfg: Any, schema: type = SFTMethod, prepare: Callable | None = Non
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in trainer.model.parameters())
     elapsed = train_or_restore(trainer, plan, method.max_steps)
+    eval_loss = trainer.evaluate()["eval_loss"] if held_out is not None else None
     final_dir = run_dir / "final"
     trainer.save_model(str(final_dir))
     tokenizer.save_pretrained(str(final_dir))
     summary = {
         "method": method.name,
         "model": spec.name,
-        "data": f"{cfg.data.name} ({len(dataset)} examples)",
+        "data": f"{cfg.data.name} ({len(dataset)} examples"
+        + (f", {len(held_out)} held out)" if held_out is not None else ")"),
+        **({"eval_loss": eval_loss} if eval_loss is not None else {}),
         "mode": f"LoRA r={method.lora.r}" if method.use_lora else "full fine-tuning",
         "trainable_params": f"{trainable:,} / {total:,}",
         "resumed_from": plan.resume_from or "-",

@@ -80,7 +80,18 @@ class TracesData:
     split: str = "train"
     format: str = "skythought_eval"
     max_samples: int | None = None
+    # held out from training (a seeded random split): the held-out loss is evaluated at every save and at the
+    # end (summary ``eval_loss``); 0 = train on every row
     eval_fraction: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.source not in ("local", "hub"):
+            raise ValueError(f"data.source must be local or hub, got {self.source!r}")
+        if self.format not in ("bespoke", "skythought_eval"):
+            raise ValueError(f"data.format must be one of ['bespoke', 'skythought_eval'], got {self.format!r}")
+        check_fields(self, "data", max_samples=AT_LEAST_ONE)
+        if not 0 <= self.eval_fraction < 1:
+            raise ValueError(f"data.eval_fraction={self.eval_fraction} (must be in [0, 1): a fraction of the rows)")
 
 
 SCHEMAS = [("method", "sft", SFTMethod), ("data", "traces", TracesData)]
