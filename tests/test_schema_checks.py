@@ -15,6 +15,7 @@ from zoomr.schemas.checks import BETA, POSITIVE, check_fields
 from zoomr.schemas.kvzap import KVzapFit
 from zoomr.schemas.sft import LoraSettings, SFTMethod, TracesData
 from zoomr.schemas.testbed import CurriculumSettings, TestbedTrainMethod
+from zoomr.schemas.zoomr import SummarizePipeline
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,6 +50,8 @@ BAD = [
     (TracesData, "max_samples", 0, "data.max_samples=0 (must be >= 1)"),
     (TracesData, "format", "csv", "data.format must be one of"),
     (TracesData, "source", "ftp", "data.source must be local or hub"),
+    (SummarizePipeline, "max_rows", 0, "pipeline.max_rows=0 (must be >= 1)"),
+    (SummarizePipeline, "min_paragraph_chars", -5, "pipeline.min_paragraph_chars=-5"),
     (KVzapFit, "lr", 0.0, "method.fit.lr=0.0"),
     (KVzapFit, "epochs", 0, "method.fit.epochs=0"),
     (KVzapFit, "models", ["ridge"], "give one or both of linear, mlp"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from zoomr import tokens
+from zoomr.schemas.checks import AT_LEAST_ONE, NON_NEGATIVE, check_fields
 from zoomr.schemas.endpoint import EndpointSettings
 from zoomr.schemas.sft import SFTMethod
 
@@ -32,6 +33,9 @@ class SummarizePipeline:
     max_rows: int | None = None
     count_tokens: bool = True  # report lengths in tokens of the config's model tokenizer
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        check_fields(self, "pipeline", min_paragraph_chars=NON_NEGATIVE, max_rows=AT_LEAST_ONE)
 
 
 @dataclass
