@@ -30,11 +30,11 @@ import torch
 from zoomr.kvzap.pairs import FORMAT, shard_name, write_shard
 from zoomr.kvzap.pretext import RepeatPretext, build_repeat_pretext
 from zoomr.kvzap.scoring import LOG_FLOOR, kvzip_scores
+from zoomr.models import DTYPES
 from zoomr.paths import resolve_repo_path
 from zoomr.schemas.kvzap import KVzapPairsPipeline, TestbedPairsSource, TextSource
 
 log = logging.getLogger(__name__)
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -66,7 +66,12 @@ def load_texts(source: TextSource) -> list[str]:
             if source.format == "lines":
                 texts.append(line.rstrip("\n"))
             elif source.format == "jsonl":
-                row = json.loads(line)
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"source {source.name!r}: {path} line {n} is not JSON ({e.msg})") from None
+                if not isinstance(row, dict):
+                    raise ValueError(f"source {source.name!r}: {path} line {n} is not a JSON object")
                 missing = [k for k in source.fields if k not in row]
                 if missing:
                     raise KeyError(

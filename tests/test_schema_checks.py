@@ -12,7 +12,7 @@ import pytest
 from zoomr.cache.abridge import AbridgeMethod
 from zoomr.schemas.abridge import AbridgeAllocateMethod, AbridgeOptim
 from zoomr.schemas.checks import BETA, POSITIVE, check_fields
-from zoomr.schemas.kvzap import KVzapFit
+from zoomr.schemas.kvzap import KVzapFit, KVzapPairsPipeline, TextSource
 from zoomr.schemas.sft import LoraSettings, SFTMethod, TracesData
 from zoomr.schemas.testbed import CurriculumSettings, TestbedTrainMethod
 from zoomr.schemas.zoomr import SummarizePipeline
@@ -52,6 +52,13 @@ BAD = [
     (TracesData, "source", "ftp", "data.source must be local or hub"),
     (SummarizePipeline, "max_rows", 0, "pipeline.max_rows=0 (must be >= 1)"),
     (SummarizePipeline, "min_paragraph_chars", -5, "pipeline.min_paragraph_chars=-5"),
+    (KVzapPairsPipeline, "tokens_per_doc", 0, "pipeline.tokens_per_doc=0 (must be >= 1)"),
+    (KVzapPairsPipeline, "chunk_size", 0, "pipeline.chunk_size=0"),
+    (KVzapPairsPipeline, "docs_per_shard", 0, "pipeline.docs_per_shard=0"),
+    (KVzapPairsPipeline, "min_tokens", 2000, "min_tokens=2000 > max_tokens=1250"),
+    (KVzapPairsPipeline, "store_dtype", "int3", "store_dtype must be float32|bfloat16|float16"),
+    (TextSource, "format", "csv", "pipeline.sources[web].format must be jsonl"),
+    (TextSource, "fields", [], "a jsonl source needs fields"),
     (KVzapFit, "lr", 0.0, "method.fit.lr=0.0"),
     (KVzapFit, "epochs", 0, "method.fit.epochs=0"),
     (KVzapFit, "models", ["ridge"], "give one or both of linear, mlp"),
@@ -117,3 +124,15 @@ def test_the_miniature_refuses_a_test_seed_any_of_its_models_trains_on(seed, mod
     with pytest.raises(ValueError, match=rf"task.test_seed={seed} is the training stream of \[.*'{model}'"):
         run_task({"arms": ["full"], "test_seed": seed, "out": str(tmp_path / "out"), "dry_run": True})
     assert "miniature:" not in capsys.readouterr().out and not (tmp_path / "out").exists()  # refused first
+
+
+@pytest.mark.parametrize("line,message", [("{not json", "line 2 is not JSON"), ("[1, 2]", "line 2 is not a JSON object")])
+def test_a_kvzap_text_source_names_its_unreadable_line(tmp_path, line, message):
+    from data_prep.kvzap_pairs import load_texts
+
+    path = tmp_path / "docs.jsonl"
+    path.write_text('{"text": "fine"}\n' + line + "\n")
+    with pytest.raises(ValueError, match=f"source 'web': .*docs.jsonl {message}"):
+        load_texts(TextSource(path=str(path)))
+    path.write_text('{"text": "fine"}\n\n{"text": "also fine"}\n')
+    assert load_texts(TextSource(path=str(path))) == ["fine", "also fine"]

@@ -19,6 +19,12 @@ class TextSource:
     fields: list[str] = field(default_factory=lambda: ["text"])
     joiner: str = "\n"
 
+    def __post_init__(self) -> None:
+        if self.format not in ("jsonl", "lines"):
+            raise ValueError(f"pipeline.sources[{self.name}].format must be jsonl|lines, got {self.format!r}")
+        if self.format == "jsonl" and not self.fields:
+            raise ValueError(f"pipeline.sources[{self.name}]: a jsonl source needs fields (the keys joined into a text)")
+
 
 @dataclass
 class TestbedPairsSource:
@@ -85,6 +91,15 @@ class KVzapPairsPipeline:
     instruction: str = "\n\nRepeat the previous context exactly."
     overwrite: bool = False  # a different plan in out_dir is an error unless true
     testbed: TestbedPairsSource | None = None  # set: documents are testbed traces, ``sources`` unused
+
+    def __post_init__(self) -> None:
+        check_fields(self, "pipeline", min_tokens=AT_LEAST_ONE, max_tokens=AT_LEAST_ONE,
+                     max_docs_per_subset=AT_LEAST_ONE, val_docs_per_subset=AT_LEAST_ONE, tokens_per_doc=AT_LEAST_ONE,
+                     chunk_size=AT_LEAST_ONE, docs_per_shard=AT_LEAST_ONE)  # fmt: skip
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"pipeline: min_tokens={self.min_tokens} > max_tokens={self.max_tokens}")
+        if self.store_dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"pipeline.store_dtype must be float32|bfloat16|float16, got {self.store_dtype!r}")
 
 
 @dataclass
