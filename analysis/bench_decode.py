@@ -385,8 +385,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for k, v in defaults.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
-    if args.decode_steps < 1 or args.repeats < 1 or args.budget < 1:
-        p.error("--decode-steps, --repeats and --budget must be >= 1")
+    sizes = {"--decode-steps": [args.decode_steps], "--repeats": [args.repeats], "--budget": [args.budget],
+             "--batches": args.batches, "--threads": [args.threads], "--prefill-chunk": [args.prefill_chunk],
+             "--prompt-tokens": [args.prompt_tokens], "--e2e-prompt": [args.e2e_prompt], "--e2e-new": [args.e2e_new]}  # fmt: skip
+    bad = [name for name, values in sizes.items() if min(values) < 1]
+    if bad:
+        p.error(f"{', '.join(bad)} must be >= 1")
     if min(args.contexts) <= args.budget:
         p.error(f"every context must exceed --budget {args.budget}")
     unknown = [n for n in args.policies if not (REPO_ROOT / "conf" / "method" / f"{n}.yaml").exists()]

@@ -167,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--start-method", default="forkserver")
     ap.add_argument("--out", default="runs/bench", help="directory for bench_grading.json")
     args = ap.parse_args(argv)
+    if args.samples < 1 or args.repeats < 1 or args.pathological < 0:
+        ap.error("--samples and --repeats must be >= 1, --pathological >= 0")
     samples = build_samples(args.samples, 0)
     warmup = build_samples(8 * max(args.workers), 0)[::-1]
     inner = max(1, int(args.timeout / 3))

@@ -46,6 +46,18 @@ def test_bench_decode_rejects_bad_settings(capsys):
     assert "must exceed --budget" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         bench_decode.parse_args(["--policies", "nope"])
+    with pytest.raises(SystemExit):  # a batch of 0 crashed deep in the model; the others ran on nonsense
+        bench_decode.parse_args(["--batches", "1", "0", "--threads", "0"])
+    assert "--batches, --threads must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--samples", "0"], ["--repeats", "0"], ["--pathological", "-1"]])
+def test_bench_grading_rejects_bad_sizes_before_starting_workers(argv, capsys):
+    from eval import bench_grading
+
+    with pytest.raises(SystemExit):  # --repeats 0 crashed with an IndexError after the samples were built
+        bench_grading.main([*argv, "--out", "unused"])
+    assert "--samples and --repeats must be >= 1" in capsys.readouterr().err
 
 
 def test_policy_overhead_simulation(tmp_path):
