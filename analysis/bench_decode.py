@@ -42,6 +42,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from analysis.cli import require_at_least
 from zoomr import configs
 from zoomr.cache import build_policy
 from zoomr.decode_forward import DecoderForward
@@ -385,12 +386,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for k, v in defaults.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
-    sizes = {"--decode-steps": [args.decode_steps], "--repeats": [args.repeats], "--budget": [args.budget],
-             "--batches": args.batches, "--threads": [args.threads], "--prefill-chunk": [args.prefill_chunk],
-             "--prompt-tokens": [args.prompt_tokens], "--e2e-prompt": [args.e2e_prompt], "--e2e-new": [args.e2e_new]}  # fmt: skip
-    bad = [name for name, values in sizes.items() if min(values) < 1]
-    if bad:
-        p.error(f"{', '.join(bad)} must be >= 1")
+    require_at_least(p, args, 1, "decode_steps", "repeats", "budget", "batches", "threads", "prefill_chunk",
+                     "prompt_tokens", "e2e_prompt", "e2e_new")  # fmt: skip
     if min(args.contexts) <= args.budget:
         p.error(f"every context must exceed --budget {args.budget}")
     unknown = [n for n in args.policies if not (REPO_ROOT / "conf" / "method" / f"{n}.yaml").exists()]

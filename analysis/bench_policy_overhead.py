@@ -44,6 +44,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from analysis.bench_decode import method_config
+from analysis.cli import require_at_least
 from zoomr.attention import _lookup
 from zoomr.cache import build_policy
 from zoomr.paths import REPO_ROOT
@@ -250,9 +251,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    for k in ("batch", "context", "kv_heads", "q_heads", "head_dim", "layers", "budget", "steps"):
-        if getattr(args, k) < 1:
-            p.error(f"--{k.replace('_', '-')} must be >= 1")
+    require_at_least(p, args, 1, "batch", "context", "kv_heads", "q_heads", "head_dim", "layers", "budget", "steps")
     if args.q_heads % args.kv_heads:
         p.error("--q-heads must be a multiple of --kv-heads")
     if not 0 < args.prompt < args.context:

@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from analysis.cli import require_at_least, require_checkpoint
+
 
 @torch.no_grad()
 def teacher_forced_hit_rate(
@@ -117,6 +119,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--cue-view", action="store_true", help="cue rows see only the prompt and the window (decoding)")
     p.add_argument("--out", default="runs/testbed_pointer")
     args = p.parse_args(argv)
+    require_at_least(p, args, 1, "n", "top_k")
+    require_at_least(p, args, 0, "window", "consensus")
+    require_checkpoint(p, args.model)
 
     from zoomr.testbed.checkpoint import load_testbed_model, trained_data
 

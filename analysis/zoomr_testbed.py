@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from analysis.cli import require_at_least, require_checkpoint
 from zoomr import tokens
 from zoomr.testbed.grading import load_test_problems
 
@@ -250,6 +251,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="run only these arms (default: all but zoomr_every; *_writes only for a model trained to write summaries)")  # fmt: skip
     p.add_argument("--out", default="runs/zoomr_testbed")
     args = p.parse_args(argv)
+    require_at_least(p, args, 1, "n", "batch", "top_k", "trace_tokens")
+    require_at_least(p, args, 0, "window", "consensus")
+    require_checkpoint(p, args.model)
 
     from analysis.testbed_table import cached
     from eval.bootstrap import index_matrix, paired_bootstrap

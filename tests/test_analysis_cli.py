@@ -1,0 +1,52 @@
+"""The analysis scripts refuse impossible sizes and a missing checkpoint before loading anything (analysis/cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from analysis import testbed_pointer, zoomr_testbed
+from analysis.cli import require_at_least, require_checkpoint
+
+MODEL = str(Path(__file__).resolve().parents[1] / "analysis/results/zoomr_testbed/model")  # committed; the checks run before it is loaded
+
+
+def test_require_at_least_names_every_option_below_its_bound(capsys):
+    p = argparse.ArgumentParser(prog="x")
+    args = argparse.Namespace(n=0, batches=[1, 0], window=None, top_k=3)
+    with pytest.raises(SystemExit):
+        require_at_least(p, args, 1, "n", "batches", "window", "top_k")
+    assert "x: error: --n, --batches must be >= 1" in capsys.readouterr().err  # None (unset) and 3 pass
+    require_at_least(p, args, 0, "n", "batches", "window")
+
+
+def test_require_checkpoint_wants_a_config_json(tmp_path, capsys):
+    p = argparse.ArgumentParser(prog="x")
+    with pytest.raises(SystemExit):
+        require_checkpoint(p, str(tmp_path))
+    assert f"--model {tmp_path}: not a checkpoint directory (no config.json)" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text("{}")
+    require_checkpoint(p, str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "main,argv,message",
+    [
+        (zoomr_testbed.main, ["--n", "0"], "--n must be >= 1"),  # was an IndexError after the model loaded
+        (zoomr_testbed.main, ["--window", "-1"], "--window must be >= 0"),  # was a run on a negative window
+        (testbed_pointer.main, ["--n", "0"], "--n must be >= 1"),  # wrote a hit-rate file of zero cues
+        (testbed_pointer.main, ["--consensus", "-2"], "--consensus must be >= 0"),
+    ],
+)
+def test_testbed_scripts_refuse_impossible_sizes(main, argv, message, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--model", MODEL, *argv, "--out", str(tmp_path / "out")])
+    assert message in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_zoomr_testbed_refuses_a_model_that_is_not_a_checkpoint(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        zoomr_testbed.main(["--model", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert "not a checkpoint directory" in capsys.readouterr().err
