@@ -136,3 +136,16 @@ def test_a_kvzap_text_source_names_its_unreadable_line(tmp_path, line, message):
         load_texts(TextSource(path=str(path)))
     path.write_text('{"text": "fine"}\n\n{"text": "also fine"}\n')
     assert load_texts(TextSource(path=str(path))) == ["fine", "also fine"]
+
+
+@pytest.mark.parametrize("method", ["abridge", "lightthinker"])
+def test_a_masked_training_start_that_is_not_a_checkpoint_is_named(method, tmp_path):
+    """It said the hub was unreachable and to set model.hf_id, which the user had not touched."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", f"+method={method}", f"method.init_from={tmp_path / 'nope'}", "logger=none",
+         f"hydra.run.dir={run_dir}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "not a checkpoint directory (no config.json" in proc.stderr
+    assert not (run_dir / "settings.json").exists()

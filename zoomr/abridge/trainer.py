@@ -132,6 +132,8 @@ def load_start_model(spec: ModelSpec, m: AbridgeMethod | Any, cache_dir: str, de
     """The model and tokenizer to fine-tune: ``m.init_from`` (a checkpoint directory) or the model config."""
     if m.init_from:
         path = resolve_repo_path(m.init_from)  # a checkpoint shipped in the repo works from any directory
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"method.init_from={m.init_from}: not a checkpoint directory (no config.json at {path})")
         start = ModelSpec(name=spec.name, arch=spec.arch, hf_id=str(path), dtype=spec.dtype)
         return load_model(start, cache_dir, device=device), load_tokenizer(start, cache_dir)
     return load_model(spec, cache_dir, device=device), load_tokenizer(spec, cache_dir)
