@@ -151,6 +151,8 @@ class TestbedTrainMethod:
         check_fields(self, "method", max_seconds=NON_NEGATIVE, tokens_per_step=AT_LEAST_ONE, learning_rate=POSITIVE,
                      min_lr_ratio=FRACTION, warmup_steps=NON_NEGATIVE, betas=BETA, weight_decay=NON_NEGATIVE,
                      max_grad_norm=POSITIVE, embedding_init_std=POSITIVE, summary_pointer_weight=NON_NEGATIVE,
+                     summary_pointer_margin=POSITIVE, key_spread_weight=NON_NEGATIVE, value_read_weight=NON_NEGATIVE,
+                     cue_view_window=NON_NEGATIVE, cue_view_previous_selection_from=NON_NEGATIVE,
                      eval_every=AT_LEAST_ONE, eval_examples=AT_LEAST_ONE, save_every=AT_LEAST_ONE,
                      log_every=AT_LEAST_ONE, threads=NON_NEGATIVE)  # fmt: skip
         if len(self.betas) != 2:
