@@ -4,8 +4,9 @@ Builds ``--samples`` (default 540) samples from the MATH-500 reference solutions
 mix a real run produces: correct boxed answers (exact stage), wrong boxed answers, long wrong texts,
 texts whose answer is not boxed and truncated texts (math-verify stage). Each repeat times the plain
 loop (exact stage, then math-verify's ``verify(parse(gold), parse(text))``, in a fresh process started
-like a pool worker and warmed up the same way) and then a fresh pool per worker count on the same samples,
-so every ratio is paired in one run; the pool's start-up (paid once per eval run) is reported apart. A separate check sends ``--pathological`` 200 KB nested
+like a pool worker and warmed up the same way) and a fresh pool per worker count on the same samples, the
+order alternating between repeats (the whole set grades in about 2 s, so drift matters), so every ratio is
+paired in one run; the pool's start-up (paid once per eval run) is reported apart. A separate check sends ``--pathological`` 200 KB nested
 ``\\boxed{\\frac…}`` answers that must each end as a timeout. Prints a table, writes
 ``<out>/bench_grading.json`` (default ``runs/bench`` under the working directory).
 """
@@ -161,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m eval.bench_grading", description=__doc__.split("\n\n")[0])
     ap.add_argument("--samples", type=int, default=540)
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--repeats", type=int, default=3, help="paired plain/pool measurements; min and median")
+    ap.add_argument("--repeats", type=int, default=9,
+                    help="paired plain/pool measurements (order alternating); min and median")
     ap.add_argument("--pathological", type=int, default=3, help="200 KB nested answers for the timeout check")
     ap.add_argument("--timeout", type=float, default=10.0)
     ap.add_argument("--start-method", default="forkserver")
@@ -177,12 +179,16 @@ def main(argv: list[str] | None = None) -> int:
     plain_cpu: list[float] = []
     pool: dict[int, list[dict]] = {w: [] for w in args.workers}
     reference = None
-    for _ in tqdm(range(args.repeats), desc="bench grading", unit="repeat"):
-        seconds, cpu, reference = plain_run(samples, warmup, inner, args.start_method)
-        plain_s.append(seconds)
-        plain_cpu.append(cpu)
-        for w in args.workers:
-            pool[w].append(pool_run(samples, w, args.timeout, args.start_method, warmup))
+    for repeat in tqdm(range(args.repeats), desc="bench grading", unit="repeat"):
+        # alternate the order (plain first, then pools first) so drift in the machine's speed cancels
+        order = ["plain", *args.workers] if repeat % 2 == 0 else [*args.workers, "plain"]
+        for arm in order:
+            if arm == "plain":
+                seconds, cpu, reference = plain_run(samples, warmup, inner, args.start_method)
+                plain_s.append(seconds)
+                plain_cpu.append(cpu)
+            else:
+                pool[arm].append(pool_run(samples, arm, args.timeout, args.start_method, warmup))
     rows = []
     for w, runs in pool.items():
         ratios = [p / r["seconds"] for p, r in zip(plain_s, runs)]
