@@ -162,13 +162,14 @@ def test_a_deepspeed_checkpoint_needs_its_engine_states_not_optimizer_pt(tmp_pat
     assert "optim_states.pt" in " ".join(rundir.hf_checkpoint_problems(ckpt))
 
 
-def test_the_resume_helper_kept_for_other_recipes_skips_incomplete_checkpoints(tmp_path):
-    from train.sft import resolve_resume
-
+def test_pick_resume_skips_incomplete_checkpoints_with_any_prefix(tmp_path):
     checkpoint(tmp_path, 2)
     (checkpoint(tmp_path, 4) / "trainer_state.json").write_text("{")
-    assert resolve_resume("auto", tmp_path).endswith("checkpoint-2")
-    assert resolve_resume("never", tmp_path) is None
+    assert rundir.pick_resume(tmp_path, "auto", rundir.hf_checkpoint_problems).endswith("checkpoint-2")
+    assert rundir.pick_resume(tmp_path, "never", rundir.hf_checkpoint_problems) is None
+    (tmp_path / "checkpoint-2").rename(tmp_path / "step-2")  # the testbed trainer's names
+    assert rundir.pick_resume(tmp_path, "auto", rundir.hf_checkpoint_problems) is None
+    assert rundir.pick_resume(tmp_path, "auto", rundir.hf_checkpoint_problems, "step-").endswith("step-2")
 
 
 def test_an_explicit_incomplete_checkpoint_is_refused_naming_what_is_missing(tmp_path):

@@ -213,3 +213,45 @@ def test_a_run_shorter_than_logging_steps_reports_its_first_and_last_loss(tmp_pa
     assert summary["steps"] == 2
     for key in ("loss_start", "loss_end", "train_loss"):
         assert math.isfinite(summary[key]) and summary[key] > 0, (key, summary[key])
+
+
+# the testbed trainer (its own loop, ``step-N`` checkpoints) goes through the same run-directory guard
+TB_TINY = [
+    "+method=sft_testbed", "data=testbed", "model=tiny-testbed", "logger=none", "data.trace_tokens=160",
+    "method.max_steps=4", "method.curriculum.copy_steps=0", "method.curriculum.recall_steps=1",
+    "method.tokens_per_step=512", "method.curriculum.copy_tokens_per_step=256", "method.eval_every=2",
+    "method.eval_examples=2", "method.save_every=3",
+]  # fmt: skip
+
+
+def train_testbed(run_dir: Path, cache_dir: str, *overrides: str) -> dict:
+    import train.testbed_pretrain as recipe
+
+    register_with_hydra()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("train", overrides=[*TB_TINY, *overrides, f"cache_dir={cache_dir}", f"run_dir={run_dir}",
+                                          "hydra.runtime.output_dir=."])  # fmt: skip
+    return recipe.run(cfg)
+
+
+def test_testbed_rerun_refuses_other_settings_finishes_at_once_and_continues_when_longer(tmp_path, cache_dir):
+    run = tmp_path / "tb"
+    first = train_testbed(run, cache_dir)
+    assert first["steps"] == 4 and sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-3", "step-4"]
+    written = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    with pytest.raises(SystemExit, match=r"method.learning_rate: was 0.002, now 0.5"):
+        train_testbed(run, cache_dir, "method.learning_rate=0.5")
+    # how often it logs, evaluates or saves, and its threads, are not what it trains: the rerun returns the summary
+    assert train_testbed(run, cache_dir, "method.eval_every=1", "method.threads=1") == first
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == written  # nothing rewritten by either
+    longer = train_testbed(run, cache_dir, "method.max_steps=6")
+    assert longer["steps"] == 6 and longer["resumed_from"].endswith("step-4")
+
+
+def test_testbed_run_stopped_by_max_seconds_is_continued_not_reported_finished(tmp_path, cache_dir):
+    run = tmp_path / "tb"
+    stopped = train_testbed(run, cache_dir, "method.max_seconds=1e-9")
+    assert stopped["steps"] == 1 and (run / "checkpoints" / "step-1").is_dir()  # saved where it stopped
+    assert "finished" not in json.loads((run / "settings.json").read_text())
+    rest = train_testbed(run, cache_dir)
+    assert rest["steps"] == 4 and rest["resumed_from"].endswith("step-1")

@@ -16,8 +16,11 @@ query then reuses); ``method.cue_view_window`` trains under ZoomR's decoding-tim
 boundary rows (:mod:`zoomr.testbed.cue_view`); ``method.init_from`` continues from a checkpoint (a second
 stage: weights only).
 
-Checkpoints (model, optimizer, step) go to ``<run_dir>/checkpoints/step-N``; ``resume=auto`` continues
-from the newest one (the batch stream is a function of the step, so a resumed run sees the same data).
+Checkpoints (model, optimizer, step) go to ``<run_dir>/checkpoints/step-N``, every ``save_every`` steps and at the
+last; ``resume=auto`` continues from the newest complete one (the batch stream is a function of the step, so a
+resumed run sees the same data). A rerun goes through :func:`zoomr.rundir.prepare_run` like every trainer's: other
+settings in a directory that holds trained state are refused, naming them, before anything is written; a finished
+run prints its summary and returns; a larger ``method.max_steps`` continues it.
 """
 
 from __future__ import annotations
@@ -35,9 +38,10 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from zoomr.entry import model_spec, start_run
+from zoomr.entry import model_spec, start_run, to_plain
 from zoomr.models import describe, load_model, load_tokenizer
 from zoomr.paths import resolve_repo_path
+from zoomr.rundir import finish_run, prepare_run, torch_archive_whole, weights_problems, write_summary
 from zoomr.schemas import to_dataclass
 from zoomr.schemas.testbed import TestbedData, TestbedTrainMethod
 from zoomr.summary_pointer import capture_qk, key_spread_penalty, pointer_loss, value_read_loss, with_key_cues
@@ -110,17 +114,28 @@ def pointer_layers(model, method: TestbedTrainMethod) -> list[int]:
     return layers
 
 
-def latest_checkpoint(ckpt_dir: Path) -> Path | None:
-    found = sorted(ckpt_dir.glob("step-*"), key=lambda p: int(p.name.split("-")[1])) if ckpt_dir.is_dir() else []
-    return found[-1] if found else None
+CHECKPOINT_PREFIX = "step-"
+# method keys that say how a run logs, evaluates, saves or is scheduled, not what it trains: a rerun may change them
+FREE_KEYS = ("threads", "log_every", "eval_every", "eval_examples", "save_every", "max_seconds")
+
+
+def checkpoint_problems(ckpt: Path) -> list[str]:
+    """Why a ``step-N`` checkpoint cannot be resumed from (empty: it can): whole weights, a config and a whole
+    ``trainer_state.pt`` (written last)."""
+    out = weights_problems(ckpt)
+    if not (ckpt / "config.json").is_file():
+        out.append("config.json is missing")
+    if not torch_archive_whole(ckpt / "trainer_state.pt"):
+        out.append("trainer_state.pt (written last) is missing or truncated")
+    return out
 
 
 def save_checkpoint(model, tokenizer, opt, step: int, elapsed: float, ckpt_dir: Path) -> None:
-    out = ckpt_dir / f"step-{step}"
+    out = ckpt_dir / f"{CHECKPOINT_PREFIX}{step}"
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     torch.save({"optimizer": opt.state_dict(), "step": step, "elapsed": elapsed}, out / "trainer_state.pt")
-    for old in sorted(ckpt_dir.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))[:-2]:
+    for old in sorted(ckpt_dir.glob(f"{CHECKPOINT_PREFIX}*"), key=lambda p: int(p.name.split("-")[1]))[:-2]:
         for f in sorted(old.rglob("*"), reverse=True):
             f.unlink() if f.is_file() else f.rmdir()
         old.rmdir()
@@ -146,6 +161,10 @@ def run(cfg) -> dict[str, Any]:
     if method.threads:
         torch.set_num_threads(method.threads)
     check_method(method, data)
+    plan = prepare_run(cfg.run_dir, to_plain(cfg), cfg.resume, free=FREE_KEYS, checkpoint_problems=checkpoint_problems,
+                       title="testbed training", checkpoint_prefix=CHECKPOINT_PREFIX)  # fmt: skip
+    if plan.finished:
+        return plan.finished
     spec = model_spec(cfg)
     if method.init_from:  # a second stage: the checkpoint's weights (and tokenizer), not a fresh init
         spec = replace(spec, hf_id=str(resolve_repo_path(method.init_from)))
@@ -163,7 +182,7 @@ def run(cfg) -> dict[str, Any]:
     kinds = token_kinds(tokenizer)
     ckpt_dir = run_dir / "checkpoints"
     start, prior = 0, 0.0
-    resume = latest_checkpoint(ckpt_dir) if cfg.resume == "auto" else (None if cfg.resume == "never" else Path(cfg.resume))
+    resume = Path(plan.resume_from) if plan.resume_from else None
     if resume is not None:
         from transformers import AutoModelForCausalLM
 
@@ -175,7 +194,7 @@ def run(cfg) -> dict[str, Any]:
         log.info("resumed from %s (step %d)", resume, start)
 
     t0, seen, history = time.time(), 0, []
-    step = start
+    steps_done, stopped_early = start, False
     use_pointer = data.summaries and method.summary_pointer_weight > 0
     layers = pointer_layers(model, method)
     key_ids = [tokenizer.convert_tokens_to_ids(tt.key(i)) for i in range(tt.N_KEYS)]
@@ -205,6 +224,7 @@ def run(cfg) -> dict[str, Any]:
         torch.nn.utils.clip_grad_norm_(model.parameters(), method.max_grad_norm)
         opt.step()
         seen += batch.tokens
+        steps_done = step + 1
         elapsed = prior + time.time() - t0
         if step % method.log_every == 0:
             rate = seen / max(1e-9, time.time() - t0)
@@ -220,23 +240,22 @@ def run(cfg) -> dict[str, Any]:
             history.append({"step": step + 1, "seconds": round(elapsed, 1), "tokens": seen, **ev})
             logger.log(ev, step=step)
             tqdm.write(f"step {step + 1}: {elapsed:.0f}s " + " ".join(f"{k}={v:.3f}" for k, v in ev.items()))
-        if (step + 1) % method.save_every == 0:
+        stopped_early = bool(method.max_seconds and elapsed >= method.max_seconds and step + 1 < method.max_steps)
+        if (step + 1) % method.save_every == 0 or step + 1 == method.max_steps or stopped_early:
             save_checkpoint(model, tokenizer, opt, step + 1, elapsed, ckpt_dir)
-        if method.max_seconds and elapsed >= method.max_seconds:
-            tqdm.write(f"stopping at step {step + 1}: max_seconds={method.max_seconds} reached")
+        if stopped_early:
+            tqdm.write(f"stopping at step {step + 1}: max_seconds={method.max_seconds} reached (a rerun continues)")
             break
     capture.__exit__(None, None, None)
     wall = prior + time.time() - t0
     final_dir = run_dir / "final"
     finalize(model, tokenizer, data, final_dir)
-    from train.report import write_summary
-
     last = history[-1] if history else teacher_forced_eval(model, held_out)
     summary = {
         "method": method.name,
         "model": f"{spec.name} ({describe(model)['params']:,} params)",
         "data": f"{data.name} trace_tokens={data.trace_tokens} summaries={data.summaries}",
-        "steps": step + 1,
+        "steps": steps_done,
         "tokens_seen": seen,
         "seconds": round(wall, 1),
         "tokens_per_s": round(seen / max(1e-9, time.time() - t0)),
@@ -247,9 +266,11 @@ def run(cfg) -> dict[str, Any]:
         "run_dir": str(run_dir),
     }
     (run_dir / "eval_history.json").write_text(json.dumps(history, indent=2))
-    write_summary(run_dir, summary, f"testbed training finished: {cfg.run_name}")
-    logger.summary({k: v for k, v in summary.items() if isinstance(v, int | float)})
-    logger.finish()
-    return summary
+    title = f"testbed training finished: {cfg.run_name}"
+    if stopped_early:  # a summary, but not recorded as finished: a rerun continues from the last checkpoint
+        write_summary(run_dir, summary, title + f" (stopped at step {steps_done} by method.max_seconds)")
+        logger.finish()
+        return summary
+    return finish_run(plan, logger, summary, title)
 
 

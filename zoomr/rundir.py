@@ -87,13 +87,14 @@ def prepare_run(
     free: Iterable[str] = (),
     checkpoint_problems: Callable[[Path], list[str]] | None = None,
     title: str = "training",
+    checkpoint_prefix: str = CHECKPOINT_PREFIX,
 ) -> RunPlan:
     """Check a (re)run against what ``run_dir`` holds before anything is written; see the module docstring.
 
     ``config``: the resolved config as plain containers; ``derived``: values a trainer computes from it that
     the weights depend on (JSON-able); ``free``: extra method keys a rerun may change; ``checkpoint_problems``:
     what makes a checkpoint incomplete (default :func:`hf_checkpoint_problems`); ``title`` names the run in
-    the "already finished" message.
+    the "already finished" message; ``checkpoint_prefix``: the checkpoint directories' names before the step.
     """
     run_dir = Path(run_dir)
     problems = checkpoint_problems or hf_checkpoint_problems
@@ -104,7 +105,7 @@ def prepare_run(
     if resume == "never":
         set_aside(run_dir)
         record = None
-    elif holds_state(run_dir):
+    elif holds_state(run_dir, checkpoint_prefix):
         old = record.get("settings") if record else settings_from_config(run_dir, derived, free)
         if old is not None:
             refuse_changes(run_dir, old, settings)
@@ -117,7 +118,7 @@ def prepare_run(
             plan.finished = summary
             return plan
         check_extent(run_dir, extent, finished)
-        plan.resume_from = pick_resume(run_dir / CHECKPOINTS, resume, problems)
+        plan.resume_from = pick_resume(run_dir / CHECKPOINTS, resume, problems, checkpoint_prefix)
         if plan.resume_from is None and summary is not None:
             raise SystemExit(
                 f"{run_dir} holds a finished run but no complete checkpoint to continue from: pick another "
@@ -125,7 +126,7 @@ def prepare_run(
             )
         plan.extended = record is not None and record.get("extent") != extent
     elif resume != "auto":
-        plan.resume_from = pick_resume(run_dir / CHECKPOINTS, resume, problems)
+        plan.resume_from = pick_resume(run_dir / CHECKPOINTS, resume, problems, checkpoint_prefix)
     if plan.resume_from and (extent.get("max_steps") or 0) > 0 and step_of(plan.resume_from) > extent["max_steps"]:
         raise SystemExit(
             f"{plan.resume_from} is past method.max_steps={extent['max_steps']}: ask for at least "
@@ -209,13 +210,13 @@ def check_extent(run_dir: Path, extent: dict[str, Any], finished: dict[str, Any]
 # ---- run-directory state --------------------------------------------------------------------------------
 
 
-def holds_state(run_dir: Path) -> bool:
+def holds_state(run_dir: Path, checkpoint_prefix: str = CHECKPOINT_PREFIX) -> bool:
     """Whether ``run_dir`` holds anything trained: a checkpoint, ``final/`` or a summary."""
     ckpts = run_dir / CHECKPOINTS
     return (
         (run_dir / SUMMARY_FILE).exists()
         or (run_dir / "final").exists()
-        or (ckpts.is_dir() and any(ckpts.glob(f"{CHECKPOINT_PREFIX}*")))
+        or (ckpts.is_dir() and any(ckpts.glob(f"{checkpoint_prefix}*")))
     )
 
 
@@ -276,7 +277,9 @@ def step_of(checkpoint: str | Path) -> int:
     return int(digits) if digits.isdigit() else -1
 
 
-def pick_resume(checkpoint_dir: Path, resume: str, problems: Callable[[Path], list[str]]) -> str | None:
+def pick_resume(
+    checkpoint_dir: Path, resume: str, problems: Callable[[Path], list[str]], prefix: str = CHECKPOINT_PREFIX
+) -> str | None:
     """``resume=auto``: the newest complete checkpoint (or ``None``); ``never``: ``None``; a path: that
     checkpoint, refused with its problems when incomplete."""
     if resume == "never":
@@ -290,7 +293,7 @@ def pick_resume(checkpoint_dir: Path, resume: str, problems: Callable[[Path], li
             raise SystemExit(f"resume={resume!r} is an incomplete checkpoint: {'; '.join(wrong)}")
         log.info("resuming from %s (resume=%s)", path, resume)
         return str(path)
-    found = newest_complete_checkpoint(checkpoint_dir, problems)
+    found = newest_complete_checkpoint(checkpoint_dir, problems, prefix)
     return str(found) if found else None
 
 
