@@ -11,11 +11,13 @@ mean resident rows of the arm they are compared with. Writes ``table.md``, ``tab
 (``{"meta": …, "arms": [{"name", "method", "rows_over_full", "answer_accuracy", "recall", "ci_vs_full",
 …}]}``) and the figures (:mod:`analysis.miniature_report`). Paired 95% bootstrap intervals of answer
 accuracy against the full-KV arm of the same model family (eval/bootstrap.py, one index matrix).
-A rerun does only what is missing: a finished model or arm is reused when its command is unchanged.
+A rerun does only what is missing: a finished model or arm is reused when its command is unchanged (a model
+also when its dependencies are the ones it was trained on; :func:`ensure_model`).
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 import time
@@ -80,12 +82,51 @@ def eval_command(arm: Arm, task: Any, match_rows: float | None) -> list[str]:
     return testbed_command(ckpt, arm_dir(task, arm.name), benchmark_options(arm.model, task), method, task.batch_size)
 
 
+MODEL_RECORD = "miniature_model.json"  # beside a model's done file: the command that made it, its inputs' digests
+
+
+def _digest(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def model_record(name: str, trace_tokens: int) -> dict[str, Any]:
+    """What a finished model was made from: its command line and the digest of each dependency's done file
+    (a retrained dependency writes a new ``summary.json`` / manifest / surrogate, so its digest changes)."""
+    cmd = train_command(name, trace_tokens)
+    return {"command": cmd[1:], "needs": {d: _digest(done_file(d, trace_tokens)) for d in MODELS[name].needs}}
+
+
 def ensure_model(name: str, task: Any) -> Path:
+    """Train ``name`` unless it is finished from the same command and the same dependencies.
+
+    A finished model whose record (:data:`MODEL_RECORD`) names another command goes back to its entry point,
+    whose own guard (:func:`zoomr.rundir.prepare_run`, the pairs' ``plan.json``) finishes at once if the settings
+    are equal and refuses, naming them, if the recipe changed; one trained on an older dependency is refused
+    here, since retraining it silently would discard it and reusing it would mislabel every arm on it."""
     cmd = train_command(name, task.trace_tokens)
     if task.dry_run:
         print(f"{MODELS[name].entry}: " + shlex.join(cmd[1:]))
-    elif not done_file(name, task.trace_tokens).exists():
-        run_command(cmd, task.threads, what=f"{MODELS[name].entry} {name}")
+        return checkpoint(name, task.trace_tokens)
+    done = done_file(name, task.trace_tokens)
+    record_path = done.parent / MODEL_RECORD
+    record = model_record(name, task.trace_tokens)
+    if done.exists() and record_path.exists():
+        old = json.loads(record_path.read_text())
+        stale = [d for d, h in old.get("needs", {}).items() if record["needs"].get(d) != h]
+        if stale:
+            raise SystemExit(
+                f"miniature: {name} ({done.parent}) was made from an earlier {', '.join(stale)} than the one now in "
+                f"runs/ ({', '.join(str(done_file(d, task.trace_tokens).parent) for d in stale)}); move {done.parent} "
+                "aside to retrain it on the new one"
+            )
+        if old.get("command") == record["command"]:
+            return checkpoint(name, task.trace_tokens)
+    run_command(cmd, task.threads, what=f"{MODELS[name].entry} {name}")
+    if not done.exists():
+        raise SystemExit(f"miniature: {MODELS[name].entry} {name} exited without writing {done}")
+    record_path.write_text(json.dumps(record, indent=1))
     return checkpoint(name, task.trace_tokens)
 
 

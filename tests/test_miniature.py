@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import shlex
+from types import SimpleNamespace
 
 import pytest
 from hydra import compose, initialize_config_dir
 
-from analysis.miniature import eval_command, train_command
+from analysis.miniature import done_file, ensure_model, eval_command, train_command
 from analysis.miniature_plan import ARMS, MODELS, full_arm, plan
 from zoomr.entry import CONF_DIR
 from zoomr.paths import REPO_ROOT
@@ -71,3 +72,41 @@ def test_committed_results_follow_the_issue_schema():
     assert "selection_hit_rate" in next(a for a in results["arms"] if a["name"] == "zoomr")
     # the selection run measured the paper's rule: its hit rate is not reported for the variants (c = 3, ...)
     assert not any("selection_hit_rate" in a for a in results["arms"] if a["method"] == "zoomr" and a["name"] != "zoomr")
+
+
+def test_a_cached_model_is_reused_only_from_the_same_command_and_dependencies(tmp_path, monkeypatch):
+    """ensure_model: the trainer runs when a model is missing, has no record (a run from before records: the
+    trainer's own guard decides) or its command changed; a model made from an older dependency is refused."""
+    import analysis.miniature as mini
+
+    monkeypatch.chdir(tmp_path)
+    ran: list[str] = []
+
+    def fake_train(cmd, threads=None, what=""):  # stands in for the real trainer, whose guard tests/test_train_resume.py runs
+        name = what.split()[-1]
+        ran.append(name)
+        done = done_file(name, 1024)
+        done.parent.mkdir(parents=True, exist_ok=True)
+        done.write_text(json.dumps({"run": len(ran)}))
+
+    monkeypatch.setattr(mini, "run_command", fake_train)
+    task = SimpleNamespace(dry_run=False, trace_tokens=1024, threads=1)
+    ensure_model("base", task)
+    ensure_model("base", task)
+    assert ran == ["base"]  # the second call reused it
+    record = done_file("base", 1024).parent / mini.MODEL_RECORD
+    saved = json.loads(record.read_text())
+    assert saved["command"] == train_command("base", 1024)[1:] and saved["needs"] == {}
+    record.write_text(json.dumps({**saved, "command": saved["command"] + ["method.max_steps=1"]}))
+    ensure_model("base", task)  # the recipe changed: back to the trainer (it refuses other settings itself)
+    record.unlink()
+    ensure_model("base", task)  # no record: the trainer's guard decides, then the record is written
+    assert ran == ["base"] * 3 and json.loads(record.read_text()) == saved
+
+    ensure_model("abridge_4to1", task)
+    ensure_model("abridge_4to1", task)
+    assert ran[3:] == ["abridge_4to1"]
+    done_file("base", 1024).write_text(json.dumps({"run": "retrained"}))  # the base model trained again
+    with pytest.raises(SystemExit, match=r"abridge_4to1 .* was made from an earlier base"):
+        ensure_model("abridge_4to1", task)
+    assert ran[3:] == ["abridge_4to1"]
