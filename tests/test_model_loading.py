@@ -3,13 +3,24 @@ run is named after the checkpoint, and a ``zoomr_sft`` LoRA adapter reloads with
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
 from tests.test_zoomr_sft import summarized  # noqa: F401, F811  (the summary-augmented traces fixture)
 from zoomr.entry import CONF_DIR, model_spec
-from zoomr.models import ModelSpec, checkpoint_name
+from zoomr.models import (
+    ModelPathError,
+    ModelSpec,
+    checkpoint_name,
+    local_checkpoint_problem,
+    resolve_model_path,
+)
+from zoomr.paths import REPO_ROOT
 from zoomr.schemas import register_with_hydra
 
 register_with_hydra()
@@ -51,6 +62,55 @@ def test_readme_zoomr_eval_line_composes_to_the_checkpoint():
     assert cfg.run_dir == "runs/eval/math500/zoomr_sft-tiny-qwen2-zoomr_summaries/zoomr"
     assert _eval_cfg().run_dir == "runs/eval/math500/tiny-qwen2/full"  # the tiny default is unchanged
     assert model_spec(_eval_cfg("model.hf_id=x", "model.name=mine")).name == "mine"  # an explicit name wins
+
+
+def test_a_local_model_path_that_is_not_a_checkpoint_is_named(tmp_path, monkeypatch):
+    """``model.hf_id=runs/train/<typo>/final`` was sent to the hub ("Repo id must be in the form …", then "point
+    model.hf_id at the local directory", which the user had done); an empty directory died in tokenizer
+    conversion ("You need to have sentencepiece or tiktoken installed")."""
+    monkeypatch.chdir(tmp_path)
+    shipped = str(REPO_ROOT / "analysis/results/miniature/base_model")
+    assert local_checkpoint_problem(shipped) is None
+    assert local_checkpoint_problem("Qwen/Qwen3-8B") is None and local_checkpoint_problem("gpt2") is None  # hub ids
+    assert local_checkpoint_problem("runs/train/typo/final").startswith("no such directory")
+    assert local_checkpoint_problem("./final").startswith("no such directory")
+    (tmp_path / "empty").mkdir()
+    assert "not a checkpoint directory (no config.json" in local_checkpoint_problem("empty")
+    (tmp_path / "file.txt").write_text("x")
+    assert local_checkpoint_problem("file.txt") == "a file, not a checkpoint directory"
+    broken = tmp_path / "runs" / "broken"
+    broken.mkdir(parents=True)
+    (broken / "config.json").write_text("{}")
+    assert "no model weights" in local_checkpoint_problem("runs/broken")
+    (broken / "model.safetensors").write_bytes((Path(shipped) / "model.safetensors").read_bytes()[:1000])
+    assert "truncated weights: model.safetensors" in local_checkpoint_problem("runs/broken")
+    with pytest.raises(ModelPathError, match=r"model.hf_id=runs/broken: incomplete checkpoint"):
+        resolve_model_path(ModelSpec(name="b", hf_id="runs/broken"))
+
+
+def test_eval_and_train_print_the_bad_model_path_alone(tmp_path):
+    """Through the real entry points: the message, exit status 1, no traceback, and the trainer writes no run state
+    (``+method=abridge`` used to ignore ``model.hf_id`` and fine-tune the shipped testbed model under its name)."""
+    for entry, extra in (("eval", ["benchmark.problem_limit=1"]), ("train", ["+method=abridge"])):
+        run_dir = tmp_path / entry
+        proc = subprocess.run(
+            [sys.executable, "-m", entry, *extra, f"model.hf_id={tmp_path / 'missing'}", "logger=none",
+             f"hydra.run.dir={run_dir}"],
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 1, proc.stderr[-2000:]
+        assert f"model.hf_id={tmp_path / 'missing'}: no such directory" in proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert not (run_dir / "settings.json").exists() and not (run_dir / "fingerprint.json").exists()
+
+
+def test_abridge_starts_from_model_hf_id_when_one_is_given():
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        default = compose("train", overrides=["+method=abridge"])
+        given = compose("train", overrides=["+method=abridge", "model.hf_id=/ckpt/final"])
+        hub = compose("train", overrides=["+method=abridge", "model=tiny-qwen2", "data=traces"])
+    assert default.method.init_from == "analysis/results/miniature/base_model"  # the shipped testbed model
+    assert given.method.init_from is None and hub.method.init_from is None  # start from model.hf_id / the config
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ Only entry points import this; the rest of the library takes plain arguments.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -15,7 +16,7 @@ from typing import Any
 
 import torch
 
-from zoomr.models import ModelSpec, spec_from_dict
+from zoomr.models import ModelPathError, ModelSpec, spec_from_dict
 from zoomr.schemas import register_with_hydra
 from zoomr.tracking import RunLogger, init_run, run_identity
 
@@ -29,7 +30,14 @@ def hydra_entry(config_name: str) -> Callable:
     register_with_hydra()
 
     def wrap(fn: Callable) -> Callable:
-        return hydra.main(config_path=CONF_DIR, config_name=config_name, version_base="1.3")(fn)
+        @functools.wraps(fn)
+        def task(cfg: Any) -> Any:
+            try:
+                return fn(cfg)
+            except ModelPathError as e:  # the user's path is wrong: the message, not a traceback
+                raise SystemExit(str(e)) from None
+
+        return hydra.main(config_path=CONF_DIR, config_name=config_name, version_base="1.3")(task)
 
     return wrap
 

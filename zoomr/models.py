@@ -153,8 +153,45 @@ def build_tiny(spec: ModelSpec, cache_dir: Path | None = None) -> Path:
 
 
 def resolve_model_path(spec: ModelSpec, cache_dir: Path | None = None) -> str:
-    """Local directory or hub id that ``from_pretrained`` should read."""
-    return str(build_tiny(spec, cache_dir)) if spec.is_tiny else str(spec.hf_id)
+    """Local directory or hub id that ``from_pretrained`` should read; a ``hf_id`` that names a local
+    directory which is not a whole checkpoint is refused here, naming what is wrong (not blamed on the hub)."""
+    if spec.is_tiny:
+        return str(build_tiny(spec, cache_dir))
+    problem = local_checkpoint_problem(str(spec.hf_id))
+    if problem:
+        raise ModelPathError(f"model.hf_id={spec.hf_id}: {problem}")
+    return str(spec.hf_id)
+
+
+class ModelPathError(FileNotFoundError):
+    """``model.hf_id`` names a local directory that is not a whole checkpoint (entry points print it alone)."""
+
+
+def is_local_path(hf_id: str) -> bool:
+    """Whether ``hf_id`` means a directory on this machine rather than a hub id (``name`` or ``owner/name``):
+    it exists, starts with ``/``, ``.`` or ``~``, or has more than one ``/``."""
+    return Path(hf_id).exists() or hf_id.startswith(("/", ".", "~")) or hf_id.rstrip("/").count("/") > 1
+
+
+def local_checkpoint_problem(hf_id: str) -> str | None:
+    """Why the local directory ``hf_id`` cannot be loaded (None: it holds a model or a PEFT adapter with whole
+    weights, or ``hf_id`` is a hub id)."""
+    from zoomr.rundir import weights_problems
+
+    if not is_local_path(hf_id):
+        return None
+    path = Path(hf_id)
+    if hf_id.startswith("~"):
+        return "'~' is not expanded here: give the directory's full path"
+    if not path.exists():
+        return f"no such directory ({path.absolute()})"
+    if not path.is_dir():
+        return "a file, not a checkpoint directory"
+    if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
+        inside = sorted(p.name for p in path.iterdir())[:8]
+        return f"not a checkpoint directory (no config.json or adapter_config.json; it holds {inside or 'nothing'})"
+    wrong = weights_problems(path)
+    return f"incomplete checkpoint: {'; '.join(wrong)}" if wrong else None
 
 
 def load_tokenizer(spec: ModelSpec, cache_dir: Path | None = None):
@@ -259,11 +296,19 @@ def checkpoint_name(default: str, hf_id: str | None) -> str:
 
 
 def register_resolvers() -> None:
-    """Register ``${zoomr_model_name:…}`` with OmegaConf (done at import, so any loader of conf/model resolves)."""
+    """Register ``${zoomr_model_name:…}`` and ``${zoomr_shipped_start:…}`` with OmegaConf (done at import, so any loader of conf/model resolves)."""
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("zoomr_model_name"):
         OmegaConf.register_new_resolver("zoomr_model_name", checkpoint_name)
+    if not OmegaConf.has_resolver("zoomr_shipped_start"):
+        OmegaConf.register_new_resolver("zoomr_shipped_start", shipped_start)
+
+
+def shipped_start(hf_id: str | None, shipped: str | None) -> str | None:
+    """A trainer's default start checkpoint: the model config's shipped trained instance, unless ``model.hf_id``
+    names another model (then ``None``: training starts from ``model.hf_id``, never silently from the shipped one)."""
+    return None if hf_id else shipped
 
 
 register_resolvers()
@@ -294,6 +339,7 @@ def describe(model) -> dict[str, Any]:
 
 
 __all__ = [
+    "ModelPathError",
     "ModelSpec",
     "adapter_base",
     "asdict",
@@ -305,6 +351,7 @@ __all__ = [
     "load_model",
     "load_model_and_tokenizer",
     "load_tokenizer",
+    "local_checkpoint_problem",
     "resolve_model_path",
     "spec_from_dict",
     "tiny_config",
