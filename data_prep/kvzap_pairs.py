@@ -31,7 +31,7 @@ from zoomr.kvzap.pairs import FORMAT, shard_name, write_shard
 from zoomr.kvzap.pretext import RepeatPretext, build_repeat_pretext
 from zoomr.kvzap.scoring import LOG_FLOOR, kvzip_scores
 from zoomr.models import DTYPES
-from zoomr.paths import resolve_repo_path
+from zoomr.paths import MissingInput, resolve_repo_path
 from zoomr.schemas.kvzap import KVzapPairsPipeline, TestbedPairsSource, TextSource
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def load_texts(source: TextSource) -> list[str]:
     """The documents of one subset as strings (empty ones dropped)."""
     path = resolve_repo_path(source.path)
     if not path.exists():
-        raise FileNotFoundError(f"source {source.name!r}: no file {path}")
+        raise MissingInput(f"source {source.name!r}: no file {path}")
     texts = []
     with path.open(encoding="utf-8") as f:
         for n, line in enumerate(f, 1):

@@ -13,7 +13,7 @@ from typing import Any
 
 from zoomr import tokens
 from zoomr.jsonl import JsonlReader
-from zoomr.paths import resolve_repo_path
+from zoomr.paths import MissingInput, resolve_repo_path
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def iter_raw_rows(source: str, path: str | None, hub_id: str | None, split: str)
             raise ValueError("data.source=local needs data.path")
         p = resolve_repo_path(path)
         if not p.exists():
-            raise FileNotFoundError(f"trace file not found: {path} (looked at {p})")
+            raise MissingInput(f"trace file not found: {path} (looked at {p})")
         if p.suffix == ".parquet":
             import datasets
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from zoomr.jsonl import BadRowError, JsonlReader
-from zoomr.paths import resolve_repo_path
+from zoomr.paths import MissingInput, resolve_repo_path
 
 LETTERS = "ABCD"
 GPQA_PASSWORD = b"deserted-untie-orchid"  # published by the GPQA authors in their README
@@ -236,7 +236,7 @@ def load_source(
     if source == "local":
         path = resolve_repo_path(data_dir) / src.path
         if not path.exists():
-            raise FileNotFoundError(f"benchmark source {name!r}: {path} not found")
+            raise MissingInput(f"benchmark source {name!r}: {path} not found")
         if src.task == "gpqa":
             rows = [(f"{path} row {i}", r) for i, r in enumerate(read_gpqa_zip(path), 2)]  # row 1: header
         else:

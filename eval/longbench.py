@@ -29,7 +29,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from zoomr.paths import resolve_repo_path
+from zoomr.paths import MissingInput, resolve_repo_path
 
 CONFIG_DIR = "eval/data/longbench"
 HUB_ID = "THUDM/LongBench"
@@ -251,7 +251,7 @@ def load_rows(subset: str, data_dir: str | None = None, hub_id: str = HUB_ID) ->
     if data_dir is not None:
         path = Path(resolve_repo_path(data_dir)) / f"{subset}.jsonl"
         if not path.exists():
-            raise FileNotFoundError(f"LongBench {subset}: {path} not found (benchmark.options.data_dir)")
+            raise MissingInput(f"LongBench {subset}: {path} not found (benchmark.options.data_dir)")
         with open(path, encoding="utf-8") as f:
             return [json.loads(line) for line in f if line.strip()]
     import datasets

@@ -44,7 +44,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from zoomr.paths import resolve_repo_path
+from zoomr.paths import MissingInput, resolve_repo_path
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +220,7 @@ def essay_words(path: str) -> tuple[str, ...]:
     """The essay haystack as one word stream (documents in file order, one per line)."""
     file = resolve_repo_path(path)
     if not Path(file).exists():
-        raise FileNotFoundError(f"RULER haystack text {file} not found (benchmark.options.haystack)")
+        raise MissingInput(f"RULER haystack text {file} not found (benchmark.options.haystack)")
     return tuple(Path(file).read_text(encoding="utf-8").split())
 
 

@@ -40,6 +40,7 @@ import numpy as np
 from eval.benchmarks import Problem
 from eval.generation import Generation
 from eval.grading import Grade
+from zoomr.paths import MissingInput
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +143,7 @@ def write_scope(run_dir: str | Path, problems: list[Problem]) -> None:
 def read_scope(run_dir: str | Path) -> list[str]:
     path = Path(run_dir) / SCOPE_FILE
     if not path.exists():
-        raise FileNotFoundError(
+        raise MissingInput(
             f"{run_dir}: no {SCOPE_FILE} (a RULER / LongBench run writes it when it starts)"
         )
     return json.loads(path.read_text())

@@ -149,3 +149,18 @@ def test_a_masked_training_start_that_is_not_a_checkpoint_is_named(method, tmp_p
     )  # fmt: skip
     assert proc.returncode != 0 and "not a checkpoint directory (no config.json" in proc.stderr
     assert not (run_dir / "settings.json").exists()
+
+
+@pytest.mark.parametrize("method", ["sft", "abridge", "lightthinker"])
+def test_a_missing_local_data_file_is_named_before_any_run_state(method, tmp_path):
+    """``+method=sft data.path=<typo>`` wrote ``settings.json`` and ``config.json`` and then died in the loader
+    with a traceback; now the trainers check the file before the run directory guard writes anything."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", f"+method={method}", "data=traces", f"data.path={tmp_path / 'typo.jsonl'}",
+         "logger=none", f"hydra.run.dir={run_dir}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 1 and f"data.path={tmp_path / 'typo.jsonl'}: no such file" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (run_dir / "settings.json").exists() and not (run_dir / "config.json").exists()

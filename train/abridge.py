@@ -34,7 +34,7 @@ from zoomr.models import DTYPES
 from zoomr.paths import resolve_repo_path
 from zoomr.rundir import finish_run, prepare_run
 from zoomr.schemas import to_dataclass
-from zoomr.training import train_or_restore
+from zoomr.training import check_data_source, train_or_restore
 
 log = logging.getLogger(__name__)
 TESTBED_LOADER = "zoomr.testbed.task"  # the data.loader of data=testbed
@@ -43,6 +43,7 @@ TESTBED_LOADER = "zoomr.testbed.task"  # the data.loader of data=testbed
 def run(cfg) -> dict[str, Any]:
     m: AbridgeMethod = to_dataclass(AbridgeMethod, cfg.method)
     spec = model_spec(cfg)
+    check_data_source(to_plain(cfg.data))
     layout = AbridgeLayout(m.block_size, m.num_pause, m.code_positions)
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.device != "cpu" else "cpu")
     model, tokenizer = load_start_model(spec, m, cfg.cache_dir, device)

@@ -37,7 +37,7 @@ from zoomr.lightthinker.mask import splitter_accuracy, thought_masks
 from zoomr.models import DTYPES
 from zoomr.rundir import finish_run, prepare_run
 from zoomr.schemas import to_dataclass
-from zoomr.training import load_sft_dataset, train_or_restore
+from zoomr.training import check_data_source, load_sft_dataset, train_or_restore
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +136,7 @@ def served_sample(model, tokenizer, streams, tt: ThoughtTokens, max_new_tokens: 
 def run(cfg) -> dict[str, Any]:
     m: LightThinkerMethod = to_dataclass(LightThinkerMethod, cfg.method)
     spec = model_spec(cfg)
+    check_data_source(to_plain(cfg.data))
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.device != "cpu" else "cpu")
     model, tokenizer = load_start_model(spec, m, cfg.cache_dir, device)
     n = cache_token_count(m, model.config)

@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from zoomr.models import ModelPathError, ModelSpec, spec_from_dict
+from zoomr.models import ModelSpec, spec_from_dict
+from zoomr.paths import MissingInput
 from zoomr.schemas import register_with_hydra
 from zoomr.tracking import RunLogger, init_run, run_identity
 
@@ -34,7 +35,7 @@ def hydra_entry(config_name: str) -> Callable:
         def task(cfg: Any) -> Any:
             try:
                 return fn(cfg)
-            except ModelPathError as e:  # the user's path is wrong: the message, not a traceback
+            except MissingInput as e:  # a path the user gave is wrong: the message, not a traceback
                 raise SystemExit(str(e)) from None
 
         return hydra.main(config_path=CONF_DIR, config_name=config_name, version_base="1.3")(task)

@@ -20,6 +20,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from zoomr.named_tokenizer import builder_version, named_tokenizer_dir, tokenizer_builder
+from zoomr.paths import MissingInput
 from zoomr.tokenizer import TOKENIZER_VERSION, train_bpe_tokenizer
 
 log = logging.getLogger(__name__)
@@ -163,7 +164,7 @@ def resolve_model_path(spec: ModelSpec, cache_dir: Path | None = None) -> str:
     return str(spec.hf_id)
 
 
-class ModelPathError(FileNotFoundError):
+class ModelPathError(MissingInput):
     """``model.hf_id`` names a local directory that is not a whole checkpoint (entry points print it alone)."""
 
 

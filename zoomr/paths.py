@@ -13,3 +13,7 @@ def resolve_repo_path(path: str | Path) -> Path:
     if p.is_absolute() or p.exists():
         return p
     return REPO_ROOT / p
+
+
+class MissingInput(FileNotFoundError):
+    """A path the user gave (a model, a data file) names nothing usable; entry points print the message alone."""

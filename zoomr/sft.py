@@ -17,7 +17,14 @@ from zoomr.models import load_model, load_tokenizer
 from zoomr.rundir import finish_run, prepare_run
 from zoomr.schemas import to_dataclass
 from zoomr.schemas.sft import SFTMethod
-from zoomr.training import LogAtSave, load_sft_dataset, train_or_restore, trainer_arguments, training_losses
+from zoomr.training import (
+    LogAtSave,
+    check_data_source,
+    load_sft_dataset,
+    train_or_restore,
+    trainer_arguments,
+    training_losses,
+)
 
 
 def lora_config(method: SFTMethod):
@@ -71,6 +78,7 @@ def train_sft(cfg: Any, schema: type = SFTMethod, prepare: Callable | None = Non
 
     method: SFTMethod = to_dataclass(schema, cfg.method)
     spec = model_spec(cfg)
+    check_data_source(to_plain(cfg.data))
     plan = prepare_run(cfg.run_dir, to_plain(cfg), cfg.resume, title="SFT")
     if plan.finished:
         return plan.finished

@@ -6,7 +6,8 @@
   step up to it and :func:`whole_run_loss` is exact after a resume;
 - :func:`train_or_restore`: trains from the plan's checkpoint, or restores it when it already holds the last
   step (the HF loop would otherwise run past ``max_steps``);
-- :func:`load_sft_dataset`: the data config's loader (``data.loader`` names a module with ``sft_dataset``).
+- :func:`load_sft_dataset`: the data config's loader (``data.loader`` names a module with ``sft_dataset``);
+  :func:`check_data_source`, its local file checked before a trainer writes any run state.
 """
 
 from __future__ import annotations
@@ -94,6 +95,17 @@ def load_sft_dataset(data: dict[str, Any], tokenizer):
     if not loader:
         raise ValueError(f"data config {data.get('name')!r} has no loader module")
     return importlib.import_module(loader).sft_dataset(data, tokenizer)
+
+
+def check_data_source(data: dict[str, Any]) -> None:
+    """Refuse ``data.source=local`` with a ``data.path`` that does not exist (relative to the cwd or the repo),
+    so a trainer fails before :func:`zoomr.rundir.prepare_run` writes anything."""
+    from zoomr.paths import MissingInput, resolve_repo_path
+
+    if data.get("source") == "local" and data.get("path"):
+        path = resolve_repo_path(data["path"])
+        if not path.exists():
+            raise MissingInput(f"data.path={data['path']}: no such file or directory (looked at {path})")
 
 
 def loss_curve(log_history: list[dict[str, Any]], key: str = "loss") -> list[tuple[int, float]]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from zoomr.abridge.layout import AbridgeLayout
-from zoomr.paths import resolve_repo_path
+from zoomr.paths import MissingInput, resolve_repo_path
 
 FILENAME = "abridge.json"
 
@@ -28,7 +28,7 @@ def load_abridge_config(directory: str | Path) -> tuple[AbridgeLayout, list[int]
     d = resolve_repo_path(directory)
     p = d / FILENAME
     if not p.exists():
-        raise FileNotFoundError(
+        raise MissingInput(
             f"{p} not found: {directory} is not an AbridgeKV checkpoint (train one with `python -m train +method=abridge`)"
         )
     data = json.loads(p.read_text())

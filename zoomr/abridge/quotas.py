@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from zoomr.paths import resolve_repo_path
+from zoomr.paths import MissingInput, resolve_repo_path
 
 
 def check_quotas(quotas: Sequence[int], num_layers: int, num_pause: int) -> list[int]:
@@ -30,7 +30,7 @@ def load_schedule(path: str | Path) -> list[int]:
     """Quotas from a schedule file (JSON with a ``quotas`` list, as written by :func:`save_schedule`)."""
     p = resolve_repo_path(path)
     if not p.exists():
-        raise FileNotFoundError(f"quota schedule not found: {path} (looked at {p})")
+        raise MissingInput(f"quota schedule not found: {path} (looked at {p})")
     data = json.loads(p.read_text())
     if not isinstance(data, dict) or not isinstance(data.get("quotas"), list):
         raise ValueError(f"{p}: expected a JSON object with a 'quotas' list")

@@ -25,7 +25,7 @@ from zoomr.abridge.mask import layer_masks
 from zoomr.abridge.optim import lr_factor
 from zoomr.cache.abridge import AbridgeMethod
 from zoomr.models import ModelSpec, load_model, load_tokenizer
-from zoomr.paths import resolve_repo_path
+from zoomr.paths import MissingInput, resolve_repo_path
 from zoomr.schemas.abridge import AbridgeOptim
 from zoomr.training import LogAtSave, load_sft_dataset, trainer_arguments
 
@@ -133,7 +133,7 @@ def load_start_model(spec: ModelSpec, m: AbridgeMethod | Any, cache_dir: str, de
     if m.init_from:
         path = resolve_repo_path(m.init_from)  # a checkpoint shipped in the repo works from any directory
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"method.init_from={m.init_from}: not a checkpoint directory (no config.json at {path})")
+            raise MissingInput(f"method.init_from={m.init_from}: not a checkpoint directory (no config.json at {path})")
         start = ModelSpec(name=spec.name, arch=spec.arch, hf_id=str(path), dtype=spec.dtype)
         return load_model(start, cache_dir, device=device), load_tokenizer(start, cache_dir)
     return load_model(spec, cache_dir, device=device), load_tokenizer(spec, cache_dir)

@@ -27,6 +27,7 @@ from zoomr.cache.base import ForcedInput, PolicyCache, PolicyLayer
 from zoomr.cache.config import fill_names
 from zoomr.cache.registry import register_policy
 from zoomr.lightthinker.layout import FILENAME, ThoughtTokens, checkpoint_cache_tokens, paper_cache_tokens
+from zoomr.paths import MissingInput
 from zoomr.schemas.abridge import MaskedTraining
 
 
@@ -65,7 +66,7 @@ def resolve_cache_tokens(config: LightThinkerMethod, model_config, explicit: int
     found = checkpoint_cache_tokens(model_config)
     if found is None and not config.allow_untrained:
         where = getattr(model_config, "_name_or_path", None) or "the model"
-        raise FileNotFoundError(
+        raise MissingInput(
             f"lightthinker policy: {where} has no {FILENAME}, so it is not a LightThinker checkpoint and never "
             "learned to write <|splitter|> (it would decode as full KV). Evaluate a trained one (python -m train "
             "+method=lightthinker, then model.hf_id=runs/train/lightthinker-<model>-<data>/final), or set "

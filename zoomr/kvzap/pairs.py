@@ -27,6 +27,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from zoomr.paths import MissingInput
+
 FORMAT = "zoomr-kvzap-pairs/1"
 TARGETS = {"kvzip_plus": "y", "kvzip": "y_kvzip"}
 
@@ -54,7 +56,7 @@ def read_manifest(pairs_dir: str | Path) -> dict[str, Any]:
             if (Path(pairs_dir) / "plan.json").exists()
             else ""
         )
-        raise FileNotFoundError(
+        raise MissingInput(
             f"no KVzap pairs manifest at {path}{hint}; create pairs with "
             "`python -m data_prep +pipeline=kvzap_pairs`"
         )

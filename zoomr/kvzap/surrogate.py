@@ -18,6 +18,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedConfig, PreTrainedModel
 
+from zoomr.paths import MissingInput
+
 
 class KVzapConfig(PreTrainedConfig):
     """Shape of a KVzap surrogate: ``n_modules`` layers of ``input_dim → [hidden_dim →] output_dim``."""
@@ -101,7 +103,7 @@ def load_surrogate(
     """Load a KVzap checkpoint directory (ours or NVIDIA's) and check it against the kvpress layout."""
     path = Path(path)
     if not (path / "config.json").exists():
-        raise FileNotFoundError(
+        raise MissingInput(
             f"no KVzap checkpoint at {path} (expected config.json + model.safetensors, as written by "
             "`python -m train +method=kvzap` or published as nvidia/KVzap-*)"
         )
