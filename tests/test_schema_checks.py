@@ -164,3 +164,26 @@ def test_a_missing_local_data_file_is_named_before_any_run_state(method, tmp_pat
     assert proc.returncode == 1 and f"data.path={tmp_path / 'typo.jsonl'}: no such file" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (run_dir / "settings.json").exists() and not (run_dir / "config.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["+method=sft_testbed", "data=testbed", "model=tiny-testbed", "data.trace_tokens=10"], "too short for one paragraph"),
+        (["+method=sft_testbed", "data=testbed", "model=tiny-qwen2"], "model tokenizer lacks testbed words"),
+        (["+method=abridge", "method.max_response_tokens=100"], "max_response_tokens=100 would cut them"),
+        (["+method=lightthinker", "data=testbed", "method.init_from=analysis/results/miniature/base_model",
+          "method.max_response_tokens=512"], "max_response_tokens=512 would cut them"),
+    ],
+)  # fmt: skip
+def test_data_a_trainer_cannot_use_is_refused_before_any_run_state(overrides, message, tmp_path):
+    """These failed only after ``settings.json`` and ``config.json`` (LightThinker: also ``lightthinker.json``) were
+    written: the testbed trainer checked its tokenizer and trace length, AbridgeKV and LightThinker their data,
+    after the run directory guard."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", *overrides, "logger=none", f"hydra.run.dir={run_dir}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-1500:]
+    assert not [p.name for p in run_dir.iterdir() if p.name not in (".hydra", "__main__.log")]

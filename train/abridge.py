@@ -49,15 +49,15 @@ def run(cfg) -> dict[str, Any]:
     model, tokenizer = load_start_model(spec, m, cfg.cache_dir, device)
     quotas = resolve_quotas(model.config.num_hidden_layers, layout.num_pause, m.quota, m.schedule)
     # the guard compares the resolved quotas too (a schedule file may change under the same name)
+    added = add_pause_tokens(model, tokenizer, layout.num_pause)
+    streams = load_streams(  # data that cannot train (responses over max_response_tokens, too few rows): refused here
+        to_plain(cfg.data), tokenizer, layout, m.max_prompt_tokens, m.max_response_tokens, m.heldout_examples
+    )
     plan = prepare_run(cfg.run_dir, to_plain(cfg), cfg.resume, derived={"quotas": quotas}, title="AbridgeKV training")
     if plan.finished:
         return plan.finished
     run_dir, logger = start_run(cfg, job_type="train")
     save_abridge_config(run_dir, layout, quotas)
-    added = add_pause_tokens(model, tokenizer, layout.num_pause)
-    streams = load_streams(
-        to_plain(cfg.data), tokenizer, layout, m.max_prompt_tokens, m.max_response_tokens, m.heldout_examples
-    )
     heldout, train_set = streams.streams[: m.heldout_examples], streams.streams[m.heldout_examples :]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     log.info("AbridgeKV %s, quotas %s; %s", layout, quotas, streams.describe())

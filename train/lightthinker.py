@@ -141,6 +141,9 @@ def run(cfg) -> dict[str, Any]:
     model, tokenizer = load_start_model(spec, m, cfg.cache_dir, device)
     n = cache_token_count(m, model.config)
     # the guard compares the resolved n too (null resolves by architecture)
+    added = add_lightthinker_tokens(model, tokenizer, n)
+    tt = ThoughtTokens.from_tokenizer(tokenizer, n)
+    streams = load_streams(to_plain(cfg.data), tokenizer, tt, m)  # data that cannot train is refused before any state
     plan = prepare_run(
         cfg.run_dir, to_plain(cfg), cfg.resume, derived={"num_cache_tokens": n}, title="LightThinker training"
     )
@@ -148,9 +151,6 @@ def run(cfg) -> dict[str, Any]:
         return plan.finished
     run_dir, logger = start_run(cfg, job_type="train")
     save_config(run_dir, n, min_thought_chars=m.min_thought_chars)
-    added = add_lightthinker_tokens(model, tokenizer, n)
-    tt = ThoughtTokens.from_tokenizer(tokenizer, n)
-    streams = load_streams(to_plain(cfg.data), tokenizer, tt, m)
     heldout, train_set = streams.streams[: m.heldout_examples], streams.streams[m.heldout_examples :]
     stats = ThoughtStats.of(streams.streams)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

@@ -49,6 +49,7 @@ from zoomr.testbed import vocab as tt
 from zoomr.testbed.checkpoint import finalize
 from zoomr.testbed.cue_view import batch_cue_view, previous_selection
 from zoomr.testbed.curriculum import Batch, Curriculum
+from zoomr.testbed.task import validate as validate_data
 from zoomr.testbed.teacher_forced import held_out_batches, teacher_forced_eval, token_kinds
 from zoomr.testbed.vocab import check_tokenizer
 
@@ -143,6 +144,7 @@ def save_checkpoint(model, tokenizer, opt, step: int, elapsed: float, ckpt_dir: 
 
 def check_method(method: TestbedTrainMethod, data: TestbedData) -> None:
     """Refuse settings that cannot work with this data, before any state is written (ranges: the schema)."""
+    validate_data(data)  # the task's own ranges (e.g. traces too short for a paragraph and the answer)
     if method.summary_pointer_at_key and (not data.summaries or data.query_form != "cue"):
         raise ValueError("method.summary_pointer_at_key needs data with summaries and query_form=cue (a key before ':')")
     if method.cue_view_previous_selection_from is not None and method.cue_view_window is None:
@@ -161,16 +163,16 @@ def run(cfg) -> dict[str, Any]:
     if method.threads:
         torch.set_num_threads(method.threads)
     check_method(method, data)
+    spec = model_spec(cfg)
+    if method.init_from:  # a second stage: the checkpoint's weights (and tokenizer), not a fresh init
+        spec = replace(spec, hf_id=str(resolve_repo_path(method.init_from)))
+    tokenizer = load_tokenizer(spec, cfg.cache_dir)
+    check_tokenizer(tokenizer)  # a model without the testbed's words is refused before any state is written
     plan = prepare_run(cfg.run_dir, to_plain(cfg), cfg.resume, free=FREE_KEYS, checkpoint_problems=checkpoint_problems,
                        title="testbed training", checkpoint_prefix=CHECKPOINT_PREFIX)  # fmt: skip
     if plan.finished:
         return plan.finished
-    spec = model_spec(cfg)
-    if method.init_from:  # a second stage: the checkpoint's weights (and tokenizer), not a fresh init
-        spec = replace(spec, hf_id=str(resolve_repo_path(method.init_from)))
     run_dir, logger = start_run(cfg, job_type="train")
-    tokenizer = load_tokenizer(spec, cfg.cache_dir)
-    check_tokenizer(tokenizer)
     torch.manual_seed(cfg.seed)
     model = load_model(spec, cfg.cache_dir).train()
     if not method.init_from:
