@@ -6,7 +6,9 @@ prompts: the paper's input-adaptivity, §4.7), per layer, and the ratios of resi
 to the full-KV arm run on the same prompts.
 
     python -m analysis.kvzap_compression --model tiny-qwen2 --surrogate runs/kvzap/tiny-qwen2/mlp \\
-        --thresholds=-8,-7.9,-7.8 --prompts 32 --max-new-tokens 128 --json runs/kvzap/compression.json
+        --thresholds=-8,-7.9,-7.8 --prompts 32 --max-new-tokens 128     # -> runs/bench/kvzap_compression.json
+
+Prompts are the evaluator's own (MATH-500's user message through the model's chat template, ``eval.math_tasks``).
 """
 
 from __future__ import annotations
@@ -20,22 +22,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from eval.prompts import MATH_INSTRUCTION
-
-MATH500 = "eval/data/benchmarks/math500/test.jsonl"
+from analysis.cli import require_at_least
 
 
-def math500_prompts(tokenizer, n: int, path: str = MATH500) -> list[list[int]]:
-    """The first ``n`` MATH-500 problems as chat-formatted token ids (generation prompt added)."""
-    from zoomr.paths import resolve_repo_path
+def math500_prompts(tokenizer, n: int) -> list[list[int]]:
+    """The first ``n`` vendored MATH-500 problems as the evaluator prompts them (token ids, generation prompt added)."""
+    from eval.benchmarks import load_problems
+    from eval.math_tasks import MATH
 
-    rows = [json.loads(line) for line in resolve_repo_path(path).read_text().splitlines() if line.strip()]
-    prompts = []
-    for row in rows[:n]:
-        messages = [{"role": "user", "content": f"{row['problem']}\n\n{MATH_INSTRUCTION}"}]
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        prompts.append(tokenizer(text, add_special_tokens=False).input_ids)
-    return prompts
+    return [
+        tokenizer(MATH.prompt(problem, tokenizer), add_special_tokens=False).input_ids
+        for problem in load_problems(["math500"], limit=n)
+    ]
 
 
 def sweep(
@@ -116,13 +114,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--window", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", default="runs/bench/kvzap_compression.json", help="written under the working directory")
     args = p.parse_args(argv)
+    require_at_least(p, args, 1, "prompts", "max_new_tokens", "batch_size")
+    require_at_least(p, args, 0, "window")
+    try:
+        thresholds = [float(t) for t in args.thresholds.split(",")]  # "-inf" parses
+    except ValueError:
+        p.error(f"--thresholds {args.thresholds}: not a comma-separated list of numbers")
     torch.manual_seed(0)
     spec = model_config(args.model)
     model, tok = load_model_and_tokenizer(spec)  # the engine switches to the policy attention
     surrogate = load_surrogate(args.surrogate)
-    thresholds = [float(t) for t in args.thresholds.split(",")]  # "-inf" parses
     prompts = math500_prompts(tok, args.prompts)
     report = sweep(
         model, tok, prompts, surrogate, thresholds, window=args.window,
@@ -133,9 +136,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"{report['prompts']} prompts (mean {report['prompt_tokens_mean']:.0f} tokens), "
           f"{args.max_new_tokens} new tokens, window {args.window}, {report['threads']} thread(s)")  # fmt: skip
     print(format_table(report))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1))
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(report, indent=1))
+    print(f"wrote {args.json}")
     return report
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -253,3 +254,30 @@ def test_kvzip_oracle_prunes_the_prompt_by_its_scores(tiny, mode):
             for h in range(H):
                 got = [p for p in kept[la][h].tolist() if 0 <= p < n]
                 assert got == [i for i in range(n) if log_s[la, h, i] >= cfg["threshold"] or i >= n - 8]
+
+
+def test_compression_sweep_script_runs_on_the_evaluators_prompts(tmp_path, monkeypatch, cache_dir):
+    """``python -m analysis.kvzap_compression`` (README, KVzap section) failed at import since the evaluator's
+    prompts moved to tasks; it now prompts as ``eval`` does and writes its JSON under the working directory.
+    τ = -inf keeps everything (full KV's tokens, nothing removed); a higher τ removes more."""
+    from analysis import kvzap_compression
+    from eval.benchmarks import load_problems
+    from eval.math_tasks import MATH
+    from zoomr.configs import model_config
+
+    model, tok = load_model_and_tokenizer(model_config("tiny-qwen2"), cache_dir)
+    torch.manual_seed(0)
+    config = model.config
+    new_surrogate(config.hidden_size, config.num_key_value_heads, config.num_hidden_layers).save_pretrained(tmp_path / "mlp")
+    prompts = kvzap_compression.math500_prompts(tok, 2)
+    assert tok.decode(prompts[1]) == MATH.prompt(load_problems(["math500"], limit=2)[1], tok)
+    monkeypatch.chdir(tmp_path)
+    report = kvzap_compression.main(["--surrogate", str(tmp_path / "mlp"), "--thresholds=-inf,0,5", "--prompts", "2",
+                                     "--max-new-tokens", "4", "--window", "4", "--batch-size", "2"])  # fmt: skip
+    saved = json.loads((tmp_path / "runs/bench/kvzap_compression.json").read_text())
+    removed = [r["compression_mean"] for r in saved["results"]]
+    assert saved["prompts"] == report["prompts"] == 2
+    assert removed[0] == 0.0 and saved["results"][0]["same_tokens_as_full"] == 1.0
+    assert removed[0] <= removed[1] <= removed[2] and removed[2] > 0
+    with pytest.raises(SystemExit):
+        kvzap_compression.main(["--surrogate", str(tmp_path / "mlp"), "--thresholds=-6,x"])
