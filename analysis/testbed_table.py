@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from analysis.cli import require_at_least, require_checkpoint
 from zoomr.testbed.grading import BUCKETS as DISTANCE_BUCKETS
 
 BUCKETS = tuple(name for *_, name in DISTANCE_BUCKETS)  # recall columns, nearest first
@@ -151,6 +152,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--out", default="runs/testbed_table")
     args = p.parse_args(argv)
+    require_at_least(p, args, 1, "n", "batch", "trace_tokens")
+    require_at_least(p, args, 0, "n_sink")
+    if not all(0 < f <= 1 for f in args.fractions):
+        p.error(f"--fractions {args.fractions}: each must lie in (0, 1] (a share of full KV's rows)")
+    for path in args.model:
+        require_checkpoint(p, path)
 
     from dataclasses import asdict
 

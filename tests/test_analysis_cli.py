@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis import testbed_pointer, zoomr_testbed
+from analysis import testbed_pointer, testbed_table, zoomr_testbed
 from analysis.cli import require_at_least, require_checkpoint
 
 MODEL = str(Path(__file__).resolve().parents[1] / "analysis/results/zoomr_testbed/model")  # committed; the checks run before it is loaded
@@ -38,6 +38,8 @@ def test_require_checkpoint_wants_a_config_json(tmp_path, capsys):
         (zoomr_testbed.main, ["--window", "-1"], "--window must be >= 0"),  # was a run on a negative window
         (testbed_pointer.main, ["--n", "0"], "--n must be >= 1"),  # wrote a hit-rate file of zero cues
         (testbed_pointer.main, ["--consensus", "-2"], "--consensus must be >= 0"),
+        (testbed_table.main, ["--n", "0"], "--n must be >= 1"),  # testbed_table checked nothing
+        (testbed_table.main, ["--fractions", "0.5", "1.5"], "--fractions [0.5, 1.5]: each must lie in (0, 1]"),
     ],
 )
 def test_testbed_scripts_refuse_impossible_sizes(main, argv, message, tmp_path, capsys):
@@ -50,3 +52,15 @@ def test_zoomr_testbed_refuses_a_model_that_is_not_a_checkpoint(tmp_path, capsys
     with pytest.raises(SystemExit):
         zoomr_testbed.main(["--model", str(tmp_path), "--out", str(tmp_path / "out")])
     assert "not a checkpoint directory" in capsys.readouterr().err
+
+
+def test_testbed_table_and_the_loader_refuse_a_model_that_is_not_a_checkpoint(tmp_path, capsys):
+    """``--model /nope`` reached the hub as a repo id ("Repo id must use alphanumeric chars")."""
+    from zoomr.models import ModelPathError
+    from zoomr.testbed.checkpoint import load_testbed_model
+
+    with pytest.raises(SystemExit):
+        testbed_table.main(["--model", str(tmp_path / "nope"), "--out", str(tmp_path / "out")])
+    assert "not a checkpoint directory" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    with pytest.raises(ModelPathError, match=r"testbed checkpoint nope: no such directory"):
+        load_testbed_model("nope")

@@ -177,13 +177,18 @@ def is_local_path(hf_id: str) -> bool:
 def local_checkpoint_problem(hf_id: str) -> str | None:
     """Why the local directory ``hf_id`` cannot be loaded (None: it holds a model or a PEFT adapter with whole
     weights, or ``hf_id`` is a hub id)."""
-    from zoomr.rundir import weights_problems
-
     if not is_local_path(hf_id):
         return None
-    path = Path(hf_id)
     if hf_id.startswith("~"):
         return "'~' is not expanded here: give the directory's full path"
+    return checkpoint_dir_problem(hf_id)
+
+
+def checkpoint_dir_problem(path: str | Path) -> str | None:
+    """Why the directory ``path`` is not a loadable checkpoint (None: a model or PEFT adapter with whole weights)."""
+    from zoomr.rundir import weights_problems
+
+    path = Path(path)
     if not path.exists():
         return f"no such directory ({path.absolute()})"
     if not path.is_dir():
@@ -345,6 +350,7 @@ __all__ = [
     "adapter_base",
     "asdict",
     "build_tiny",
+    "checkpoint_dir_problem",
     "checkpoint_name",
     "default_cache_dir",
     "describe",
