@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from analysis.cli import require_at_least, require_checkpoint
 from zoomr.abridge.data import batch_meta, build_streams, collate
 from zoomr.abridge.forward import abridge_attention, token_ce
 from zoomr.abridge.layout import AbridgeLayout
@@ -284,7 +285,7 @@ def bench_parity(args) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("part", choices=["step", "kv", "parity"])
     ap.add_argument("--checkpoint", default=None, help="a +method=abridge final/ directory (kv, parity)")
@@ -298,7 +299,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--out", type=Path, default=None, help="JSON file (default runs/bench/abridge_<part>.json)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    require_at_least(ap, args, 1, "new_tokens", "block_size", "num_pause", "batch", "response_tokens", "repeats")
+    require_at_least(ap, args, 0, "quota")
+    if args.checkpoint and args.part == "step":
+        ap.error("--checkpoint applies to kv and parity (step times the block mask on the random tiny model)")
+    if args.checkpoint:
+        require_checkpoint(ap, args.checkpoint, "--checkpoint")
     result = {"step": bench_step, "kv": bench_kv, "parity": bench_parity}[args.part](args)
     out = args.out or Path("runs/bench") / f"abridge_{args.part}.json"  # like the other benches: runs/bench/
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -64,3 +64,19 @@ def test_testbed_table_and_the_loader_refuse_a_model_that_is_not_a_checkpoint(tm
     assert "not a checkpoint directory" in capsys.readouterr().err and not (tmp_path / "out").exists()
     with pytest.raises(ModelPathError, match=r"testbed checkpoint nope: no such directory"):
         load_testbed_model("nope")
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["step", "--checkpoint", "x"], "--checkpoint applies to kv and parity"),  # step ignored it silently
+        (["kv", "--checkpoint", "/nope"], "--checkpoint /nope: not a checkpoint directory"),
+        (["step", "--repeats", "0"], "--repeats must be >= 1"),
+    ],
+)
+def test_bench_abridge_refuses_what_it_cannot_measure(argv, message, tmp_path, capsys):
+    from analysis import bench_abridge
+
+    with pytest.raises(SystemExit):
+        bench_abridge.main([*argv, "--out", str(tmp_path / "out.json")])
+    assert message in capsys.readouterr().err and not (tmp_path / "out.json").exists()
