@@ -302,7 +302,8 @@ def checkpoint_name(default: str, hf_id: str | None) -> str:
 
 
 def register_resolvers() -> None:
-    """Register ``${zoomr_model_name:…}`` and ``${zoomr_shipped_start:…}`` with OmegaConf (done at import, so any loader of conf/model resolves)."""
+    """Register ``${zoomr_model_name:…}`` and ``${zoomr_shipped_start:…}`` with OmegaConf (done at import, so
+    any loader of conf/model resolves)."""
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("zoomr_model_name"):
