@@ -259,3 +259,19 @@ def test_curriculum_lengths_and_batches(tokenizer):
         end = labelled[-1] + 2
         assert row[end - n : end] == row[end - 2 * n : end - n]  # the block, then its repeat
         assert [lab[t] for t in labelled] == row[end - n + 1 : end]
+
+
+@pytest.mark.parametrize("name", ["zoomr", "sumr"])
+def test_eval_refuses_zoomr_and_sumr_on_testbed_traces_without_summaries(name):
+    """``+method=zoomr`` on the plain testbed ran to the end (recall > 256 back 0.50): with no summary there is no
+    segment to select, so the arm measured only its window; the traces with summaries pass."""
+    from eval.tasks import get_task
+    from eval.testbed_task import testbed_problems
+    from zoomr.configs import method_config
+
+    task, method = get_task("testbed"), method_config(name)
+    opts = {"trace_tokens": 256, "n_test": 2, "query_form": "cue"}
+    with pytest.raises(ValueError, match=rf"no summaries, so {name} has no segments .*summaries=true"):
+        task.check_policy(testbed_problems(opts), method)
+    task.check_policy(testbed_problems({**opts, "summaries": True}), method)
+    task.check_policy(testbed_problems(opts), method_config("h2o"))  # other policies run as before
