@@ -48,11 +48,11 @@ def run(cfg) -> dict[str, Any]:
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.device != "cpu" else "cpu")
     model, tokenizer = load_start_model(spec, m, cfg.cache_dir, device)
     quotas = resolve_quotas(model.config.num_hidden_layers, layout.num_pause, m.quota, m.schedule)
-    # the guard compares the resolved quotas too (a schedule file may change under the same name)
     added = add_pause_tokens(model, tokenizer, layout.num_pause)
     streams = load_streams(  # data that cannot train (responses over max_response_tokens, too few rows): refused here
         to_plain(cfg.data), tokenizer, layout, m.max_prompt_tokens, m.max_response_tokens, m.heldout_examples
     )
+    # the guard compares the resolved quotas too (a schedule file may change under the same name)
     plan = prepare_run(cfg.run_dir, to_plain(cfg), cfg.resume, derived={"quotas": quotas}, title="AbridgeKV training")
     if plan.finished:
         return plan.finished

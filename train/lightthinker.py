@@ -140,10 +140,10 @@ def run(cfg) -> dict[str, Any]:
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.device != "cpu" else "cpu")
     model, tokenizer = load_start_model(spec, m, cfg.cache_dir, device)
     n = cache_token_count(m, model.config)
-    # the guard compares the resolved n too (null resolves by architecture)
     added = add_lightthinker_tokens(model, tokenizer, n)
     tt = ThoughtTokens.from_tokenizer(tokenizer, n)
     streams = load_streams(to_plain(cfg.data), tokenizer, tt, m)  # data that cannot train is refused before any state
+    # the guard compares the resolved n too (null resolves by architecture)
     plan = prepare_run(
         cfg.run_dir, to_plain(cfg), cfg.resume, derived={"num_cache_tokens": n}, title="LightThinker training"
     )
