@@ -40,19 +40,24 @@ def sweep(
     model, tokenizer, prompts, surrogate, thresholds, *, window=128, max_new_tokens=128, batch_size=8
 ) -> dict[str, Any]:
     """Run full KV and KVzap at each threshold; return per-threshold aggregates and per-prompt values."""
+    from tqdm.auto import tqdm
+
     from zoomr.cache import build_policy
     from zoomr.cache.kvzap import KVzapCache, KVzapMethod, compression_of
     from zoomr.engine import DecodeSettings, generate
 
     settings = DecodeSettings(max_new_tokens=max_new_tokens, progress=False, stop_token_ids=[])
     kv_heads = model.config.num_key_value_heads
+    batches = range(0, len(prompts), batch_size)
+    bar = tqdm(total=len(batches) * (1 + len(thresholds)), desc="kvzap sweep (full, then each tau)", unit="batch")
 
     def run(make_cache):
         outs, seconds = [], 0.0
-        for i in range(0, len(prompts), batch_size):
+        for i in batches:
             t0 = time.perf_counter()
             outs += generate(model, tokenizer, prompts[i : i + batch_size], make_cache(), settings)
             seconds += time.perf_counter() - t0
+            bar.update()
         return outs, seconds
 
     full, full_s = run(lambda: build_policy({"policy": "full"}, model.config, tokenizer))
@@ -79,6 +84,7 @@ def sweep(
                 "per_prompt": total.round(4).tolist(),
             }
         )
+    bar.close()
     return {
         "prompts": len(prompts),
         "prompt_tokens_mean": float(np.mean([len(p) for p in prompts])),

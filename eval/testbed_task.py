@@ -73,14 +73,16 @@ class TestbedTask(Task):
     def check_policy(self, problems: list[Problem], method: Any | None) -> None:
         from zoomr.tokens import BEGIN_SUMMARY, SPLITTER
 
-        policy = method.get("policy") if isinstance(method, dict) else getattr(method, "policy", None)
+        def field(key: str) -> Any:  # a method config as a dict or a dataclass (None: full KV)
+            return method.get(key) if isinstance(method, dict) else getattr(method, key, None)
+
+        policy, name = field("policy"), field("name") or field("policy")
         response = problems[0].meta["record"]["response"]
         if policy == "lightthinker" and SPLITTER not in response:
             raise ValueError(
                 "the script writes every paragraph break and leaves the model no place to end a thought, so no "
                 f"{SPLITTER} is ever written (it would decode as full KV); set +benchmark.options.thought_splitter=true"
             )
-        name = (method.get("name") if isinstance(method, dict) else getattr(method, "name", None)) or policy
         if policy in ("zoomr", "sumr") and BEGIN_SUMMARY not in response:
             raise ValueError(
                 f"these traces have no summaries, so {name} has no segments to select (it would only keep the "

@@ -20,6 +20,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from zoomr.paths import MissingInput, resolve_repo_path
 from zoomr.rundir import RunPlan
 
 
@@ -100,8 +101,6 @@ def load_sft_dataset(data: dict[str, Any], tokenizer):
 def check_data_source(data: dict[str, Any]) -> None:
     """Refuse ``data.source=local`` with a ``data.path`` that does not exist (relative to the cwd or the repo),
     so a trainer fails before :func:`zoomr.rundir.prepare_run` writes anything."""
-    from zoomr.paths import MissingInput, resolve_repo_path
-
     if data.get("source") == "local" and data.get("path"):
         path = resolve_repo_path(data["path"])
         if not path.exists():
