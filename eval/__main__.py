@@ -58,6 +58,7 @@ def run(cfg: Any) -> dict[str, Any]:
     tokenizer = load_tokenizer(spec, cfg.cache_dir)  # before the problems: RULER counts the model's tokens
     try:
         problems = load_problems(task, bench, tokenizer, gen)
+        task.check_model(bench, spec.hf_id)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         raise SystemExit(f"benchmark {bench.name!r}: {e}") from None
     device = pick_device(cfg.device)

@@ -75,6 +75,10 @@ class Task:
     def check_policy(self, problems: list[Problem], method: Any | None) -> None:
         """Refuse (``ValueError``) a cache policy the problems give nothing to work on."""
 
+    def check_model(self, bench: Any, model_path: str | None) -> None:
+        """Refuse (``ValueError``) problems in a format the model at ``model_path`` (a local checkpoint or a hub
+        id) was not trained to read."""
+
     def user_message(self, problem: Problem) -> str:
         return problem.question
 

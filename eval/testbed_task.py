@@ -90,6 +90,14 @@ class TestbedTask(Task):
                 "(data=testbed_summaries)"
             )
 
+    def check_model(self, bench: Any, model_path: str | None) -> None:
+        from zoomr.models import is_local_path
+        from zoomr.testbed.checkpoint import format_mismatch
+
+        if model_path and is_local_path(model_path) and (wrong := format_mismatch(model_path, dict(bench.options or {}))):
+            raise ValueError(f"{model_path} was trained on another query format: benchmark.options {wrong}; set "
+                             "++benchmark.options.<field> to what the model was trained on")  # fmt: skip
+
     def script(self, problem: Problem, tokenizer: Any) -> list[int | None]:
         from zoomr.testbed.grading import script_ids
 

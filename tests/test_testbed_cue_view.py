@@ -142,3 +142,35 @@ def test_previous_selection_shows_the_zoomed_paragraphs_and_voted_summaries_of_t
         for lo, hi in ranges:
             assert mask[cue.pos, lo:hi].all() and mask[cue.pos - 1, lo:hi].all()
     assert sum(len(r) for r in shown[0]) > 0  # a random model votes too: something is shown
+
+
+def test_with_paragraph_topics_every_cue_row_after_question_mark_is_blind_to_the_paragraph():
+    """``? t k :``: the topic row too is computed under the previous selection when decoding, so it sees only the
+    prompt and the window in training; the selection at "?" is marked at the row before the topic."""
+    data = dataclasses.replace(DATA, paragraph_topics=True)
+    enc = tt.FastEncoder()
+    p = generate(data, random.Random(7))
+    ids, _, _, meta = encode_problem(p, enc, window=64)
+    T, start, window = len(ids), meta["start"], 64
+    mask = cue_view_mask(T, [start], [meta["cues"]], window)[0, 0]
+    for cue in meta["cues"]:
+        assert cue.start == cue.pos - 2 and ids[cue.start - 1] == enc.ids[tt.QUERY]
+        for r in range(cue.start, cue.pos + 1):
+            assert set(mask[r].nonzero()[:, 0].tolist()) == {j for j in range(r + 1) if j < start or j >= r - window}
+        assert mask[cue.start - 1, : cue.start].all()  # "?" itself attends causally
+    # the previous selection is the one made at "?", the row before the topic
+    from zoomr.summary_pointer import Cue, capture_qk, selection_hits
+    from zoomr.testbed.cue_view import paragraph_rows, previous_selection
+
+    batch = collate([encode_problem(p, enc, window=64)], enc.ids[tt.tokens.PAD], "trace", data.trace_tokens)
+    torch.manual_seed(2)
+    cfg = LlamaConfig(vocab_size=len(enc.ids), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048)  # fmt: skip
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad(), capture_qk(model) as qk:
+        model(input_ids=batch.input_ids)
+        shown = previous_selection(qk, batch)
+        at_question = selection_hits(qk, batch.spans[0], [Cue(c.pos - 3, c.target) for c in batch.cues[0]], 2, 2)
+    spans, regular = batch.spans[0], paragraph_rows(batch.starts[0], batch.spans[0])
+    assert shown[0] == [[regular[i] for i in s.zoomed] + [(spans[i][0] - 1, spans[i][1] + 1) for i in s.summarized]
+                        for s in at_question]  # fmt: skip

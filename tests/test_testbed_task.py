@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -275,3 +276,91 @@ def test_eval_refuses_zoomr_and_sumr_on_testbed_traces_without_summaries(name):
         task.check_policy(testbed_problems(opts), method)
     task.check_policy(testbed_problems({**opts, "summaries": True}), method)
     task.check_policy(testbed_problems(opts), method_config("h2o"))  # other policies run as before
+
+
+def test_paragraph_topics_a_summary_is_its_paragraphs_topic_and_a_query_names_it():
+    """``paragraph_topics``: a paragraph opens with a topic word no fact uses, its summary is that word alone,
+    a query names the topic of the fact's paragraph before the key; costs, grading and cue rows follow."""
+    cfg = TestbedData(trace_tokens=1024, summaries=True, model_writes_summaries=True, paragraph_topics=True)
+    p = generate(cfg, random.Random(3))
+    w = p.response_words
+    fact_keys = {tt.key(f.key) for f in p.facts}
+    starts = [0] + [i + 1 for i, x in enumerate(w) if x == tt.BREAK][:-1]
+    topics = [w[s] for s in starts]
+    assert len(topics) == p.n_paragraphs and len(set(topics)) == p.n_paragraphs and not set(topics) & fact_keys
+    assert [w[a:b] for a, b in p.summary_spans] == [[t] for t in topics]
+    assert all(f.topic is not None and tt.key(f.topic) == topics[f.paragraph - 1] for f in p.facts)
+    for q in p.queries:
+        f = q.fact
+        assert w[q.cue_first - 1 : q.answer_pos + 1] == [tt.QUERY, topics[f.paragraph - 1], tt.key(f.key), ":", "=", tt.value(f.value)]
+        assert q.cue_pos == q.answer_pos - 2 and q.cue_first == q.cue_pos - 2
+    # the model writes the answers and each summary's topic and end marker
+    assert sorted(w[i] for i in p.model_writes if w[i].startswith("k")) == sorted(topics)
+    # lengths: each paragraph's cost as rendered, within the bound
+    shapes, start = [], 0
+    for n in range(1, p.n_paragraphs + 1):
+        end = w.index(tt.BREAK, start)
+        shapes.append((sum(f.paragraph == n for f in p.facts), sum(q.paragraph == n for q in p.queries),
+                       sum(x.startswith("w") for x in w[start:end])))  # fmt: skip
+        start = end + 1
+    assert w.index(tt.BOXED) == sum(paragraph_cost(f, q, fl, True, "cue", topics=True) for f, q, fl in shapes)
+    assert len(w) <= cfg.trace_tokens and query_cost("cue", topics=True) == 6
+    # the grader reads the key before ":" (not the topic after "?"); a wrong value is caught
+    rec = p.record("t")
+    assert grade(rec, rec["response"])["correct"] and grade(rec, rec["response"])["summaries_exact"] == 1.0
+    final = next(q for q in rec["queries"] if q["final"])
+    bad = w[:]
+    bad[final["answer_pos"]] = "v31" if w[final["answer_pos"]] != "v31" else "v30"
+    g = grade(rec, " ".join(bad))
+    assert not g["correct"] and [r["correct"] for r in g["recall"]].count(False) == 1
+    # the trainer's cues start at the topic: the pointer's at-key term and the cue view cover "t k :"
+    from zoomr.summary_pointer import with_key_cues
+    from zoomr.testbed.curriculum import encode_problem
+
+    enc = tt.FastEncoder()
+    ids, _, _, meta = encode_problem(p, enc)
+    inv = {i: x for x, i in enc.ids.items()}
+    for cue, q in zip(meta["cues"], p.queries):
+        assert [inv[i] for i in ids[cue.start - 1 : cue.pos + 1]] == [tt.QUERY, topics[q.fact.paragraph - 1], tt.key(q.fact.key), ":"]
+    extra = with_key_cues([meta["cues"]])[0][len(meta["cues"]) :]
+    assert [c.pos for c in extra] == [c.pos - 2 for c in meta["cues"]]
+    # without topics the problems are those of before (topics draw no randomness): same facts and values
+    plain = generate(TestbedData(trace_tokens=1024, summaries=True), random.Random(3))
+    assert [(f.key, f.value) for f in plain.facts][:10] == [(f.key, f.value) for f in p.facts][:10]
+    with pytest.raises(ValueError, match="paragraph_topics"):
+        generate(TestbedData(paragraph_topics=True, query_form="inline"), random.Random(0))
+
+
+def test_eval_refuses_traces_in_a_query_format_the_model_was_not_trained_on(tmp_path):
+    """A checkpoint trained on one query format ran on another to the end and scored near zero, silently: the
+    summaries model (``? k : = v``) on ``paragraph_topics`` traces (``? t k : = v``), or the reverse. The
+    evaluator now refuses before any run state, naming the field; the trained format passes."""
+    import json
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from eval.tasks import get_task
+    from zoomr.testbed.checkpoint import DATA_FILE, format_mismatch
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / DATA_FILE).write_text(json.dumps({"summaries": True, "query_form": "cue"}))
+    task = get_task("testbed")
+    task.check_model(SimpleNamespace(options={"summaries": True}), str(ckpt))  # the trained format
+    task.check_model(SimpleNamespace(options={"paragraph_topics": True}), "owner/hub-model")  # nothing to compare
+    with pytest.raises(ValueError, match=r"paragraph_topics=True \(trained on False\)"):
+        task.check_model(SimpleNamespace(options={"summaries": True, "paragraph_topics": True}), str(ckpt))
+    assert format_mismatch(ckpt, {"query_form": "inline"}) == "query_form=inline (trained on cue)"
+    # through the real entry point, on the shipped model (cue format, no topics)
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "eval", "benchmark=testbed", "model=tiny-testbed",
+         "model.hf_id=analysis/results/miniature/base_model", "++benchmark.options.paragraph_topics=true",
+         "benchmark.problem_limit=1", "generation.max_new_tokens=1100", "logger=none", f"hydra.run.dir={run_dir}",
+         f"run_dir={run_dir}"],
+        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "trained on another query format: benchmark.options paragraph_topics=True (trained on False)" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (run_dir / "config.json").exists()

@@ -256,7 +256,8 @@ def run(cfg) -> dict[str, Any]:
     summary = {
         "method": method.name,
         "model": f"{spec.name} ({describe(model)['params']:,} params)",
-        "data": f"{data.name} trace_tokens={data.trace_tokens} summaries={data.summaries}",
+        "data": f"{data.name} trace_tokens={data.trace_tokens} summaries={data.summaries}"
+        + (" paragraph_topics=True" if data.paragraph_topics else ""),
         "steps": steps_done,
         "tokens_seen": seen,
         "seconds": round(wall, 1),

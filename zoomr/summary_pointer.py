@@ -68,11 +68,18 @@ class Cue:
     pos: int  # token index in the sequence (the boundary token after the cue)
     target: int
     far: bool = False  # the defining paragraph lies outside ZoomR's recent window at this position
+    first: int | None = None  # the cue's first row after "?": the key, or the topic of "? t k :"; None = pos - 1
+
+    @property
+    def start(self) -> int:
+        """The cue's first row after ``?`` (``pos - 1`` unless ``first`` is given)."""
+        return self.pos - 1 if self.first is None else self.first
 
 
 def with_key_cues(cues: Sequence[Sequence[Cue]]) -> list[list[Cue]]:
-    """Each sequence's cues plus, for each, the same target at its key token (the position before the boundary)."""
-    return [[*cs, *(Cue(c.pos - 1, c.target, c.far) for c in cs)] for cs in cues]
+    """Each sequence's cues plus, for each, the same target at the cue's first word (its key, or its paragraph
+    topic in ``? t k :``): the word that names what to recall."""
+    return [[*cs, *(Cue(c.start, c.target, c.far) for c in cs)] for cs in cues]
 
 
 def mean_summary_keys(key: torch.Tensor, spans: Sequence[tuple[int, int]]) -> torch.Tensor:

@@ -38,6 +38,12 @@ class TestbedData:
     query_age_bias: float = 0.0  # a query picks an eligible fact with weight (age rank + 1) ** bias; 0 = uniform
     summaries: bool = False  # insert <|begin_of_summary|> keys… <|end_of_summary|> after each paragraph
     model_writes_summaries: bool = False  # the model (not the environment) writes each summary's keys
+    # Paragraph topics (issue 13, a format variant): each paragraph opens with a topic word (a key word no fact
+    # of the problem uses), its summary is that word alone, and a query names the topic before the key
+    # ("? t k : = v": "recall, from the paragraph about t, the value of k"). A summary's tokens are then all
+    # about one thing, as a real summary's are; with the keys form, ZoomR's mean summary key averages 3-4
+    # unrelated keys (README, ZoomR attempt 9 m).
+    paragraph_topics: bool = False
     # LightThinker's thought end (issue 14): after each paragraph break the environment leaves one position to
     # the model, which writes <|splitter|> there (a model-written token, trained with loss). Not counted in
     # trace_tokens, so the problems (facts, filler, queries) are exactly those without splitters.

@@ -34,8 +34,9 @@ def cue_view_mask(
     window: int,
     shown: Sequence[Sequence[Sequence[tuple[int, int]]]] | None = None,
 ) -> torch.Tensor:
-    """``[B, 1, T, T]`` bool (True = attend): causal, except that each cue's key row (``pos - 1``) and boundary
-    row (``pos``) see only the prompt (rows before ``response_starts[b]``), the last ``window`` rows and, with
+    """``[B, 1, T, T]`` bool (True = attend): causal, except that each cue's rows after ``?`` (its key, or topic
+    and key: ``Cue.start`` to ``pos - 1``) and its boundary row (``pos``) see only the prompt (rows before
+    ``response_starts[b]``), the last ``window`` rows and, with
     ``shown[b][n]``, the row ranges ``[lo, hi)`` given for cue ``n``."""
     if window < 0:
         raise ValueError(f"cue_view_mask: window must be >= 0, got {window}")
@@ -50,7 +51,7 @@ def cue_view_mask(
             seen = always.clone()
             for lo, hi in shown[b][n] if shown is not None else ():
                 seen[lo:hi] = True
-            for r in (cue.pos - 1, cue.pos):
+            for r in range(cue.start, cue.pos + 1):
                 if 0 <= r < length:
                     mask[b, 0, r] &= seen | (rows >= r - window)
     return mask
@@ -76,7 +77,7 @@ def previous_selection(qk, batch, top_k: int = 2, c: int = 2) -> list[list[list[
     out = []
     for b, (spans, cues) in enumerate(zip(batch.spans, batch.cues)):
         regular = paragraph_rows(batch.starts[b], spans)
-        marks = [Cue(cue.pos - 2, cue.target, cue.far) for cue in cues]
+        marks = [Cue(cue.start - 1, cue.target, cue.far) for cue in cues]
         picks = selection_hits(qk, spans, marks, top_k, c, b=b) if cues and spans else []
         out.append([[regular[i] for i in s.zoomed] + [(spans[i][0] - 1, spans[i][1] + 1) for i in s.summarized]
                     for s in picks])  # fmt: skip

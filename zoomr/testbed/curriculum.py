@@ -83,7 +83,7 @@ def encode_problem(problem, enc: tt.FastEncoder, window: int = 64) -> tuple[list
         dist[start + q.answer_pos - 1] = q.distance  # position whose next token is the answer
     spans = [(start + a, start + b) for a, b in problem.summary_spans]
     cues = [
-        Cue(start + q.cue_pos, q.fact.paragraph - 1, q.fact.definition_pos < q.cue_pos + 1 - window)
+        Cue(start + q.cue_pos, q.fact.paragraph - 1, q.fact.definition_pos < q.cue_pos + 1 - window, start + q.cue_first)
         for q in problem.queries
     ] if spans else []
     return ids, labels, dist, {"spans": spans, "cues": cues, "start": start}

@@ -72,17 +72,20 @@ def _boxed(words: list[str]) -> list[str] | None:
 
 
 def _first_answers(words: Iterable[str]) -> dict[str, str]:
-    """key word → the answer written after the first ``? <key>`` (after ``: =`` in the cue form)."""
+    """key word → the answer written after the first query of that key: ``? k v`` (inline), ``? k : = v``
+    (cue) or ``? t k : = v`` (cue naming a paragraph topic; the key is the word before ``:``)."""
     out: dict[str, str] = {}
     words = list(words)
     for i, a in enumerate(words[:-2]):
         if a != tt.QUERY:
             continue
-        j = i + 2
-        if words[j : j + 2] == [tt.QUERY_END, tt.ANSWER_MARK]:
-            j += 2
+        key, j = words[i + 1], i + 2
+        for end in (i + 2, i + 3):  # the cue form: ":" right after the key, or after the topic and the key
+            if words[end : end + 2] == [tt.QUERY_END, tt.ANSWER_MARK]:
+                key, j = words[end - 1], end + 2
+                break
         if j < len(words):
-            out.setdefault(words[i + 1], words[j])
+            out.setdefault(key, words[j])
     return out
 
 

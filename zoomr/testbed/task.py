@@ -16,6 +16,11 @@ one more token ``=`` and the value: a recompute at ``:`` sees the key, and the s
 from the next step, the one that predicts the value (a real trace says "recall the value of x: …", not
 the value on the token after the key). ``query_form=inline`` is the format before issue 13, ``? k v``.
 
+Paragraph topics (``paragraph_topics=true``, issue 13, a format variant): a paragraph opens with a topic word
+``t`` (a key word that no fact of the problem uses), its summary is ``<bs> t <es>``, and a query names the
+topic before the key, ``? t k : = v``. A summary then points at its paragraph with one word, as a real
+summary's words are all about its paragraph, instead of averaging 3-4 unrelated keys.
+
 A paragraph is: filler words, 3-4 new facts ``k v`` (a fresh key, a uniformly random value), a little
 more filler, then 1-3 queries ``? k v`` about facts of EARLIER paragraphs (each fact is queried at most
 once, so the definition is the only copy of its binding), then the optional summary and the paragraph
@@ -64,6 +69,7 @@ class Fact:
     value: int
     paragraph: int
     definition_pos: int = -1  # response position of the value token
+    topic: int | None = None  # the key word its paragraph opens with (paragraph_topics), named by its queries
 
 
 @dataclass
@@ -72,6 +78,7 @@ class Query:
     paragraph: int  # paragraph that asks it; 0 = the final \boxed{} answer
     answer_pos: int = -1  # response position of the answer value token
     cue_pos: int = -1  # response position of the cue's last token (the boundary ":"; the key when inline)
+    cue_first: int = -1  # response position of the cue's first token after "?" (the topic, else the key)
 
     @property
     def distance(self) -> int:
@@ -90,6 +97,7 @@ class Problem:
     summary_spans: list[tuple[int, int]] = field(default_factory=list)  # per paragraph: summary content [start, end)
     query_form: str = "cue"
     prompt_words: list[str] = field(default_factory=lambda: list(PROMPT_WORDS))
+    paragraph_topics: bool = False
 
     def record(self, problem_id: str) -> dict[str, Any]:
         """JSON-serialisable test record (what the grader and the evaluator's script builder read)."""
@@ -110,6 +118,7 @@ class Problem:
                     "final": q.paragraph == 0,
                     "answer_pos": q.answer_pos,
                     "cue_pos": q.cue_pos,
+                    "cue_first": q.cue_first,
                     "distance": q.distance,
                 }
                 for q in self.queries
@@ -119,6 +128,7 @@ class Problem:
             "summaries": self.summaries,
             "summary_spans": [list(s) for s in self.summary_spans],
             "query_form": self.query_form,
+            "paragraph_topics": self.paragraph_topics,
             "response_tokens": len(self.response_words),
             "prompt_tokens": len(self.prompt_words),
         }
@@ -135,18 +145,24 @@ QUERY_FORMS = ("cue", "inline")
 
 
 def query_words(fact: Fact, form: str = "cue") -> list[str]:
-    """The words of one query and its answer: ``? k : = v`` (cue) or ``? k v`` (inline)."""
-    cue = [tt.QUERY, tt.key(fact.key)] + ([tt.QUERY_END, tt.ANSWER_MARK] if form == "cue" else [])
+    """The words of one query and its answer: ``? k : = v`` (cue) or ``? k v`` (inline); with a paragraph
+    topic ``t`` (``paragraph_topics``) the cue names it first: ``? t k : = v``."""
+    topic = [] if fact.topic is None else [tt.key(fact.topic)]
+    cue = [tt.QUERY, *topic, tt.key(fact.key)] + ([tt.QUERY_END, tt.ANSWER_MARK] if form == "cue" else [])
     return [*cue, tt.value(fact.value)]
 
 
-def query_cost(form: str) -> int:
-    return 5 if form == "cue" else 3
+def query_cost(form: str, topics: bool = False) -> int:
+    return (5 if form == "cue" else 3) + topics
 
 
-def paragraph_cost(n_facts: int, n_queries: int, n_filler: int, summaries: bool, form: str = "cue") -> int:
-    """Response tokens of one paragraph: filler, 2 per fact, 5 (cue; 3 inline) per query, summary, break."""
-    return n_filler + 2 * n_facts + query_cost(form) * n_queries + (2 + n_facts if summaries else 0) + 1
+def paragraph_cost(
+    n_facts: int, n_queries: int, n_filler: int, summaries: bool, form: str = "cue", topics: bool = False
+) -> int:
+    """Response tokens of one paragraph: its topic (``topics``), filler, 2 per fact, 5 (cue; 3 inline; +1 with
+    topics) per query, the summary (delimiters and the keys, or the topic), break."""
+    summary = 2 + (1 if topics else n_facts) if summaries else 0
+    return topics + n_filler + 2 * n_facts + query_cost(form, topics) * n_queries + summary + 1
 
 
 def _range(r: list[int], what: str) -> tuple[int, int]:
@@ -170,7 +186,10 @@ def validate(cfg: TestbedData) -> None:
         raise ValueError(f"testbed.query_form must be one of {QUERY_FORMS}, got {cfg.query_form!r}")
     if cfg.model_writes_summaries and not cfg.summaries:
         raise ValueError("testbed.model_writes_summaries needs testbed.summaries=true")
-    need = paragraph_cost(hi, 0, 0, cfg.summaries) + 2 + query_cost(cfg.query_form) * cfg.final_queries
+    if cfg.paragraph_topics and cfg.query_form != "cue":
+        raise ValueError("testbed.paragraph_topics needs testbed.query_form=cue (a query names the topic, then the key)")
+    topics = cfg.paragraph_topics
+    need = paragraph_cost(hi, 0, 0, cfg.summaries, topics=topics) + 2 + query_cost(cfg.query_form, topics) * cfg.final_queries
     if cfg.trace_tokens < need:
         raise ValueError(f"testbed.trace_tokens={cfg.trace_tokens} is too short for one paragraph and the answer")
 
@@ -203,7 +222,8 @@ def generate(cfg: TestbedData, rng: random.Random) -> Problem:
     """One problem. All randomness comes from ``rng``; the result depends on nothing else."""
     validate(cfg)
     keys = rng.sample(range(cfg.n_keys), cfg.n_keys)
-    reserve = 2 + query_cost(cfg.query_form) * cfg.final_queries  # \boxed{ ? k : = v … }
+    topics = cfg.paragraph_topics
+    reserve = 2 + query_cost(cfg.query_form, topics) * cfg.final_queries  # \boxed{ ? k : = v … }
     w = _Writer()
     facts: list[Fact] = []
     queries: list[Query] = []
@@ -214,6 +234,7 @@ def generate(cfg: TestbedData, rng: random.Random) -> Problem:
 
     def answer(q: Query) -> None:
         *cue, value = query_words(q.fact, cfg.query_form)
+        q.cue_first = len(w.words) + 1
         w.env(*cue)
         q.cue_pos = len(w.words) - (2 if cfg.query_form == "cue" else 1)
         q.answer_pos = w.model(value)
@@ -223,24 +244,27 @@ def generate(cfg: TestbedData, rng: random.Random) -> Problem:
         n_facts = rng.randint(*cfg.facts_per_paragraph)
         n_queries = min(rng.randint(*cfg.queries_per_paragraph), len(unqueried))
         before, after = rng.randint(*cfg.filler_before), rng.randint(*cfg.filler_after)
-        cost = paragraph_cost(n_facts, n_queries, before + after, cfg.summaries, cfg.query_form)
+        cost = paragraph_cost(n_facts, n_queries, before + after, cfg.summaries, cfg.query_form, topics)
         if len(w.words) - splitters + cost + reserve > cfg.trace_tokens:  # splitters do not count
             break
-        if len(facts) + n_facts > cfg.n_keys:
+        if len(facts) + n_facts + (n_paragraphs + 1 if topics else 0) > cfg.n_keys:
             raise ValueError(
-                f"testbed.trace_tokens={cfg.trace_tokens} needs more than n_keys={cfg.n_keys} facts: "
-                "raise testbed.n_keys or lengthen the filler"
+                f"testbed.trace_tokens={cfg.trace_tokens} needs more than n_keys={cfg.n_keys} facts"
+                f"{' and topics' if topics else ''}: raise testbed.n_keys or lengthen the filler"
             )
         n_paragraphs += 1
+        topic = keys[cfg.n_keys - n_paragraphs] if topics else None  # from the end: never a fact's key
         asked = []
         for _ in range(n_queries):
             fact = _pick(rng, unqueried, cfg.query_age_bias)
             unqueried.remove(fact)
             asked.append(Query(fact, n_paragraphs))
+        if topic is not None:
+            w.env(tt.key(topic))
         w.env(*(tt.filler(rng.randrange(tt.N_FILLER)) for _ in range(before)))
         new = []
         for _ in range(n_facts):
-            fact = Fact(len(facts) + 1, keys[len(facts)], rng.randrange(tt.N_VALUES), n_paragraphs)
+            fact = Fact(len(facts) + 1, keys[len(facts)], rng.randrange(tt.N_VALUES), n_paragraphs, topic=topic)
             w.env(tt.key(fact.key), tt.value(fact.value))
             fact.definition_pos = len(w.words) - 1
             facts.append(fact)
@@ -250,9 +274,10 @@ def generate(cfg: TestbedData, rng: random.Random) -> Problem:
             answer(q)
         if cfg.summaries:
             w.env(tokens.BEGIN_SUMMARY)
-            spans.append((len(w.words), len(w.words) + len(new)))
-            for f in new:
-                (w.model if cfg.model_writes_summaries else w.env)(tt.key(f.key))
+            content = [tt.key(topic)] if topic is not None else [tt.key(f.key) for f in new]
+            spans.append((len(w.words), len(w.words) + len(content)))
+            for word in content:
+                (w.model if cfg.model_writes_summaries else w.env)(word)
             (w.model if cfg.model_writes_summaries else w.env)(tokens.END_SUMMARY)
         w.env(tt.BREAK)
         if cfg.thought_splitter:
@@ -265,7 +290,8 @@ def generate(cfg: TestbedData, rng: random.Random) -> Problem:
     for f in sorted(unqueried, key=lambda f: f.index)[: cfg.final_queries]:
         answer(Query(f, 0))
     w.env(tt.CLOSE)
-    return Problem(w.words, w.model_writes, facts, queries, n_paragraphs, cfg.summaries, spans, cfg.query_form)
+    return Problem(w.words, w.model_writes, facts, queries, n_paragraphs, cfg.summaries, spans, cfg.query_form,
+                   paragraph_topics=topics)  # fmt: skip
 
 
 def problems(cfg: TestbedData, n: int, seed: int, start: int = 0) -> list[Problem]:
