@@ -15,7 +15,10 @@ scores far lower there. This is the check to run before spending time on ZoomR a
 (shared/specs/MINIATURE_NOTES.md): until the rule beats chance, the arms are uninformative. Where the rule
 misses (``misses`` in the JSON, :class:`MissTally`): the miss rate by how many summaries back the defining one
 lies, and how many misses are unanimous (no head that can see the key votes for the target: a shared error,
-such as another summary's keys lying close to the cue's key, that more heads voting cannot outvote).
+such as another summary's keys lying close to the cue's key, that more heads voting cannot outvote), and
+per (layer >= 1, head) at the misses the score q · k of the target summary's word that the cue names, of its
+other words, and of the best and mean word of the winning wrong summary (``at_misses``): whether the mean over
+a summary's words, not the match itself, loses the target (README, ZoomR attempt 9 m).
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def teacher_forced_hit_rate(
             for name, layers in variants.items():
                 counts = count_hits(qk, b.spans, b.cues, top_k, c, layers)
                 totals[name] = {k: totals[name][k] + counts[k] for k in counts}
-            misses.add(qk, b.spans, b.cues, c)
+            misses.add(qk, b.spans, b.cues, c, b.input_ids)
     out: dict[str, Any] = {}
     for name, t in totals.items():
         out[name] = {
@@ -82,8 +85,9 @@ class MissTally:
         self.by_back = {name: [0, 0] for *_, name in BACK_BUCKETS}
         self.unanimous = 0
         self.misses = 0
+        self.word_scores: list[tuple[float, float, float, float]] = []  # per miss and head, see word_scores()
 
-    def add(self, qk, spans, cues, c: int) -> None:
+    def add(self, qk, spans, cues, c: int, input_ids: torch.Tensor | None = None) -> None:
         from zoomr.summary_pointer import selection_hits, target_ranks
 
         for b, (sp, cs) in enumerate(zip(spans, cues)):
@@ -98,13 +102,44 @@ class MissTally:
                 if not s.hit:
                     self.misses += 1
                     self.unanimous += ranks is not None and bool((ranks[n] >= self.top_k).all())
+                    if input_ids is not None:
+                        wrong = next(i for i in s.zoomed if i != cs[n].target)
+                        self.word_scores += self.word_scores_at(qk, input_ids[b], sp, cs[n], wrong, b)
+
+    def word_scores_at(self, qk, ids: torch.Tensor, spans, cue, wrong: int, b: int) -> list[tuple[float, ...]]:
+        """Per (content layer, query head): q · k of the target summary's word that the cue names, the mean of its
+        other words (nan if none), the best and the mean word of the ``wrong`` summary that won."""
+        (a, e), (wa, we) = spans[cue.target], spans[wrong]
+        named = set(ids[cue.start : cue.pos].tolist())
+        match = [p for p in range(a, e) if int(ids[p]) in named]
+        if not match:
+            return []
+        rest = [p for p in range(a, e) if p not in match]
+        out = []
+        for layer in self.layers:
+            query, key = qk[layer]
+            group = query.shape[1] // key.shape[1]
+            for h in range(query.shape[1]):
+                q, k = query[b, h, cue.pos].float(), key[b, h // group].float()
+                own, others, won = k[match[0]] @ q, k[rest] @ q, k[wa:we] @ q
+                out.append((float(own), float(others.mean()) if rest else float("nan"), float(won.max()), float(won.mean())))
+        return out
 
     def summary(self) -> dict[str, Any]:
+        scores = torch.tensor(self.word_scores) if self.word_scores else torch.full((1, 4), float("nan"))
         return {
             "miss_rate_by_summaries_back": {k: m / n if n else None for k, (m, n) in self.by_back.items()},
             "cues_by_summaries_back": {k: n for k, (_, n) in self.by_back.items()},
             "misses": self.misses,
             "unanimous_misses": self.unanimous,
+            "at_misses": {  # per (layer >= 1, query head) at each miss: where the mean loses the target
+                "heads": len(self.word_scores),
+                "named_word": scores[:, 0].nanmean().item(),
+                "target_other_words": scores[:, 1].nanmean().item(),
+                "winner_best_word": scores[:, 2].nanmean().item(),
+                "winner_mean": scores[:, 3].nanmean().item(),
+                "named_word_beats_every_winner_word": (scores[:, 0] > scores[:, 2]).float().mean().item(),
+            },
         }
 
 
@@ -139,6 +174,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print("miss rate by summaries back: " + ", ".join(
         f"{k} {v:.3f} ({m['cues_by_summaries_back'][k]} cues)" for k, v in m["miss_rate_by_summaries_back"].items() if v is not None))
     print(f"unanimous misses (no head of layers >= 1 votes for the target): {m['unanimous_misses']} of {m['misses']}")
+    w = m["at_misses"]
+    if w["heads"]:
+        print(f"at the misses, per head (q · k): the named word of the target summary {w['named_word']:.1f}, its other "
+              f"words {w['target_other_words']:.1f}; the winning summary's best word {w['winner_best_word']:.1f}, its "
+              f"mean {w['winner_mean']:.1f}; the named word beats every winner word in "
+              f"{w['named_word_beats_every_winner_word']:.0%}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {**vars(args), "test_seed": data.test_seed, "query_form": data.query_form}

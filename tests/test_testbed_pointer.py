@@ -291,3 +291,27 @@ def test_miss_tally_buckets_misses_by_summaries_back_and_counts_unanimous_ones()
     assert out["misses"] == misses >= 1
     assert out["unanimous_misses"] == misses  # every miss here has every head of layer 1 voting for summary 2
     assert out["miss_rate_by_summaries_back"]["0"] == 0.0 and out["miss_rate_by_summaries_back"]["4-9"] is None
+
+
+def test_miss_tally_scores_the_named_word_against_the_winning_summary_at_each_miss():
+    """``at_misses``: the target summary's word that the cue names scores high while its other words score low,
+    and a wrong summary whose words all score moderately wins the mean: the tally reports exactly those dots."""
+    from analysis.testbed_pointer import MissTally
+
+    T, d = 30, 4
+    ids = torch.arange(100, 100 + T)
+    ids[23] = ids[3]  # the cue's key (row pos - 1 = 23) is the word at row 3 of summary 0 (rows 2-4)
+    cue = Cue(24, 0)
+    key = torch.zeros(1, 1, T, d)
+    key[0, 0, 3] = torch.tensor([6.0, 0, 0, 0])  # the named word: q · k = 6
+    key[0, 0, 2] = key[0, 0, 4] = torch.tensor([-3.0, 0, 0, 0])  # its other words: -3 each (mean 0)
+    key[0, 0, 8:10] = torch.tensor([1.0, 0, 0, 0])  # summary 1: every word 1 (mean 1 > 0): it wins
+    query = torch.zeros(1, 1, T, d)
+    query[0, 0, 24] = torch.tensor([1.0, 0, 0, 0])
+    qk = {1: (query, key)}
+    tally = MissTally(top_k=1, content_layers=[1])
+    tally.add(qk, [SPANS[:2]], [[cue]], c=1, input_ids=ids[None])
+    out = tally.summary()
+    assert out["misses"] == 1
+    assert out["at_misses"] == {"heads": 1, "named_word": 6.0, "target_other_words": -3.0, "winner_best_word": 1.0,
+                                "winner_mean": 1.0, "named_word_beats_every_winner_word": 1.0}  # fmt: skip
