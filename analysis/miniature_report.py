@@ -2,10 +2,18 @@
 
 Figures: answer accuracy against resident rows over full KV for every arm (the papers' Pareto view) and
 recall by reference distance per arm.
+
+A rerun of some arms (``task.arms=[…]``, e.g. after one model's recipe changed) merges into a full table with
+
+    python -m analysis.miniature_report --merge runs/miniature/results.json --into analysis/results/miniature
+
+(arms of the same name are replaced, new ones appended, the models they used recorded; both must be on the same
+test seed, problem count and trace length).
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 from pathlib import Path
@@ -103,3 +111,39 @@ def write_report(results: dict[str, Any], out: Path) -> None:
     pareto_figure(results, out / "pareto.png")
     recall_figure(results, out / "recall_by_distance.png")
     print("\n" + text + f"\nwritten {out}/table.md, table.csv, results.json, pareto.png, recall_by_distance.png")
+
+
+MATCHED_META = ("test_seed", "n_problems", "trace_tokens")  # what makes two runs' arms comparable
+
+
+def merge(results: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``results`` with the arms of ``new`` in place of those of the same name (new names appended) and the
+    models ``new`` used; refused (``ValueError``) unless both ran on the same problems."""
+    wrong = [f"{k}: {results['meta'].get(k)} vs {new['meta'].get(k)}" for k in MATCHED_META
+             if results["meta"].get(k) != new["meta"].get(k)]  # fmt: skip
+    if wrong:
+        raise ValueError(f"the runs are not on the same problems ({'; '.join(wrong)}): their arms cannot share a table")
+    fresh = {a["name"]: a for a in new["arms"]}
+    arms = [fresh.pop(a["name"], a) for a in results["arms"]] + list(fresh.values())
+    meta = {**results["meta"], "models": {**results["meta"].get("models", {}), **new["meta"].get("models", {})}}
+    return {**results, "meta": meta, "arms": arms}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="Merge a miniature rerun's arms into a full miniature table.")
+    p.add_argument("--merge", required=True, help="results.json of the rerun")
+    p.add_argument("--into", required=True, help="directory of the table to update (its results.json)")
+    args = p.parse_args(argv)
+    paths = [Path(args.merge), Path(args.into) / "results.json"]
+    if missing := [str(x) for x in paths if not x.is_file()]:
+        p.error(f"no such file: {', '.join(missing)}")
+    new, results = (json.loads(x.read_text()) for x in paths)
+    try:
+        merged = merge(results, new)
+    except ValueError as e:
+        p.error(str(e))
+    write_report(merged, Path(args.into))
+
+
+if __name__ == "__main__":
+    main()

@@ -110,3 +110,31 @@ def test_a_cached_model_is_reused_only_from_the_same_command_and_dependencies(tm
     with pytest.raises(SystemExit, match=r"abridge_4to1 .* was made from an earlier base"):
         ensure_model("abridge_4to1", task)
     assert ran[3:] == ["abridge_4to1"]
+
+
+def test_a_rerun_of_some_arms_merges_into_the_full_table(tmp_path, capsys):
+    """``python -m analysis.miniature_report --merge``: arms of the same name replaced in place, new ones appended,
+    the models recorded; a rerun on other problems is refused and the table is left as it was."""
+    from analysis.miniature_report import main
+
+    full = json.loads((REPO_ROOT / "analysis/results/miniature/results.json").read_text())
+    (tmp_path / "results.json").write_text(json.dumps(full))
+    zoomr = next(a for a in full["arms"] if a["name"] == "zoomr")
+    rerun = {"meta": {**{k: full["meta"][k] for k in ("test_seed", "n_problems", "trace_tokens")},
+                      "models": {"base_sum_cue": "runs/train/new/final"}},
+             "arms": [{**zoomr, "answer_accuracy": 0.5}, {**zoomr, "name": "zoomr_new"}]}  # fmt: skip
+    (tmp_path / "rerun.json").write_text(json.dumps(rerun))
+    main(["--merge", str(tmp_path / "rerun.json"), "--into", str(tmp_path)])
+    merged = json.loads((tmp_path / "results.json").read_text())
+    names = [a["name"] for a in merged["arms"]]
+    assert names == [a["name"] for a in full["arms"]] + ["zoomr_new"]
+    assert merged["arms"][names.index("zoomr")]["answer_accuracy"] == 0.5
+    assert merged["arms"][0] == full["arms"][0] and merged["meta"]["models"]["base_sum_cue"] == "runs/train/new/final"
+    assert "| zoomr_new |" in (tmp_path / "table.md").read_text() and (tmp_path / "pareto.png").exists()
+    other = {**rerun, "meta": {**rerun["meta"], "test_seed": 3_000_017}}
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    before = (tmp_path / "results.json").read_text()
+    with pytest.raises(SystemExit):
+        main(["--merge", str(tmp_path / "other.json"), "--into", str(tmp_path)])
+    assert "not on the same problems (test_seed: 2000003 vs 3000017)" in capsys.readouterr().err
+    assert (tmp_path / "results.json").read_text() == before
