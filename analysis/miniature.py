@@ -67,7 +67,7 @@ def benchmark_options(model: str, task: Any) -> dict[str, Any]:
     """The testbed the model was trained on, at the task's length, on the held-out problems."""
     summaries = MODELS[model].summaries or any(MODELS[d].summaries for d in MODELS[model].needs)
     return {"trace_tokens": task.trace_tokens, "summaries": summaries, "model_writes_summaries": summaries,
-            "n_test": task.n, "test_seed": task.test_seed}  # fmt: skip
+            "paragraph_topics": summaries, "n_test": task.n, "test_seed": task.test_seed}  # fmt: skip
 
 
 def arm_dir(task: Any, name: str) -> Path:

@@ -26,6 +26,10 @@ ZOOMR_WINDOW = 64  # N_w: the paper's 512 is half a 1,024-token testbed trace; 6
 ZOOMR_ARCH = ("model.arch=phi3", "+model.tiny.partial_rotary_factor=0.5")
 ZOOMR_CUE_STEPS = 1200  # the cue-view stage of the ZoomR model (full-length traces only, no warm-up tasks)
 ZOOMR_CUE_PLAIN_STEPS = 400  # its first steps under the plain cue view (the reading moves to "=" in ~300)
+# the ZoomR testbed's traces (issue 13, attempt 9 m): a summary after every paragraph, written by the model, and
+# paragraph topics: a summary is its paragraph's topic word and a query names it ("? t k : = v"), so ZoomR's mean
+# summary key is one word's key (with the keys form it averaged 3-4 unrelated keys: misses 2-3% of cues)
+SUMMARIES_DATA = ("data=testbed_summaries", "data.model_writes_summaries=true", "data.paragraph_topics=true")
 
 
 @dataclass(frozen=True)
@@ -81,8 +85,7 @@ MODELS: dict[str, Model] = {
         # position, so q · k̄ can match a key however far back its summary lies
         Model(
             "base_sum",
-            ("+method=sft_testbed", "data=testbed_summaries", "data.model_writes_summaries=true", "model=tiny-testbed",
-             *ZOOMR_ARCH, "method.summary_pointer_at_key=true"),
+            ("+method=sft_testbed", *SUMMARIES_DATA, "model=tiny-testbed", *ZOOMR_ARCH, "method.summary_pointer_at_key=true"),
             summaries=True,
         ),
         # ZoomR's decoding-time view at each cue (issue 13, zoomr.testbed.cue_view): a second stage in which the
@@ -90,8 +93,8 @@ MODELS: dict[str, Model] = {
         # model's own votes), so the value is read at "=" from the zoomed-in paragraph and ":" points from the key
         Model(
             "base_sum_cue",
-            ("+method=sft_testbed", "data=testbed_summaries", "data.model_writes_summaries=true", "model=tiny-testbed",
-             *ZOOMR_ARCH, "method.summary_pointer_at_key=true", "method.init_from={base_sum}", f"method.cue_view_window={ZOOMR_WINDOW}",
+            ("+method=sft_testbed", *SUMMARIES_DATA, "model=tiny-testbed", *ZOOMR_ARCH, "method.summary_pointer_at_key=true",
+             "method.init_from={base_sum}", f"method.cue_view_window={ZOOMR_WINDOW}",
              f"method.cue_view_previous_selection_from={ZOOMR_CUE_PLAIN_STEPS}", f"method.max_steps={ZOOMR_CUE_STEPS}",
              "method.learning_rate=1e-3",
              "method.warmup_steps=50", "method.curriculum.copy_steps=0", "method.curriculum.recall_steps=0",
