@@ -85,7 +85,7 @@ class MissTally:
         self.by_back = {name: [0, 0] for *_, name in BACK_BUCKETS}
         self.unanimous = 0
         self.misses = 0
-        self.word_scores: list[tuple[float, float, float, float]] = []  # per miss and head, see word_scores()
+        self.word_scores: list[tuple[float, float, float, float]] = []  # per miss and head: word_scores_at()
 
     def add(self, qk, spans, cues, c: int, input_ids: torch.Tensor | None = None) -> None:
         from zoomr.summary_pointer import selection_hits, target_ranks
