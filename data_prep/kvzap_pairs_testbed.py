@@ -34,8 +34,9 @@ from zoomr.schemas.kvzap import TestbedPairsSource
 from zoomr.schemas.testbed import TestbedData
 from zoomr.testbed import task as testbed
 from zoomr.testbed import vocab as tt
+from zoomr.testbed.checkpoint import QUERY_FORMAT_FIELDS, format_differences
 
-FORMAT_FIELDS = ("query_form", "summaries", "model_writes_summaries", "n_keys")
+FORMAT_FIELDS = (*QUERY_FORMAT_FIELDS, "summaries", "model_writes_summaries", "n_keys")
 
 
 def testbed_data(source: TestbedPairsSource, model_dir: str | None = None) -> TestbedData:
@@ -53,8 +54,7 @@ def testbed_data(source: TestbedPairsSource, model_dir: str | None = None) -> Te
     path = Path(model_dir) / "testbed_data.json" if model_dir else None
     if path is not None and path.exists():
         trained = json.loads(path.read_text())
-        differ = {k: (trained[k], getattr(data, k)) for k in FORMAT_FIELDS if k in trained and trained[k] != getattr(data, k)}
-        if differ:
+        if differ := format_differences(model_dir, data, FORMAT_FIELDS):
             raise ValueError(
                 f"pipeline.testbed.data disagrees with the model's trace format ({path}): "
                 + ", ".join(f"{k}: model {a!r}, pairs {b!r}" for k, (a, b) in differ.items())

@@ -92,9 +92,13 @@ class TestbedTask(Task):
 
     def check_model(self, bench: Any, model_path: str | None) -> None:
         from zoomr.models import is_local_path
-        from zoomr.testbed.checkpoint import format_mismatch
+        from zoomr.schemas.testbed import TestbedData
+        from zoomr.testbed.checkpoint import format_differences
 
-        if model_path and is_local_path(model_path) and (wrong := format_mismatch(model_path, dict(bench.options or {}))):
+        if not model_path or not is_local_path(model_path):
+            return
+        if differ := format_differences(model_path, TestbedData(**dict(bench.options or {}))):
+            wrong = ", ".join(f"{f}={given} (trained on {trained})" for f, (trained, given) in differ.items())
             raise ValueError(f"{model_path} was trained on another query format: benchmark.options {wrong}; set "
                              "++benchmark.options.<field> to what the model was trained on")  # fmt: skip
 

@@ -341,7 +341,7 @@ def test_eval_refuses_traces_in_a_query_format_the_model_was_not_trained_on(tmp_
     from types import SimpleNamespace
 
     from eval.tasks import get_task
-    from zoomr.testbed.checkpoint import DATA_FILE, format_mismatch
+    from zoomr.testbed.checkpoint import DATA_FILE, format_differences
 
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
@@ -351,7 +351,7 @@ def test_eval_refuses_traces_in_a_query_format_the_model_was_not_trained_on(tmp_
     task.check_model(SimpleNamespace(options={"paragraph_topics": True}), "owner/hub-model")  # nothing to compare
     with pytest.raises(ValueError, match=r"paragraph_topics=True \(trained on False\)"):
         task.check_model(SimpleNamespace(options={"summaries": True, "paragraph_topics": True}), str(ckpt))
-    assert format_mismatch(ckpt, {"query_form": "inline"}) == "query_form=inline (trained on cue)"
+    assert format_differences(ckpt, TestbedData(query_form="inline")) == {"query_form": ("cue", "inline")}
     # through the real entry point, on the shipped model (cue format, no topics)
     run_dir = tmp_path / "run"
     proc = subprocess.run(

@@ -46,20 +46,18 @@ def trained_data(path: str | Path, **overrides: Any) -> TestbedData:
     return TestbedData(**{**base, **{k: v for k, v in overrides.items() if v is not None}})
 
 
-FORMAT_FIELDS = ("query_form", "paragraph_topics")  # how a query reads: a model trained on one cannot read another
+QUERY_FORMAT_FIELDS = ("query_form", "paragraph_topics")  # how a query reads: a model trained on one cannot read another
 
 
-def format_mismatch(path: str | Path, options: dict[str, Any]) -> str | None:
-    """Why the testbed traces of ``options`` (``TestbedData`` fields) are in a query format the checkpoint at
-    ``path`` was not trained on (None when they match, or when ``path`` holds no testbed data config)."""
+def format_differences(path: str | Path, data: TestbedData, fields: tuple[str, ...] = QUERY_FORMAT_FIELDS) -> dict[str, tuple[Any, Any]]:
+    """``field -> (trained, given)`` for each of ``fields`` in which the traces of ``data`` differ from those the
+    checkpoint at ``path`` was trained on; empty when they match or ``path`` holds no testbed data config."""
     from zoomr.abridge.trainer import DATA_CONFIG_FILE
 
     if not any((Path(path) / f).exists() for f in (DATA_FILE, DATA_CONFIG_FILE)):
-        return None  # a hub model or a checkpoint from elsewhere: nothing recorded to compare with
-    trained, given = trained_data(path), TestbedData(**options)
-    wrong = [f"{f}={getattr(given, f)} (trained on {getattr(trained, f)})" for f in FORMAT_FIELDS
-             if getattr(given, f) != getattr(trained, f)]  # fmt: skip
-    return ", ".join(wrong) or None
+        return {}  # a hub model or a checkpoint from elsewhere: nothing recorded to compare with
+    trained = trained_data(path)
+    return {f: (getattr(trained, f), getattr(data, f)) for f in fields if getattr(trained, f) != getattr(data, f)}
 
 
 def full_rows(records: list[dict[str, Any]]) -> float:
