@@ -1,11 +1,13 @@
 """AbridgeKV measurements, printed as a table and written as JSON (``--out``).
 
 ``step``: train step time (forward + backward) of the block-masked stream against plain causal
-attention on the SAME interleaved tokens, in the same process: the mask's cost. Three arms: the
-AbridgeKV per-layer masks (dense boolean + SDPA on CPU, FlexAttention BlockMask on CUDA), a dense
-causal mask (same kernel path as the dense block mask), and SDPA ``is_causal`` (no mask at all).
+attention on the SAME interleaved tokens, in the same process: the mask's cost. Arms: the AbridgeKV
+per-layer masks under each back end (``--backends``; default dense boolean + SDPA and chunked SDPA on
+CPU, FlexAttention BlockMask and chunked on CUDA), a dense causal mask (same kernel path as the dense
+block mask), and SDPA ``is_causal`` (no mask at all).
 
     OMP_NUM_THREADS=1 python -m analysis.bench_abridge step --out runs/bench/abridge_step.json
+    OMP_NUM_THREADS=2 python -m analysis.bench_abridge step --data testbed --quota 16 --response-tokens 1024
 
 ``kv``: resident KV bytes of whole generations (every sequence runs to ``--new-tokens``), full KV ÷
 AbridgeKV, from the engine's per-step page accounting, against the analytic ceiling C / q̄ (reached only
@@ -61,16 +63,41 @@ def _timed_lockstep(fns: dict, repeats: int, warmup: int = 1) -> dict[str, list[
     return times
 
 
-def bench_step(args) -> dict:
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    spec = ModelSpec(name="tiny-qwen2", arch="qwen2", tiny=TINY)
-    model, tok = load_model(spec, device=device).train(), load_tokenizer(spec)
-    layout = AbridgeLayout(args.block_size, args.num_pause)
+TESTBED_MODEL = "analysis/results/miniature/base_model"  # the shipped recall-testbed model (tiny-testbed)
+
+
+def _step_streams(args, layout: AbridgeLayout, device: torch.device):
+    """(model, tokenizer, streams) of the step bench: ``--data traces`` (the random tiny qwen2 on real traces,
+    loss on every response token) or ``testbed`` (the shipped testbed model on testbed traces, loss on what
+    the model writes: attention is most of its step)."""
+    if args.data == "testbed":
+        from dataclasses import asdict
+
+        from zoomr.abridge.data import lazy_streams
+        from zoomr.abridge.layout import interleave, pause_token_ids
+        from zoomr.paths import resolve_repo_path
+        from zoomr.schemas.testbed import TestbedData
+
+        spec = ModelSpec(name="tiny-testbed", arch="llama", hf_id=str(resolve_repo_path(TESTBED_MODEL)))
+        model, tok = load_model(spec, device=device), load_tokenizer(spec)
+        data = asdict(TestbedData(trace_tokens=args.response_tokens)) | {"loader": "zoomr.testbed.task"}
+        pauses = pause_token_ids(tok, layout.num_pause)
+        made = lazy_streams(data, tok, lambda p, r, loss: interleave(p, r, layout, pauses, loss), 512, args.response_tokens + 16)
+        return model, tok, [made[i] for i in range(args.batch)]
     from data_prep.traces import load_trace_rows
 
+    spec = ModelSpec(name="tiny-qwen2", arch="qwen2", tiny=TINY)
+    model, tok = load_model(spec, device=device), load_tokenizer(spec)
     rows, _ = load_trace_rows(path="data_prep/data/traces/sky-t1-math-correct-5k-32b-ckpt140_aime24.jsonl")
     examples = [{"messages": r.messages()} for r in rows[: args.batch]]
-    streams = build_streams(examples, tok, layout, 512, args.response_tokens).streams
+    return model, tok, build_streams(examples, tok, layout, 512, args.response_tokens).streams
+
+
+def bench_step(args) -> dict:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    layout = AbridgeLayout(args.block_size, args.num_pause)
+    model, tok, streams = _step_streams(args, layout, device)
+    model.train()
     batch = {k: v.to(device) for k, v in collate(streams, tok.pad_token_id).items()}
     quotas = [args.quota] * model.config.num_hidden_layers
     length = batch["input_ids"].shape[1]
@@ -93,10 +120,16 @@ def bench_step(args) -> dict:
 
         return run
 
+    backends = args.backends.split(",") if args.backends else (["flex"] if device.type == "cuda" else ["dense"])
+    backends += [] if args.backends else ["chunked"]
+
+    def block_mask(backend: str):
+        return lambda: step(layer_masks(batch_meta(batch), quotas, backend))()  # the mask is built inside the step
+
     with abridge_attention(model):
         arms = _timed_lockstep(
             {
-                "abridge block mask": lambda: step(layer_masks(batch_meta(batch), quotas, args.backend))(),
+                **{f"block mask ({b})": block_mask(b) for b in backends},
                 "dense causal mask": step([causal] * len(quotas)),
                 "sdpa is_causal": step(None),
             },
@@ -114,19 +147,23 @@ def bench_step(args) -> dict:
     info = {
         "device": str(device),
         "threads": torch.get_num_threads(),
+        "data": args.data,
         "batch": len(streams),
         "stream_tokens": length,
         "layout": f"C={layout.block_size} K={layout.num_pause} q={args.quota}",
-        "mask_backend": args.backend,
+        "mask_backends": backends,
         "repeats": args.repeats,
     }
     print(f"train step, {info}")
-    print(f"{'arm':<22} {'median s':>9} {'min s':>8} {'÷ is_causal':>12}")
+    print(f"{'arm':<24} {'median s':>9} {'min s':>8} {'÷ is_causal':>12}")
     for name, r in rows_out.items():
-        print(f"{name:<22} {r['median_s']:>9.3f} {r['min_s']:>8.3f} {r['ratio_vs_is_causal']:>12.3f}")
-    ratio = rows_out["abridge block mask"]["median_s"] / rows_out["dense causal mask"]["median_s"]
-    print(f"block mask ÷ dense causal mask (same kernel): {ratio:.3f}")
-    return {"part": "step", **info, "arms": rows_out, "block_mask_over_dense_causal": ratio}
+        print(f"{name:<24} {r['median_s']:>9.3f} {r['min_s']:>8.3f} {r['ratio_vs_is_causal']:>12.3f}")
+    ratios = {
+        b: rows_out[f"block mask ({b})"]["median_s"] / rows_out["dense causal mask"]["median_s"] for b in backends
+    }
+    for b, r in ratios.items():
+        print(f"block mask ({b}) ÷ dense causal mask: {r:.3f}")
+    return {"part": "step", **info, "arms": rows_out, "block_mask_over_dense_causal": ratios}
 
 
 def _load(checkpoint: str | None):
@@ -297,7 +334,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--response-tokens", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--data", choices=["traces", "testbed"], default="traces", help="step: model and streams")
+    ap.add_argument("--backends", default=None, help="comma list of mask back ends (step; default: see above)")
     ap.add_argument("--out", type=Path, default=None, help="JSON file (default runs/bench/abridge_<part>.json)")
     args = ap.parse_args(argv)
     require_at_least(ap, args, 1, "new_tokens", "block_size", "num_pause", "batch", "response_tokens", "repeats")

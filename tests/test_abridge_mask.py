@@ -8,7 +8,7 @@ import torch
 from zoomr.abridge.data import batch_meta, collate
 from zoomr.abridge.forward import full_kv_response_ce, stream_logits, stream_response_ce
 from zoomr.abridge.layout import PAD, PAUSE, PROMPT, RAW, AbridgeLayout, interleave, pause_token_ids
-from zoomr.abridge.mask import layer_masks
+from zoomr.abridge.mask import ChunkedMask, abridge_mask_mod, chunked_mask, layer_masks
 
 LAYOUT = AbridgeLayout(block_size=8, num_pause=4)
 
@@ -77,6 +77,66 @@ def test_flex_and_dense_backends_give_the_same_loss_on_cpu(model_tok):
     assert model.config._attn_implementation == "sdpa"  # restored after the masked forward
 
 
+def _scatter(mask: ChunkedMask, batch: int) -> torch.Tensor:
+    """A chunked mask's allowed pairs back as a dense ``[B, S, S]`` mask (rows past the end dropped)."""
+    n = mask.kv_index.shape[1]
+    dense = torch.zeros(batch, n * mask.chunk, mask.length, dtype=torch.bool)
+    allowed = mask.allowed.view(batch, n, mask.chunk, mask.width)
+    for b in range(batch):
+        for c in range(n):
+            rows = slice(c * mask.chunk, (c + 1) * mask.chunk)
+            dense[b, rows] |= torch.zeros(mask.chunk, mask.length, dtype=torch.bool).index_put(
+                (torch.arange(mask.chunk)[:, None].expand(-1, mask.width), mask.kv_index[b, c][None].expand(mask.chunk, -1)),
+                allowed[b, c],
+                accumulate=True,
+            )
+    return dense[:, : mask.length]
+
+
+@pytest.mark.parametrize("chunk", [5, 16, 64])
+def test_chunked_mask_holds_exactly_the_dense_masks_pairs(model_tok, chunk):
+    _, tok = model_tok
+    batch = collate(_streams(tok, (40, 27)), pad_id=0)
+    meta, length = batch_meta(batch), batch["input_ids"].shape[1]
+    for quota in (0, 2, 4):
+        dense = layer_masks(meta, [quota], backend="dense")[0][:, 0]
+        mask = chunked_mask(abridge_mask_mod(meta, quota), 2, length, meta.kind.device, chunk)
+        assert torch.equal(_scatter(mask, 2), dense), quota
+        # each chunk gathers only keys some query of it sees (fewer than the stream once there are 2+ chunks),
+        # in stream order
+        n_chunks = mask.kv_index.shape[1]
+        assert n_chunks == -(-length // chunk) and (n_chunks == 1 or mask.width < length)
+        seen = mask.allowed.view(2, n_chunks, chunk, mask.width).any(2)
+        assert (mask.kv_index.diff(dim=-1)[seen[..., 1:]] > 0).all()
+
+
+def test_chunked_backend_gives_the_dense_loss_and_gradients(model_tok):
+    model, tok = model_tok
+    batch = collate(_streams(tok, (40, 27)), pad_id=0)
+    quotas = [1, 4, 2, 3]
+    grads = {}
+    for backend in ("dense", "chunked"):
+        model.zero_grad()
+        ce = stream_response_ce(model, batch, quotas, backend=backend, dtype=torch.float64)
+        torch.cat(ce).sum().backward()
+        grads[backend] = (torch.cat(ce).detach(), [p.grad.clone() for p in model.parameters()])
+    model.zero_grad()
+    (ce_d, g_d), (ce_c, g_c) = grads["dense"], grads["chunked"]
+    assert ce_d.numel() == 40 + 27
+    assert (ce_d - ce_c).abs().max() < 1e-5
+    assert max((a - b).abs().max().item() for a, b in zip(g_d, g_c)) < 1e-5
+    assert max(g.abs().max().item() for g in g_d) > 1e-2  # the gradients compared are not all zero
+
+
+def test_auto_backend_is_chunked_on_cpu_and_flex_on_cuda():
+    from zoomr.abridge.mask import resolve_backend
+
+    assert resolve_backend("auto", torch.device("cpu")) == "chunked"
+    assert resolve_backend("auto", torch.device("cuda")) == "flex"
+    with pytest.raises(ValueError, match="mask backend must be one of"):
+        resolve_backend("sparse", torch.device("cpu"))
+
+
 @torch.no_grad()
 def test_without_a_completed_block_the_stream_is_plain_causal(model_tok):
     model, tok = model_tok
@@ -87,14 +147,15 @@ def test_without_a_completed_block_the_stream_is_plain_causal(model_tok):
     assert (masked - full).abs().max() < 1e-5
 
 
-def _later_block_logits(model, batch, quotas):
-    logits = stream_logits(model, batch, quotas, "dense")[0]
+def _later_block_logits(model, batch, quotas, backend="dense"):
+    logits = stream_logits(model, batch, quotas, backend)[0]
     later = (batch["block"][0] >= 1) & (batch["kind"][0] == RAW)
     return logits[later]
 
 
 @torch.no_grad()
-def test_no_leak_from_compressed_raw_tokens(model_tok):
+@pytest.mark.parametrize("backend", ["dense", "chunked"])
+def test_no_leak_from_compressed_raw_tokens(model_tok, backend):
     """With quota 0, later blocks cannot depend on block 0's raw tokens; with quota 4 they do."""
     model, tok = model_tok
     s = _streams(tok, (30,))[0]
@@ -103,14 +164,15 @@ def test_no_leak_from_compressed_raw_tokens(model_tok):
     block0_raw = (batch["block"][0] == 0) & (batch["kind"][0] == RAW)
     changed["input_ids"][0, block0_raw] = (batch["input_ids"][0, block0_raw] + 17) % 4000
     for quota, should_change in [(0, False), (4, True)]:
-        a = _later_block_logits(model, batch, [quota] * 4)
-        b = _later_block_logits(model, changed, [quota] * 4)
+        a = _later_block_logits(model, batch, [quota] * 4, backend)
+        b = _later_block_logits(model, changed, [quota] * 4, backend)
         diff = (a - b).abs().max().item()
         assert (diff > 1e-3) if should_change else (diff < 1e-5), (quota, diff)
 
 
 @torch.no_grad()
-def test_code_rows_beyond_the_quota_are_invisible_to_later_blocks(model_tok):
+@pytest.mark.parametrize("backend", ["dense", "chunked"])
+def test_code_rows_beyond_the_quota_are_invisible_to_later_blocks(model_tok, backend):
     """Swap the token of pause slot j: later raw tokens change iff j < quota (here quota 2)."""
     model, tok = model_tok
     s = _streams(tok, (30,))[0]
@@ -120,7 +182,7 @@ def test_code_rows_beyond_the_quota_are_invisible_to_later_blocks(model_tok):
         where = (batch["kind"][0] == PAUSE) & (batch["slot"][0] == slot)
         changed["input_ids"][0, where] = 42
         diff = (
-            (_later_block_logits(model, batch, [2] * 4) - _later_block_logits(model, changed, [2] * 4))
+            (_later_block_logits(model, batch, [2] * 4, backend) - _later_block_logits(model, changed, [2] * 4, backend))
             .abs()
             .max()
         )

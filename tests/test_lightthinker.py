@@ -129,7 +129,8 @@ def test_dense_mask_matches_what_serving_holds_token_by_token():
 
 
 @torch.no_grad()
-def test_flex_and_dense_backends_give_the_same_loss_on_cpu(model_tok):
+@pytest.mark.parametrize("other", ["flex", "chunked"])
+def test_flex_chunked_and_dense_backends_give_the_same_loss_on_cpu(model_tok, other):
     model, tok = model_tok
     tt = ThoughtTokens.from_tokenizer(tok, 4)
     ids = [(i * 37) % 3000 + 50 for i in range(40)]
@@ -139,9 +140,9 @@ def test_flex_and_dense_backends_give_the_same_loss_on_cpu(model_tok):
     ]
     batch = collate(streams, pad_id=0)
     dense = torch.cat(thought_response_ce(model, batch, "dense"))
-    flex = torch.cat(thought_response_ce(model, batch, "flex"))
+    got = torch.cat(thought_response_ce(model, batch, other))
     assert dense.numel() == 31 + 9
-    assert (dense - flex).abs().max() < 1e-4
+    assert (dense - got).abs().max() < 1e-4
     assert model.config._attn_implementation == "sdpa"  # restored after the masked forward
     no_thought = collate([streams[1]], pad_id=0)  # no splitter: the mask is plain causal
     plain = torch.cat(thought_response_ce(model, no_thought, "dense"))

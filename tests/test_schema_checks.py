@@ -29,7 +29,7 @@ BAD = [
     (AbridgeMethod, "gradient_accumulation_steps", 0, "gradient_accumulation_steps=0"),
     (AbridgeMethod, "eval_steps", -1, "eval_steps=-1 (must be >= 0)"),
     (AbridgeMethod, "logging_steps", 0, "logging_steps=0"),
-    (AbridgeMethod, "mask_backend", "cuda", "mask_backend must be auto|dense|flex"),
+    (AbridgeMethod, "mask_backend", "cuda", "mask_backend must be auto|dense|flex|chunked"),
     (AbridgeAllocateMethod, "batch_size", 0, "method.batch_size=0"),
     (SFTMethod, "learning_rate", 0.0, "method.learning_rate=0.0 (must be > 0)"),
     (SFTMethod, "warmup_ratio", 2.0, "warmup_ratio=2.0 (must be in [0, 1])"),

@@ -10,10 +10,13 @@ A token at stream index q sees key kv (kv ≤ q) iff kv is
 So nothing after a block's code rows sees that block's raw tokens, and at layer ℓ rows beyond q_ℓ are
 masked. Padding queries see only themselves (no empty softmax row); padding keys are never seen.
 
-The predicate is written once, as a FlexAttention ``mask_mod`` over per-token metadata, and has two
+The predicate is written once, as a FlexAttention ``mask_mod`` over per-token metadata, and has three
 back ends behind :func:`layer_masks`: a FlexAttention ``BlockMask`` (CUDA; FlexAttention has no CPU
-backward) and a dense boolean ``[B, 1, S, S]`` mask for SDPA, obtained by evaluating the same
-``mask_mod`` on broadcast index grids.
+backward), a dense boolean ``[B, 1, S, S]`` mask for SDPA, obtained by evaluating the same ``mask_mod``
+on broadcast index grids, and :class:`ChunkedMask` (CPU default): the dense mask's rows in chunks of
+consecutive queries, each chunk attending only over the keys some query of it sees. The block mask is
+sparse (a token sees the prompt, its own block and q code rows per earlier block), so SDPA over the
+gathered keys does a fraction of the dense work, with the same allowed pairs: the same loss.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from dataclasses import dataclass
 import torch
 
 from zoomr.abridge.layout import PAD, PAUSE, PROMPT, RAW
+from zoomr.schemas.abridge import MASK_BACKENDS as BACKENDS
 
-BACKENDS = ("auto", "dense", "flex")
+CHUNK = 64  # queries per chunk of the chunked back end (one AbridgeKV testbed block; 32-128 time alike on CPU)
 
 
 @dataclass
@@ -77,23 +81,55 @@ def flex_block_mask(mask_mod: Callable, batch: int, length: int, device: torch.d
     return create_block_mask(mask_mod, batch, None, length, length, device=str(device), _compile=compile_)
 
 
+@dataclass
+class ChunkedMask:
+    """A mask as key lists per chunk of ``chunk`` consecutive queries: chunk ``c`` of row ``b`` attends over
+    the keys ``kv_index[b, c]`` (the union of what its queries see, in stream order, padded to the longest
+    union), query ``i`` of it to those where ``allowed[b·n + c, 0, i]``. Queries past the stream's end see
+    key 0 only (a finite softmax; their outputs are dropped)."""
+
+    chunk: int
+    length: int
+    kv_index: torch.Tensor  # [B, n_chunks, W] long
+    allowed: torch.Tensor  # [B * n_chunks, 1, chunk, W] bool
+
+    @property
+    def width(self) -> int:
+        return self.kv_index.shape[-1]
+
+
+def chunked_mask(mask_mod: Callable, batch: int, length: int, device: torch.device, chunk: int | None = None) -> ChunkedMask:
+    """The same ``mask_mod`` as a :class:`ChunkedMask` (exact: its allowed pairs are the dense mask's)."""
+    chunk = chunk or CHUNK
+    dense = dense_mask(mask_mod, batch, length, device)[:, 0]
+    n = -(-length // chunk)
+    rows = torch.nn.functional.pad(dense, (0, 0, 0, n * chunk - length)).view(batch, n, chunk, length)
+    union = rows.any(2)  # [B, n, S]: keys some query of the chunk sees
+    width = int(union.sum(-1).max())
+    # a stable sort of "not seen" puts the seen keys first, in stream order
+    kv_index = torch.sort((~union).to(torch.uint8), dim=-1, stable=True).indices[..., :width].contiguous()
+    allowed = torch.gather(rows, 3, kv_index[:, :, None, :].expand(-1, -1, chunk, -1))
+    allowed[..., 0] |= ~allowed.any(-1)
+    return ChunkedMask(chunk, length, kv_index, allowed.view(batch * n, 1, chunk, width))
+
+
 def resolve_backend(backend: str, device: torch.device) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"mask backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        return "flex" if device.type == "cuda" else "dense"
+        return "flex" if device.type == "cuda" else "chunked"
     return backend
 
 
 def build_mask(mask_mod: Callable, meta: TokenMeta, backend: str = "auto"):
     """The single mask builder: any ``mask_mod`` over ``meta``'s batch as a dense boolean ``[B, 1, S, S]``
-    mask (SDPA) or a FlexAttention ``BlockMask``.
+    mask (SDPA), a :class:`ChunkedMask` (SDPA over gathered keys) or a FlexAttention ``BlockMask``.
 
-    ``backend``: ``dense``, ``flex`` or ``auto`` (flex on CUDA, dense elsewhere). LightThinker's thought
-    mask (:mod:`zoomr.lightthinker.mask`) is built here too.
+    ``backend``: ``dense``, ``chunked``, ``flex`` or ``auto`` (flex on CUDA, chunked elsewhere).
+    LightThinker's thought mask (:mod:`zoomr.lightthinker.mask`) is built here too.
     """
     device = meta.kind.device
-    build = flex_block_mask if resolve_backend(backend, device) == "flex" else dense_mask
+    build = {"flex": flex_block_mask, "dense": dense_mask, "chunked": chunked_mask}[resolve_backend(backend, device)]
     batch, length = meta.shape
     return build(mask_mod, batch, length, device)
 

@@ -53,7 +53,7 @@ class AbridgeMethod(MaskedTraining):
     ``quota``: uniform code rows kept per layer and block (null = num_pause // 2); ``schedule``: a
     per-layer quota file (from ``+method=abridge_allocate``), which wins over ``quota``.
     ``code_positions``: spread | tail (inside the replaced span) | appended (the paper's ablation).
-    ``mask_backend``: auto (FlexAttention BlockMask on CUDA, dense mask + SDPA elsewhere) | dense | flex.
+    ``mask_backend``: auto (FlexAttention BlockMask on CUDA, chunked SDPA elsewhere) | chunked | dense | flex.
     """
 
     name: str = ""  # the run's label ("" = the policy's name, filled by fill_names)

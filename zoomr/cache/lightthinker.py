@@ -39,7 +39,7 @@ class LightThinkerMethod(MaskedTraining):
     ``num_cache_tokens``: n (null = the paper's rule by architecture: 9 for Qwen, 7 for Llama).
     ``min_thought_chars``: paragraphs shorter than this are merged into the next one (0 = every
     blank-line paragraph is a thought, the paper's segmentation).
-    ``mask_backend``: auto (FlexAttention BlockMask on CUDA, dense mask + SDPA elsewhere) | dense | flex.
+    ``mask_backend``: auto (FlexAttention BlockMask on CUDA, chunked SDPA elsewhere) | chunked | dense | flex.
     The data limits, optimiser, schedule and loop fields are AbridgeKV's (:class:`MaskedTraining`), so the
     two arms train alike; ``init_from`` starts from a checkpoint (a testbed model, an SFT model).
     """

@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 from zoomr.schemas.checks import AT_LEAST_ONE, BETA, FRACTION, NON_NEGATIVE, POSITIVE, check_fields
 from zoomr.schemas.sft import check_length
 
+# where the block-masked forward's mask lives (zoomr.abridge.mask): auto = flex on CUDA, chunked elsewhere
+MASK_BACKENDS = ("auto", "dense", "flex", "chunked")
+
 
 @dataclass
 class AbridgeOptim:
@@ -52,7 +55,7 @@ class MaskedTraining:
     save_total_limit: int = 2
     bf16: bool = False
     gradient_checkpointing: bool = False
-    mask_backend: str = "auto"  # auto (flex on CUDA, dense elsewhere) | dense | flex
+    mask_backend: str = "auto"  # auto (flex on CUDA, chunked elsewhere) | chunked | dense | flex
 
     def __post_init__(self) -> None:
         check_length(type(self).__name__, self.max_steps)
@@ -60,8 +63,7 @@ class MaskedTraining:
                      heldout_examples=NON_NEGATIVE, per_device_batch_size=AT_LEAST_ONE,
                      gradient_accumulation_steps=AT_LEAST_ONE, logging_steps=AT_LEAST_ONE, eval_steps=NON_NEGATIVE,
                      save_steps=AT_LEAST_ONE, save_total_limit=AT_LEAST_ONE)  # fmt: skip
-        if self.mask_backend not in ("auto", "dense", "flex"):
-            raise ValueError(f"method.mask_backend must be auto|dense|flex, got {self.mask_backend!r}")
+        check_mask_backend(self.mask_backend)
 
 
 @dataclass
@@ -77,8 +79,14 @@ class AbridgeAllocateMethod:
 
     def __post_init__(self) -> None:
         check_fields(self, "method", heldout_examples=AT_LEAST_ONE, batch_size=AT_LEAST_ONE)
+        check_mask_backend(self.mask_backend)
 
 
 SCHEMAS = [
     ("method", "abridge_allocate", AbridgeAllocateMethod),
 ]
+
+
+def check_mask_backend(backend: str) -> None:
+    if backend not in MASK_BACKENDS:
+        raise ValueError(f"method.mask_backend must be {'|'.join(MASK_BACKENDS)}, got {backend!r}")
