@@ -130,14 +130,49 @@ def ensure_model(name: str, task: Any) -> Path:
     return checkpoint(name, task.trace_tokens)
 
 
-def ensure_arm(name: str, task: Any) -> None:
+def ensure_arm(name: str, task: Any, threads: int | None = None, quiet: bool = False) -> None:
     arm = ARMS[name]
     match_rows = load_arm(arm_dir(task, arm.match)).rows.mean() if arm.match and not task.dry_run else None
     cmd = eval_command(arm, task, match_rows)
     if task.dry_run:
         print("eval:  " + shlex.join(cmd[1:]))
     else:
-        run_arm(cmd, arm_dir(task, name), task.threads)
+        run_arm(cmd, arm_dir(task, name), threads or task.threads, quiet)
+
+
+def ensure_arms(arms: list[str], task: Any) -> None:
+    """Evaluate ``arms`` (in plan order), ``task.arm_lanes`` at a time with ``threads // arm_lanes`` threads each
+    and their output in ``<arm dir>/arm.log``; an arm given another arm's rows (``match``) starts once that arm
+    is finished. Decoding the tiny testbed models is bound by Python overhead, not arithmetic: on 2 cores two
+    1-thread lanes finish a pair of arms in 0.71 of the time of one 2-thread run after the other."""
+    if task.dry_run or task.arm_lanes == 1:
+        for a in arms:
+            ensure_arm(a, task)
+        return
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    from tqdm import tqdm
+
+    threads = max(1, task.threads // task.arm_lanes)
+    pending, running, finished = list(arms), {}, set()
+    bar = tqdm(total=len(arms), desc=f"miniature arms ({task.arm_lanes} at a time, output in <arm>/arm.log)")
+    with ThreadPoolExecutor(task.arm_lanes) as pool:
+        while pending or running:
+            for a in [a for a in pending if ARMS[a].match is None or ARMS[a].match in finished]:
+                if len(running) == task.arm_lanes:
+                    break
+                pending.remove(a)
+                running[pool.submit(ensure_arm, a, task, threads, True)] = a
+            if not running:  # a match outside the plan cannot happen (plan() adds it); guard against a hang
+                raise SystemExit(f"miniature: arms {pending} wait for arms that are not planned")
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                name = running.pop(future)
+                future.result()  # a failed arm stops the run (the arms already finished stay on disk)
+                finished.add(name)
+                bar.update(1)
+                bar.set_postfix_str(name)
+    bar.close()
 
 
 def summarize(arms: list[str], task: Any) -> list[dict[str, Any]]:
@@ -218,8 +253,7 @@ def run_task(task_cfg: dict[str, Any], logger: dict[str, Any] | None = None) -> 
           f"test seed {task.test_seed}, {task.trace_tokens}-token traces -> {task.out}", flush=True)  # fmt: skip
     for m in models:
         ensure_model(m, task)
-    for a in arms:
-        ensure_arm(a, task)
+    ensure_arms(arms, task)
     if task.dry_run:
         return {}
     results = {
@@ -229,6 +263,7 @@ def run_task(task_cfg: dict[str, Any], logger: dict[str, Any] | None = None) -> 
             "trace_tokens": task.trace_tokens,
             "models": {m: str(checkpoint(m, task.trace_tokens)) for m in models},
             "threads": task.threads,
+            "arm_lanes": task.arm_lanes,
             "seconds": round(time.perf_counter() - t0, 1),
         },
         "arms": summarize(arms, task),

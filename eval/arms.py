@@ -60,26 +60,41 @@ def testbed_command(
     ]  # fmt: skip
 
 
-def run_command(cmd: list[str], threads: int | None = None, what: str = "command") -> None:
-    """Run an entry point's command line in a subprocess (its progress bars on the console); a failure is a
-    SystemExit naming the command (its run directory keeps what finished)."""
+def run_command(cmd: list[str], threads: int | None = None, what: str = "command", log: Path | None = None) -> None:
+    """Run an entry point's command line in a subprocess (its progress bars on the console, or into ``log``
+    when given); a failure is a SystemExit naming the command (its run directory keeps what finished)."""
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
-    print("$ " + shlex.join(["python", *cmd[1:]]), flush=True)
+    if log is None:
+        print("$ " + shlex.join(["python", *cmd[1:]]), flush=True)
     t0 = time.perf_counter()
-    if subprocess.run(cmd, env=env).returncode != 0:
-        raise SystemExit(f"{what} failed (its run directory keeps what finished):\n  {shlex.join(cmd)}")
-    print(f"  done in {time.perf_counter() - t0:.0f} s", flush=True)
+    if log is None:
+        failed = subprocess.run(cmd, env=env).returncode != 0
+    else:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("w") as out:
+            out.write("$ " + shlex.join(["python", *cmd[1:]]) + "\n")
+            out.flush()
+            failed = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT).returncode != 0
+    if failed:
+        where = f" (its output: {log})" if log else ""
+        raise SystemExit(f"{what} failed{where}; its run directory keeps what finished:\n  {shlex.join(cmd)}")
+    if log is None:
+        print(f"  done in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
-def run_arm(cmd: list[str], run_dir: str | Path, threads: int | None = None) -> ArmResult:
-    """Run the eval command ``cmd`` unless ``run_dir`` holds a finished run of the same command; read it."""
+LOG_FILE = "arm.log"  # an arm's console output when it runs beside others (``quiet``)
+
+
+def run_arm(cmd: list[str], run_dir: str | Path, threads: int | None = None, quiet: bool = False) -> ArmResult:
+    """Run the eval command ``cmd`` unless ``run_dir`` holds a finished run of the same command; read it.
+    ``quiet``: its console output goes to ``run_dir/arm.log`` (arms running side by side)."""
     run_dir = Path(run_dir)
     saved = run_dir / COMMAND_FILE
     done = (run_dir / "metrics.json").exists() and saved.exists() and json.loads(saved.read_text()) == cmd[1:]
     if not done:
-        run_command(cmd, threads, what=f"arm {run_dir.name}")
+        run_command(cmd, threads, what=f"arm {run_dir.name}", log=run_dir / LOG_FILE if quiet else None)
         saved.write_text(json.dumps(cmd[1:]))
     return load_arm(run_dir)
 

@@ -138,3 +138,58 @@ def test_a_rerun_of_some_arms_merges_into_the_full_table(tmp_path, capsys):
         main(["--merge", str(tmp_path / "other.json"), "--into", str(tmp_path)])
     assert "not on the same problems (test_seed: 2000003 vs 3000017)" in capsys.readouterr().err
     assert (tmp_path / "results.json").read_text() == before
+
+
+def test_arm_lanes_start_a_matched_arm_only_after_its_match_and_never_exceed_the_lanes(tmp_path, monkeypatch):
+    """ensure_arms with 2 lanes: every arm runs once, quietly, with threads // lanes threads; at most 2 at a
+    time; an arm given another arm's rows starts after that arm finished. (run_arm stands in for the evaluator
+    here; the next test runs the real one.)"""
+    import threading
+    import time
+
+    import analysis.miniature as mini
+
+    events, active, peak, lock = [], [0], [0], threading.Lock()
+
+    def fake_run_arm(cmd, run_dir, threads=None, quiet=False):
+        name = next(a for a in ARMS if mini.arm_dir(task, a) == run_dir)
+        with lock:
+            events.append(("start", name, threads, quiet))
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.05 if name != "abridge" else 0.3)
+        with lock:
+            active[0] -= 1
+            events.append(("end", name, threads, quiet))
+
+    monkeypatch.setattr(mini, "run_arm", fake_run_arm)
+    monkeypatch.setattr(mini, "load_arm", lambda d: SimpleNamespace(rows=SimpleNamespace(mean=lambda: 100.0)))
+    task = MiniatureTask(n=8, out=str(tmp_path), threads=2, arm_lanes=2)
+    _, arms = plan(["streaming", "h2o", "evict_recency", "evict_random"])
+    mini.ensure_arms(arms, task)
+    starts = [e[1] for e in events if e[0] == "start"]
+    ends = [e[1] for e in events if e[0] == "end"]
+    assert sorted(starts) == sorted(arms) and peak[0] == 2
+    assert all(e[2] == 1 and e[3] for e in events)
+    order = [(e[0], e[1]) for e in events]
+    for matched in ("streaming", "h2o"):
+        assert order.index(("end", "abridge")) < order.index(("start", matched))
+    assert starts.index("evict_recency") < ends.index("abridge")  # unmatched arms ran beside the slow one
+
+
+def test_arm_lanes_run_the_real_evaluator_side_by_side(tmp_path, monkeypatch):
+    """Two lanes on the real evaluator (the shipped testbed model, 4 short problems): both arms finish, their
+    output is in arm.log, and the matched arm got its match's measured mean rows."""
+    import analysis.miniature as mini
+    from analysis.miniature_plan import Arm
+    from eval.arms import load_arm
+
+    monkeypatch.setitem(mini.ARMS, "h2o@full", Arm("h2o@full", "h2o", "base", match="full"))
+    monkeypatch.setattr(mini, "checkpoint", lambda model, tokens: REPO_ROOT / "analysis/results/miniature/base_model")
+    task = MiniatureTask(n=4, trace_tokens=128, out=str(tmp_path), threads=2, arm_lanes=2, batch_size=4)
+    mini.ensure_arms(["full", "h2o@full"], task)
+    full, h2o = load_arm(mini.arm_dir(task, "full")), load_arm(mini.arm_dir(task, "h2o@full"))
+    assert len(full.ids) == len(h2o.ids) == 4
+    log = (mini.arm_dir(task, "h2o@full") / "arm.log").read_text()
+    assert log.startswith("$ python -m eval") and f"method.budget_rows={max(8, round(full.rows.mean()))}" in log
+    assert "== eval testbed" in log  # the evaluator's own end-of-run summary went to the log

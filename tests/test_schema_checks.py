@@ -11,6 +11,7 @@ import pytest
 
 from zoomr.cache.abridge import AbridgeMethod
 from zoomr.schemas.abridge import AbridgeAllocateMethod, AbridgeOptim
+from zoomr.schemas.analysis import MiniatureTask
 from zoomr.schemas.checks import BETA, POSITIVE, check_fields
 from zoomr.schemas.kvzap import KVzapFit, KVzapPairsPipeline, TextSource
 from zoomr.schemas.sft import LoraSettings, SFTMethod, TracesData
@@ -31,6 +32,8 @@ BAD = [
     (AbridgeMethod, "logging_steps", 0, "logging_steps=0"),
     (AbridgeMethod, "mask_backend", "cuda", "mask_backend must be auto|dense|flex|chunked"),
     (AbridgeAllocateMethod, "batch_size", 0, "method.batch_size=0"),
+    (AbridgeAllocateMethod, "mask_backend", "sparse", "mask_backend must be auto|dense|flex|chunked"),
+    (MiniatureTask, "arm_lanes", 0, "arm_lanes >= 1; got"),
     (SFTMethod, "learning_rate", 0.0, "method.learning_rate=0.0 (must be > 0)"),
     (SFTMethod, "warmup_ratio", 2.0, "warmup_ratio=2.0 (must be in [0, 1])"),
     (SFTMethod, "max_length", 0, "max_length=0"),

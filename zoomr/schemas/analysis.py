@@ -43,15 +43,17 @@ class MiniatureTask(AnalysisTask):
     trace_tokens: int = 1024
     out: str = "runs/miniature"
     batch_size: int = 64  # sequences decoded together
-    threads: int = 2  # OMP threads of every train / eval subprocess
+    threads: int = 2  # OMP threads of every train subprocess, shared by the arms' lanes
+    arm_lanes: int = 2  # eval arms run side by side, threads // arm_lanes each (1: one after another)
     n_resamples: int = 2000
     dry_run: bool = False  # print the commands it would run, run nothing
 
     def __post_init__(self) -> None:
-        if self.n < 2 or self.trace_tokens < 64 or self.batch_size < 1 or self.threads < 1:
+        if self.n < 2 or self.trace_tokens < 64 or self.batch_size < 1 or self.threads < 1 or self.arm_lanes < 1:
             raise ValueError(
-                f"MiniatureTask: need n >= 2, trace_tokens >= 64, batch_size >= 1, threads >= 1; got n={self.n}, "
-                f"trace_tokens={self.trace_tokens}, batch_size={self.batch_size}, threads={self.threads}"
+                f"MiniatureTask: need n >= 2, trace_tokens >= 64, batch_size >= 1, threads >= 1, arm_lanes >= 1; got "
+                f"n={self.n}, trace_tokens={self.trace_tokens}, batch_size={self.batch_size}, threads={self.threads}, "
+                f"arm_lanes={self.arm_lanes}"
             )
 
 
