@@ -73,16 +73,14 @@ def _step_streams(args, layout: AbridgeLayout, device: torch.device):
     if args.data == "testbed":
         from dataclasses import asdict
 
-        from zoomr.abridge.data import lazy_streams
-        from zoomr.abridge.layout import interleave, pause_token_ids
+        from zoomr.abridge.trainer import load_streams
         from zoomr.paths import resolve_repo_path
         from zoomr.schemas.testbed import TestbedData
 
         spec = ModelSpec(name="tiny-testbed", arch="llama", hf_id=str(resolve_repo_path(TESTBED_MODEL)))
         model, tok = load_model(spec, device=device), load_tokenizer(spec)
         data = asdict(TestbedData(trace_tokens=args.response_tokens)) | {"loader": "zoomr.testbed.task"}
-        pauses = pause_token_ids(tok, layout.num_pause)
-        made = lazy_streams(data, tok, lambda p, r, loss: interleave(p, r, layout, pauses, loss), 512, args.response_tokens + 16)
+        made = load_streams(data, tok, layout, 512, args.response_tokens + 16, heldout=0).streams
         return model, tok, [made[i] for i in range(args.batch)]
     from data_prep.traces import load_trace_rows
 
@@ -120,8 +118,8 @@ def bench_step(args) -> dict:
 
         return run
 
-    backends = args.backends.split(",") if args.backends else (["flex"] if device.type == "cuda" else ["dense"])
-    backends += [] if args.backends else ["chunked"]
+    default = ["flex" if device.type == "cuda" else "dense", "chunked"]
+    backends = args.backends.split(",") if args.backends else default
 
     def block_mask(backend: str):
         return lambda: step(layer_masks(batch_meta(batch), quotas, backend))()  # the mask is built inside the step
