@@ -80,3 +80,19 @@ def test_bench_abridge_refuses_what_it_cannot_measure(argv, message, tmp_path, c
     with pytest.raises(SystemExit):
         bench_abridge.main([*argv, "--out", str(tmp_path / "out.json")])
     assert message in capsys.readouterr().err and not (tmp_path / "out.json").exists()
+
+
+def test_bench_abridge_testbed_step_uses_the_shipped_model_on_interleaved_testbed_streams():
+    """``bench_abridge step --data testbed``: the shipped testbed model, streams with pause tokens after each block."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from analysis.bench_abridge import _step_streams
+    from zoomr.abridge.layout import PAUSE, RAW, AbridgeLayout
+
+    layout = AbridgeLayout(16, 4)
+    model, tok, streams = _step_streams(SimpleNamespace(data="testbed", response_tokens=128, batch=2), layout, torch.device("cpu"))
+    assert len(streams) == 2 and model.config.hidden_size == 128 and model.config.num_hidden_layers == 3
+    for s in streams:  # K = 4 pauses after every completed block that more response follows
+        assert s.kind.count(PAUSE) == 4 * ((s.kind.count(RAW) - 1) // 16) > 0
