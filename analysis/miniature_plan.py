@@ -20,6 +20,13 @@ ABRIDGE_STEPS = 3000
 KVZAP_THRESHOLDS = (-8.0, -7.0, -6.0, -5.75, -5.5, -5.0, -4.0)  # log-score thresholds τ (analysis/miniature_kvzap.py);
 # -5.75 refines the grid where compression crosses 50% (between -6 and -5.5 on the validation seed 1,000,003)
 SECOND_STAGE = ("method.optim.learning_rate=5e-4", "data.seed=1")  # AbridgeKV's second stage: half the peak LR, fresh problems
+# a variant block size (2026-12-04, analysis/results/miniature/block128/): C = 128 with K = 32 pause tokens (uniform
+# q = 32: 4:1; per-layer: the allocation's schedule, K = 2 x 32). At C = 64 the per-layer model's accuracy came with a
+# held-out CE drop late in its 5,000 steps and at a step that varied between trainings (0.973, then 0.828:
+# rerun_perlayer/); at C = 128 one 1,500-step stage of the per-layer recipe reached 0.953 on the validation seed
+# (1,000,003, 128 problems; full KV 0.977): a block's code rows serve ~2x the facts, so a block with many facts
+# borrows capacity from the others, and half as many facts straddle a block boundary (MINIATURE_NOTES)
+BLOCK_128, PAUSES_128, BLOCK_128_STEPS = 128, 32, 1500
 ZOOMR_WINDOW = 64  # N_w: the paper's 512 is half a 1,024-token testbed trace; 64 ~ one paragraph
 # the ZoomR testbed model's architecture (issue 13, attempt 8): the tiny-testbed size as a phi3 with partial RoPE. With
 # RoPE on every dim (llama) the teacher-forced pointer plateaued at 0.93-0.95 and ZoomR at 0.71 (seed 2,000,003)
@@ -67,10 +74,10 @@ class Arm:
 
 
 def _abridge(quota: int | None, steps: int = ABRIDGE_STEPS, extra: tuple[str, ...] = (), start: str = "base",
-             pauses: int = PAUSES) -> tuple[str, ...]:
+             pauses: int = PAUSES, block: int = BLOCK) -> tuple[str, ...]:
     return (
         "+method=abridge", "data=testbed", "model=tiny-testbed", f"method.init_from={{{start}}}",
-        f"method.block_size={BLOCK}", f"method.num_pause={pauses}", f"method.quota={'null' if quota is None else quota}",
+        f"method.block_size={block}", f"method.num_pause={pauses}", f"method.quota={'null' if quota is None else quota}",
         f"method.max_steps={steps}", "method.eval_steps=500", "method.save_steps=250", "method.logging_steps=50",
         "data.n_train=20000", *extra,
     )  # fmt: skip
@@ -119,6 +126,21 @@ MODELS: dict[str, Model] = {
               _abridge(None, steps=2000, start="abridge_perlayer", pauses=2 * PAUSES,
                        extra=("method.schedule=runs/train/{abridge_alloc_name}/schedule.json", *SECOND_STAGE)),
               needs=("abridge_perlayer", "abridge_alloc")),
+        # the C = 128 variant (BLOCK_128): uniform 4:1, the allocation on it, the per-layer model on its schedule in
+        # two stages of BLOCK_128_STEPS (the second at half the peak LR on fresh problems, as at C = 64)
+        Model("abridge_c128_4to1", _abridge(PAUSES_128, steps=BLOCK_128_STEPS, pauses=PAUSES_128, block=BLOCK_128),
+              needs=("base",)),
+        Model("abridge_c128_alloc", ("+method=abridge_allocate", "data=testbed", "model=tiny-testbed",
+                                     "method.checkpoint={abridge_c128_4to1}", "method.heldout_examples=32"),
+              needs=("abridge_c128_4to1",)),
+        Model("abridge_c128_perlayer",
+              _abridge(None, steps=BLOCK_128_STEPS, pauses=2 * PAUSES_128, block=BLOCK_128,
+                       extra=("method.schedule=runs/train/{abridge_c128_alloc_name}/schedule.json",)),
+              needs=("base", "abridge_c128_alloc")),
+        Model("abridge_c128_perlayer_more",
+              _abridge(None, steps=BLOCK_128_STEPS, start="abridge_c128_perlayer", pauses=2 * PAUSES_128, block=BLOCK_128,
+                       extra=("method.schedule=runs/train/{abridge_c128_alloc_name}/schedule.json", *SECOND_STAGE)),
+              needs=("abridge_c128_perlayer", "abridge_c128_alloc")),
         # KVzap (analysis/miniature_kvzap.py): pairs from the base model's own hidden states on training-stream
         # traces, then the linear and MLP surrogates; the arms serve the base model with them
         Model("kvzap_pairs", ("+pipeline=kvzap_pairs_testbed", "model=tiny-testbed", "model.hf_id={base}"),
@@ -150,6 +172,20 @@ ARMS: dict[str, Arm] = {
             extra={"ratio": BLOCK / 16, "steps": 5000, "schedule": "per-layer (abridge_allocate)"}),
         Arm("abridge_perlayer_3000steps", "abridge", "abridge_perlayer",
             extra={"ratio": BLOCK / 16, "steps": ABRIDGE_STEPS, "schedule": "per-layer (abridge_allocate)"}),
+        # the C = 128 variant (BLOCK_128): per-layer after one and two stages, uniform after one (the same steps and
+        # mean rows as the one-stage per-layer model), the eviction baselines and the block evictors at its rows
+        Arm("abridge_c128_perlayer", "abridge", "abridge_c128_perlayer_more",
+            extra={"ratio": BLOCK_128 / PAUSES_128, "block_size": BLOCK_128, "steps": 2 * BLOCK_128_STEPS,
+                   "schedule": "per-layer (abridge_allocate)"}),
+        Arm("abridge_c128_perlayer_1500steps", "abridge", "abridge_c128_perlayer",
+            extra={"ratio": BLOCK_128 / PAUSES_128, "block_size": BLOCK_128, "steps": BLOCK_128_STEPS,
+                   "schedule": "per-layer (abridge_allocate)"}),
+        Arm("abridge_c128", "abridge", "abridge_c128_4to1",
+            extra={"ratio": BLOCK_128 / PAUSES_128, "block_size": BLOCK_128, "steps": BLOCK_128_STEPS}),
+        Arm("streaming@abridge_c128_perlayer", "streaming", "base", match="abridge_c128_perlayer"),
+        Arm("h2o@abridge_c128_perlayer", "h2o", "base", match="abridge_c128_perlayer"),
+        *(Arm(f"{e}_c128", e, "base", (f"method.block_size={BLOCK_128}", f"method.quota={PAUSES_128}"), method_yaml=e)
+          for e in ("evict_recency", "evict_random", "evict_attention")),
         Arm("streaming@abridge_8to1", "streaming", "base", match="abridge_8to1"),
         Arm("h2o@abridge_8to1", "h2o", "base", match="abridge_8to1"),
         *(Arm(f"kvzap@{t:g}", "kvzap", "kvzap", (f"method.threshold={t}",), extra={"threshold": t})

@@ -56,6 +56,24 @@ def test_every_arm_command_composes(name):
         assert f"method.budget_rows={max(8, round(100 * ARMS[name].match_scale))}" in shlex.join(cmd)
 
 
+def test_the_block_128_variant_trains_at_c128_on_its_own_allocation_and_its_evictors_keep_a_quarter():
+    models, _ = plan(["abridge_c128_perlayer"])
+    assert models == ["base", "abridge_c128_4to1", "abridge_c128_alloc", "abridge_c128_perlayer", "abridge_c128_perlayer_more"]
+    uniform = _compose("train", train_command("abridge_c128_4to1", 1024)[3:]).method
+    assert (uniform.block_size, uniform.num_pause, uniform.quota) == (128, 32, 32)  # 4:1
+    alloc = _compose("train", train_command("abridge_c128_alloc", 1024)[3:]).method
+    assert alloc.checkpoint == "runs/train/mini-abridge_c128_4to1-T1024/final"
+    second = _compose("train", train_command("abridge_c128_perlayer_more", 1024)[3:])
+    assert (second.method.block_size, second.method.num_pause, second.method.quota) == (128, 64, None)
+    assert second.method.schedule == "runs/train/mini-abridge_c128_alloc-T1024/schedule.json"
+    assert second.method.init_from == "runs/train/mini-abridge_c128_perlayer-T1024/final"
+    assert (second.method.optim.learning_rate, second.data.seed) == (5e-4, 1)
+    for e in ("evict_recency", "evict_random", "evict_attention"):
+        cmd = eval_command(ARMS[f"{e}_c128"], MiniatureTask(n=8, test_seed=2_000_003), None)
+        method = _compose("eval", cmd[3:]).method
+        assert (method.name, method.block_size, method.quota) == (e, 128, 32)
+
+
 def test_committed_results_follow_the_issue_schema():
     results = json.loads((REPO_ROOT / "analysis/results/miniature/results.json").read_text())
     assert {"test_seed", "n_problems", "trace_tokens"} <= set(results["meta"])
