@@ -84,6 +84,17 @@ def _abridge(quota: int | None, steps: int = ABRIDGE_STEPS, extra: tuple[str, ..
     )  # fmt: skip
 
 
+def _allocate(uniform: str) -> tuple[str, ...]:
+    """abridge_allocate on the uniform model ``uniform`` (held-out CE on 32 training-stream problems)."""
+    return ("+method=abridge_allocate", "data=testbed", "model=tiny-testbed", f"method.checkpoint={{{uniform}}}",
+            "method.heldout_examples=32")  # fmt: skip
+
+
+def _schedule(alloc: str) -> str:
+    """The override that trains on the schedule written by the allocation model ``alloc``."""
+    return f"method.schedule=runs/train/{{{alloc}_name}}/schedule.json"
+
+
 MODELS: dict[str, Model] = {
     m.name: m
     for m in [
@@ -118,29 +129,26 @@ MODELS: dict[str, Model] = {
         # the per-layer schedule (AbridgeKV §5.1): halve each layer's quota of the uniform 4:1 model in turn
         # (held-out CE, 32 training-stream problems), three levels at the same mean quota, retrained from the
         # base model for the uniform model's steps; its doubled layer needs K = 2q = 32 code positions
-        Model("abridge_alloc", ("+method=abridge_allocate", "data=testbed", "model=tiny-testbed",
-                                "method.checkpoint={abridge_4to1}", "method.heldout_examples=32"), needs=("abridge_4to1",)),
-        Model("abridge_perlayer", _abridge(None, extra=("method.schedule=runs/train/{abridge_alloc_name}/schedule.json",),
-                                           pauses=2 * PAUSES), needs=("base", "abridge_alloc")),
+        Model("abridge_alloc", _allocate("abridge_4to1"), needs=("abridge_4to1",)),
+        Model("abridge_perlayer", _abridge(None, extra=(_schedule("abridge_alloc"),), pauses=2 * PAUSES),
+              needs=("base", "abridge_alloc")),
         # its second stage, as for the uniform model: 2,000 steps at half the peak LR on fresh problems
         Model("abridge_perlayer_more",
               _abridge(None, steps=2000, start="abridge_perlayer", pauses=2 * PAUSES,
-                       extra=("method.schedule=runs/train/{abridge_alloc_name}/schedule.json", *SECOND_STAGE)),
+                       extra=(_schedule("abridge_alloc"), *SECOND_STAGE)),
               needs=("abridge_perlayer", "abridge_alloc")),
         # the C = 128 variant (BLOCK_128): uniform 4:1, the allocation on it, the per-layer model on its schedule in
         # two stages of BLOCK_128_STEPS (the second at half the peak LR on fresh problems, as at C = 64)
         Model("abridge_c128_4to1", _abridge(PAUSES_128, steps=BLOCK_128_STEPS, pauses=PAUSES_128, block=BLOCK_128),
               needs=("base",)),
-        Model("abridge_c128_alloc", ("+method=abridge_allocate", "data=testbed", "model=tiny-testbed",
-                                     "method.checkpoint={abridge_c128_4to1}", "method.heldout_examples=32"),
-              needs=("abridge_c128_4to1",)),
+        Model("abridge_c128_alloc", _allocate("abridge_c128_4to1"), needs=("abridge_c128_4to1",)),
         Model("abridge_c128_perlayer",
               _abridge(None, steps=BLOCK_128_STEPS, pauses=2 * PAUSES_128, block=BLOCK_128,
-                       extra=("method.schedule=runs/train/{abridge_c128_alloc_name}/schedule.json",)),
+                       extra=(_schedule("abridge_c128_alloc"),)),
               needs=("base", "abridge_c128_alloc")),
         Model("abridge_c128_perlayer_more",
               _abridge(None, steps=BLOCK_128_STEPS, start="abridge_c128_perlayer", pauses=2 * PAUSES_128, block=BLOCK_128,
-                       extra=("method.schedule=runs/train/{abridge_c128_alloc_name}/schedule.json", *SECOND_STAGE)),
+                       extra=(_schedule("abridge_c128_alloc"), *SECOND_STAGE)),
               needs=("abridge_c128_perlayer", "abridge_c128_alloc")),
         # KVzap (analysis/miniature_kvzap.py): pairs from the base model's own hidden states on training-stream
         # traces, then the linear and MLP surrogates; the arms serve the base model with them
@@ -152,6 +160,7 @@ MODELS: dict[str, Model] = {
 }
 
 _EVICT = (f"method.block_size={BLOCK}", f"method.quota={BLOCK // 4}")  # keep q of each completed block: 4:1
+_C128 = {"ratio": BLOCK_128 / PAUSES_128, "block_size": BLOCK_128}  # results.json fields of the C = 128 arms
 
 ARMS: dict[str, Arm] = {
     a.name: a
@@ -176,13 +185,10 @@ ARMS: dict[str, Arm] = {
         # the C = 128 variant (BLOCK_128): per-layer after one and two stages, uniform after one (the same steps and
         # mean rows as the one-stage per-layer model), the eviction baselines and the block evictors at its rows
         Arm("abridge_c128_perlayer", "abridge", "abridge_c128_perlayer_more",
-            extra={"ratio": BLOCK_128 / PAUSES_128, "block_size": BLOCK_128, "steps": 2 * BLOCK_128_STEPS,
-                   "schedule": "per-layer (abridge_allocate)"}),
+            extra={**_C128, "steps": 2 * BLOCK_128_STEPS, "schedule": "per-layer (abridge_allocate)"}),
         Arm("abridge_c128_perlayer_1500steps", "abridge", "abridge_c128_perlayer",
-            extra={"ratio": BLOCK_128 / PAUSES_128, "block_size": BLOCK_128, "steps": BLOCK_128_STEPS,
-                   "schedule": "per-layer (abridge_allocate)"}),
-        Arm("abridge_c128", "abridge", "abridge_c128_4to1",
-            extra={"ratio": BLOCK_128 / PAUSES_128, "block_size": BLOCK_128, "steps": BLOCK_128_STEPS}),
+            extra={**_C128, "steps": BLOCK_128_STEPS, "schedule": "per-layer (abridge_allocate)"}),
+        Arm("abridge_c128", "abridge", "abridge_c128_4to1", extra={**_C128, "steps": BLOCK_128_STEPS}),
         Arm("streaming@abridge_c128_perlayer", "streaming", "base", match="abridge_c128_perlayer"),
         Arm("h2o@abridge_c128_perlayer", "h2o", "base", match="abridge_c128_perlayer"),
         *(Arm(f"{e}_c128", e, "base", (f"method.block_size={BLOCK_128}", f"method.quota={PAUSES_128}"), method_yaml=e)
