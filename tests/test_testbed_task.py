@@ -172,6 +172,43 @@ def test_the_cue_boundary_is_the_only_new_boundary_and_the_inline_form_is_kept(t
         generate(TestbedData(query_form="prose"), random.Random(0))
 
 
+def _straddles(p, period: int) -> tuple[int, int]:
+    """(facts whose value opens a block, cue queries whose value is predicted from a block the key is not in)."""
+    facts = sum(f.definition_pos % period == 0 for f in p.facts)
+    queries = sum(q.answer_pos % period in (1, 2) for q in p.queries)
+    return facts, queries
+
+
+def test_boundary_data_puts_facts_and_queries_across_block_boundaries():
+    """``boundary_rate`` moves items onto a C-token block grid by choosing filler lengths in their ranges; the
+    problems stay well formed, and rate 0 draws nothing (the default stream is unchanged)."""
+    plain = problems(TestbedData(), 60, seed=5)
+    assert [p.response_words for p in problems(TestbedData(boundary_period=128), 60, seed=5)] == [
+        p.response_words for p in plain
+    ]
+    moved = problems(TestbedData(boundary_period=128, boundary_rate=1.0), 60, seed=5)
+    natural = [sum(_straddles(p, 128)) for p in plain]
+    boundary = [sum(_straddles(p, 128)) for p in moved]
+    # 7 inner boundaries in 1,024 tokens: about one straddling item each, against ~1 per problem by chance
+    assert sum(boundary) / len(boundary) > 5 > 2 > sum(natural) / len(natural)
+    for p in moved:
+        w = p.response_words
+        assert len(w) <= 1024 and p.model_writes == [q.answer_pos for q in p.queries]
+        for f in p.facts:
+            assert w[f.definition_pos - 1 : f.definition_pos + 1] == [tt.key(f.key), tt.value(f.value)]
+        for q in p.queries:
+            assert w[q.answer_pos - 4 : q.answer_pos + 1] == [tt.QUERY, tt.key(q.fact.key), ":", "=", tt.value(q.fact.value)]
+        paragraphs = " ".join(w).split(f" {tt.BREAK}")[:-1]
+        for text in paragraphs:  # filler before the first key stays within [8, 32]
+            words = text.split()
+            first_key = next(i for i, x in enumerate(words) if x.startswith("k"))
+            assert 8 <= first_key <= 32, words[:first_key]
+    with pytest.raises(ValueError, match="boundary_period"):
+        TestbedData(boundary_rate=0.5)
+    with pytest.raises(ValueError, match="boundary_rate"):
+        TestbedData(boundary_period=64, boundary_rate=1.5)
+
+
 def test_invalid_configs_fail_clearly():
     with pytest.raises(ValueError, match="facts_per_paragraph"):
         generate(TestbedData(facts_per_paragraph=[0, 2]), random.Random(0))

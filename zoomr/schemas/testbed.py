@@ -48,12 +48,27 @@ class TestbedData:
     # the model, which writes <|splitter|> there (a model-written token, trained with loss). Not counted in
     # trace_tokens, so the problems (facts, filler, queries) are exactly those without splitters.
     thought_splitter: bool = False
+    # Block-boundary training data (a training-data variant for block compressors, 2026-12-04): with probability
+    # boundary_rate a paragraph chooses its filler lengths (within their ranges) so that one of its facts or
+    # queries straddles a boundary of a boundary_period-token block grid (response positions 0, C, 2C, …): a
+    # fact's key on a block's last token, or a query's key on its last or second-to-last. The test problems never
+    # use it. At C = 128 the natural rate is ~1 straddling item in 40; an AbridgeKV model missed ~90% of them
+    # while it missed 1 other of 6,419 (README, miniature). 0 = off (then no random draw changes: the problems
+    # are those of the default stream).
+    boundary_period: int = 0
+    boundary_rate: float = 0.0
     seed: int = 0  # training stream seed
     n_train: int = 2000  # examples materialised by sft_dataset (the generic TRL path)
     n_test: int = 256  # test problems (load_test_problems)
     test_seed: int = 1_000_003  # test problems are drawn from a seed stream disjoint from training
 
     def __post_init__(self) -> None:
+        check_fields(self, "data", boundary_period=NON_NEGATIVE, boundary_rate=FRACTION)
+        if self.boundary_rate > 0 and self.boundary_period < 2:
+            raise ValueError(
+                f"data.boundary_rate={self.boundary_rate} needs data.boundary_period >= 2 (the block size C to "
+                f"straddle), got {self.boundary_period}"
+            )
         if self.test_seed == self.seed:  # problem i of a stream is the same problem wherever it is drawn
             raise ValueError(
                 f"data.test_seed={self.test_seed} is the training stream's seed (data.seed): the test problems "

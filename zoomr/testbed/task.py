@@ -202,6 +202,32 @@ def _pick(rng: random.Random, eligible: list[Fact], bias: float) -> Fact:
     return rng.choices(eligible, weights=weights)[0]
 
 
+def _straddle_fillers(
+    cfg: TestbedData, rng: random.Random, start: int, n_facts: int, n_queries: int, before: int, after: int
+) -> tuple[int, int]:
+    """Filler lengths (within their ranges) that put one of the paragraph's facts or queries across a block
+    boundary (``boundary_period``): a fact's key on a block's last token, so its value opens the next block; a
+    cue query's key on one of a block's last two tokens, so the value is predicted from the next block. The item
+    is drawn uniformly among those that can straddle, then its filler lengths; none can: ``(before, after)``."""
+    period = cfg.boundary_period
+    b_range = range(cfg.filler_before[0], cfg.filler_before[1] + 1)
+    a_range = range(cfg.filler_after[0], cfg.filler_after[1] + 1)
+    choices = []
+    for j in range(n_facts):  # key at start + b + 2j
+        fits = [(b, after) for b in b_range if (start + b + 2 * j) % period == period - 1]
+        choices += [fits] if fits else []
+    if cfg.query_form == "cue":  # key at start + b + 2·n_facts + a + (1 + topic) + cost·i; ": =" follow it
+        first_key = start + 2 * n_facts + 1 + cfg.paragraph_topics
+        for i in range(n_queries):
+            key = first_key + query_cost(cfg.query_form, cfg.paragraph_topics) * i
+            fits = [(b, a) for b in b_range for a in a_range if (key + b + a) % period >= period - 2]
+            choices += [fits] if fits else []
+    if not choices:
+        return before, after
+    fits = choices[rng.randrange(len(choices))]
+    return fits[rng.randrange(len(fits))]
+
+
 class _Writer:
     """Accumulates response words and remembers which positions the model writes."""
 
@@ -244,6 +270,9 @@ def generate(cfg: TestbedData, rng: random.Random) -> Problem:
         n_facts = rng.randint(*cfg.facts_per_paragraph)
         n_queries = min(rng.randint(*cfg.queries_per_paragraph), len(unqueried))
         before, after = rng.randint(*cfg.filler_before), rng.randint(*cfg.filler_after)
+        if cfg.boundary_rate > 0 and rng.random() < cfg.boundary_rate:
+            start = len(w.words) + topics  # the paragraph's first filler word
+            before, after = _straddle_fillers(cfg, rng, start, n_facts, n_queries, before, after)
         cost = paragraph_cost(n_facts, n_queries, before + after, cfg.summaries, cfg.query_form, topics)
         if len(w.words) - splitters + cost + reserve > cfg.trace_tokens:  # splitters do not count
             break
