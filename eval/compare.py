@@ -81,17 +81,22 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     fingerprint = path / FINGERPRINT_FILE
     settings = None
     if fingerprint.is_file():
-        settings = comparable_settings(json.loads(fingerprint.read_text()), task.arm_options)
+        settings = comparable_settings(json.loads(fingerprint.read_text()), task.arm_options, task.option_defaults())
     return Run(path, arm, bench.name, [rows[k] for k in scope], n, settings)
 
 
-def comparable_settings(fingerprint: dict[str, Any], arm_options: tuple[str, ...] = ()) -> dict[str, Any]:
+def comparable_settings(
+    fingerprint: dict[str, Any], arm_options: tuple[str, ...] = (), option_defaults: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The fingerprint without what arms are meant to differ in: model, method, and the benchmark options a
-    method sets without changing the problems (the task's ``arm_options``, e.g. the testbed's ``thought_splitter``)."""
+    method sets without changing the problems (the task's ``arm_options``, e.g. the testbed's ``thought_splitter``).
+    Options the run does not record take the task's defaults (``option_defaults``: a run made before an option
+    existed ran with its default)."""
     settings = {k: v for k, v in fingerprint.items() if k not in ARM_FIELDS}
     bench = settings.get("benchmark")
     if isinstance(bench, dict) and isinstance(bench.get("options"), dict):
-        options = {k: v for k, v in bench["options"].items() if k not in arm_options}
+        recorded = {**(option_defaults or {}), **bench["options"]}
+        options = {k: v for k, v in recorded.items() if k not in arm_options}
         settings["benchmark"] = {**bench, "options": options}
     return settings
 

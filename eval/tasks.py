@@ -64,6 +64,11 @@ class Task:
     # benchmark options a method sets without changing the problems; arms that differ in them stay comparable
     arm_options: ClassVar[tuple[str, ...]] = ()
 
+    def option_defaults(self) -> dict[str, Any]:
+        """``benchmark.options`` a run that does not record them ran with (an option added after the run was made
+        takes its default value there); comparisons fill them in before they look for differing settings."""
+        return {}
+
     def load(self, bench: Any, tokenizer: Any = None, gen: Any = None) -> list[Problem]:
         from eval.benchmarks import load_benchmark
 

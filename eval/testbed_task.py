@@ -56,6 +56,11 @@ class TestbedTask(Task):
     arm_options = ("thought_splitter",)  # LightThinker's thought ends: same problems, one more model-written token each
     answer_check = staticmethod(exact_answer)
 
+    def option_defaults(self) -> dict[str, Any]:
+        from zoomr.schemas.testbed import TestbedData
+
+        return asdict(TestbedData())
+
     def load(self, bench: Any, tokenizer: Any = None, gen: Any = None) -> list[Problem]:
         if list(bench.sources) != ["testbed"]:
             raise ValueError(f"benchmark.sources of the testbed must be [testbed], got {list(bench.sources)}")

@@ -65,3 +65,22 @@ def test_options_a_method_sets_do_not_make_arms_incomparable():
         fp()
     )  # no arm options: compared
     assert comparable_settings(fp(trace_tokens=2048), TESTBED.arm_options) != full
+
+
+def test_an_option_a_run_does_not_record_takes_its_default():
+    """A run made before ``paragraph_topics`` existed ran with its default (False): comparable with a newer run that
+    records False, not with one that records True."""
+    from eval.compare import comparable_settings
+    from eval.testbed_task import TESTBED
+
+    def settings(**options):
+        fp = {"model": {"name": "m"}, "generation": {"max_new_tokens": 1088},
+              "benchmark": {"name": "testbed", "options": {"trace_tokens": 1024, **options}}}  # fmt: skip
+        return comparable_settings(fp, TESTBED.arm_options, TESTBED.option_defaults())
+
+    older = settings()
+    assert older == settings(paragraph_topics=False)
+    assert older != settings(paragraph_topics=True)
+    assert comparable_settings(
+        {"benchmark": {"name": "testbed", "options": {"trace_tokens": 1024}}}
+    ) != comparable_settings({"benchmark": {"name": "testbed", "options": {"paragraph_topics": False, "trace_tokens": 1024}}})
