@@ -1,0 +1,132 @@
+"""Recall at AbridgeKV block boundaries: where a block-compressed model's testbed misses sit.
+
+    python -m analysis.abridge_boundaries runs/miniature/arms/abridge_c128_perlayer runs/miniature/arms/full \\
+        --block-size 128 --out runs/abridge_boundaries.json
+
+For every query of every evaluated testbed run given (``python -m eval benchmark=testbed …`` run directories),
+the query is classed by where the response's C-token block grid cuts it (positions 0, C, 2C, … of the
+response, the grid the policy compresses on):
+
+* ``fact_straddle``: the fact's key is a block's last token and its value opens the next block, so once the
+  key's block is compressed the value's token cannot see its key;
+* ``query_straddle``: (cue queries ``? k : = v``) the query's key is one of a block's last two tokens, so the
+  value is predicted from the next block, where the key is already compressed;
+* ``inside``: neither.
+
+It reports each class's miss rate (intermediate and final queries apart: only the final ones decide the answer),
+and answer accuracy on the problems with and without a straddling final fact. A 1,024-token trace's final
+``\\boxed{}`` lies in its last block, so final queries do not straddle; ~6% of problems have a final fact
+that does at C = 128. The miniature's C = 128 per-layer model missed ~93% of the straddling items and 1 in
+6,419 of the others (README, miniature; ``data.boundary_rate`` trains on more of them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from analysis.cli import require_at_least
+
+CLASSES = ("fact_straddle", "query_straddle", "inside")
+
+
+def query_class(query: dict[str, Any], block_size: int, cue_form: bool = True) -> str:
+    """The class of one test record query (:meth:`zoomr.testbed.task.Problem.record`) on a ``block_size`` grid."""
+    value = query["answer_pos"] - query["distance"]  # the definition's value token
+    if value % block_size == 0:
+        return "fact_straddle"
+    key = query["answer_pos"] - 3  # ? k : = v
+    if cue_form and key % block_size >= block_size - 2:
+        return "query_straddle"
+    return "inside"
+
+
+def boundary_report(run_dir: str | Path, block_size: int) -> dict[str, Any]:
+    """Miss rates by class and answer accuracy with / without a straddling final fact, for one run."""
+    from eval.results import ResultStore
+    from zoomr.testbed.grading import load_test_problems
+
+    run = Path(run_dir)
+    config = run / "config.json"
+    if not config.is_file():
+        raise SystemExit(f"{run}: no config.json (not an evaluator run directory)")
+    options = json.loads(config.read_text())["benchmark"].get("options") or {}
+    rows = {pid: row for (pid, sample), row in ResultStore(run).load().items() if sample == 0}
+    if not rows:
+        raise SystemExit(f"{run}: no finished samples in results.jsonl")
+    queries, misses = Counter(), Counter()
+    problems = Counter()
+    for rec in load_test_problems(options):
+        row = rows.get(rec["id"])
+        if row is None:
+            continue
+        recalled = {f["key"]: f["correct"] for f in row.get("recall") or []}
+        if not recalled:
+            raise SystemExit(f"{run}: row {rec['id']} has no per-fact recall (a slim copy? use the full run)")
+        cue = rec["query_form"] == "cue"
+        straddling_final = False
+        for q in rec["queries"]:
+            key = (query_class(q, block_size, cue), "final" if q["final"] else "intermediate")
+            queries[key] += 1
+            misses[key] += recalled.get(q["key"]) is False
+            straddling_final |= q["final"] and key[0] == "fact_straddle"
+        problems[(straddling_final, bool(row["correct"]))] += 1
+    by_class = {
+        f"{c}/{part}": {"queries": queries[(c, part)], "missed": misses[(c, part)],
+                        "miss_rate": misses[(c, part)] / queries[(c, part)] if queries[(c, part)] else None}
+        for c in CLASSES for part in ("intermediate", "final")
+    }  # fmt: skip
+
+    def accuracy(straddling: bool) -> dict[str, Any]:
+        n = problems[(straddling, True)] + problems[(straddling, False)]
+        return {"problems": n, "answer_accuracy": problems[(straddling, True)] / n if n else None}
+
+    return {
+        "run": str(run),
+        "block_size": block_size,
+        "problems": sum(problems.values()),
+        "answer_accuracy": sum(v for (_, ok), v in problems.items() if ok) / max(1, sum(problems.values())),
+        "by_class": by_class,
+        "with_straddling_final_fact": accuracy(True),
+        "without": accuracy(False),
+    }
+
+
+def _rate(entry: dict[str, Any]) -> str:
+    return "–" if entry["miss_rate"] is None else f"{entry['missed']}/{entry['queries']} ({entry['miss_rate']:.3f})"
+
+
+def render(reports: list[dict[str, Any]]) -> str:
+    """A markdown table, one row per run; a class no run has (final query straddles in 1,024-token traces) is left out."""
+    classes = [k for k in reports[0]["by_class"] if any(r["by_class"][k]["queries"] for r in reports)]
+    head = ["run", "answer acc", *(f"missed: {k}" for k in classes), "acc w/ straddling final", "acc w/o"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in reports:
+        with_, without = r["with_straddling_final_fact"], r["without"]
+        cells = [Path(r["run"]).name, f"{r['answer_accuracy']:.3f}", *(_rate(r["by_class"][k]) for k in classes),
+                 f"{with_['answer_accuracy'] or 0:.3f} of {with_['problems']}", f"{without['answer_accuracy'] or 0:.3f} of {without['problems']}"]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", help="evaluated testbed run directories")
+    ap.add_argument("--block-size", type=int, required=True, help="C of the block grid (the AbridgeKV model's)")
+    ap.add_argument("--out", default=None, help="JSON file for the reports")
+    args = ap.parse_args(argv)
+    require_at_least(ap, args, 2, "block_size")
+    reports = [boundary_report(r, args.block_size) for r in args.runs]
+    print(render(reports))
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(reports, indent=1))
+        print(f"\nwritten: {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""Recall at AbridgeKV block boundaries (analysis/abridge_boundaries.py): classes on the block grid and the report."""
+
+from __future__ import annotations
+
+import json
+
+from analysis.abridge_boundaries import boundary_report, query_class
+from zoomr.testbed.grading import load_test_problems
+
+OPTIONS = {"trace_tokens": 1024, "n_test": 48, "test_seed": 1_000_003}
+
+
+def test_classes_follow_the_words_on_the_block_grid():
+    """A fact straddles when its key ends a block (value opens the next); a cue query when its key is one of a
+    block's last two tokens; checked against the words themselves."""
+    seen = set()
+    for rec in load_test_problems(OPTIONS):
+        words = rec["response"].split(" ")
+        for q in rec["queries"]:
+            value = q["answer_pos"] - q["distance"]
+            key = q["answer_pos"] - 3
+            assert words[value - 1] == q["key"] and words[key] == q["key"] and words[key + 1 : key + 3] == [":", "="]
+            c = query_class(q, 128)
+            seen.add(c)
+            assert (c == "fact_straddle") == ((value - 1) // 128 != value // 128)
+            if c != "fact_straddle":
+                assert (c == "query_straddle") == (key // 128 != (q["answer_pos"] - 1) // 128)
+    assert seen == {"fact_straddle", "query_straddle", "inside"}
+
+
+def test_report_counts_misses_by_class_and_splits_problems(tmp_path):
+    """A run that misses exactly the straddling facts: every other class at 0, the problems with a straddling
+    final fact all wrong, the others all right."""
+    recs = load_test_problems(OPTIONS)
+    rows = []
+    for rec in recs:
+        recall = [{"key": q["key"], "correct": query_class(q, 128) != "fact_straddle"} for q in rec["queries"]]
+        correct = all(r["correct"] for r, q in zip(recall, rec["queries"], strict=True) if q["final"])
+        rows.append({"problem_id": rec["id"], "sample": 0, "correct": correct, "recall": recall})
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "config.json").write_text(json.dumps({"benchmark": {"options": OPTIONS}}))
+    report = boundary_report(tmp_path, 128)
+    by = report["by_class"]
+    assert by["fact_straddle/intermediate"]["miss_rate"] == 1.0 and by["fact_straddle/intermediate"]["queries"] > 0
+    assert by["inside/intermediate"]["missed"] == by["inside/final"]["missed"] == by["query_straddle/intermediate"]["missed"] == 0
+    assert report["with_straddling_final_fact"]["problems"] > 0  # ~6% of problems at C = 128
+    assert report["with_straddling_final_fact"]["answer_accuracy"] == 0.0
+    assert report["without"]["answer_accuracy"] == 1.0
+    assert report["with_straddling_final_fact"]["problems"] + report["without"]["problems"] == len(recs)
