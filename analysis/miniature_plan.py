@@ -20,6 +20,7 @@ ABRIDGE_STEPS = 3000
 KVZAP_THRESHOLDS = (-8.0, -7.0, -6.0, -5.75, -5.5, -5.0, -4.0)  # log-score thresholds τ (analysis/miniature_kvzap.py);
 # -5.75 refines the grid where compression crosses 50% (between -6 and -5.5 on the validation seed 1,000,003)
 SECOND_STAGE = ("method.optim.learning_rate=5e-4", "data.seed=1")  # AbridgeKV's second stage: half the peak LR, fresh problems
+THIRD_STAGE = ("method.optim.learning_rate=5e-4", "data.seed=2")  # the C = 128 per-layer model's third: other fresh problems
 # a variant block size (2026-12-04, analysis/results/miniature/block128/): C = 128 with K = 32 pause tokens (uniform
 # q = 32: 4:1; per-layer: the allocation's schedule, K = 2 x 32). At C = 64 the per-layer model's accuracy came with a
 # held-out CE drop late in its 5,000 steps and at a step that varied between trainings (0.973, then 0.828:
@@ -28,6 +29,14 @@ SECOND_STAGE = ("method.optim.learning_rate=5e-4", "data.seed=1")  # AbridgeKV's
 # serve ~2x the facts, so a block with many facts borrows capacity from the others, and half as many facts straddle
 # a block boundary (MINIATURE_NOTES). Its open block is up to 128 raw rows: 0.351 of full KV's rows against 0.305
 BLOCK_128, PAUSES_128, BLOCK_128_STEPS = 128, 32, 1500
+# the C = 128 per-layer model's second stage trains on block-boundary data (data.boundary_rate, 2026-12-04,
+# block128/README), its third on plain problems again. After two plain stages it missed ~93% of the facts and queries
+# that straddle a block boundary (a fact's key on a block's last token; a query's key on its last two) and 1 in 6,419
+# other queries: every answer it got wrong on the validation seed had a straddling final fact. Rate 1.0 (~6x the
+# natural straddles) taught them within ~500 steps, where rate 0.3 (0.4 of the query straddles still missed) did not,
+# but starved the value positions next to a boundary (a value on a block's last token: none), which it then missed;
+# the plain third stage brings them back (chosen on the validation seed 1,000,003: straddles missed 6 / 123, others 4 / 6,503)
+BOUNDARY_DATA = (f"data.boundary_period={BLOCK_128}", "data.boundary_rate=1.0")
 ZOOMR_WINDOW = 64  # N_w: the paper's 512 is half a 1,024-token testbed trace; 64 ~ one paragraph
 # the ZoomR testbed model's architecture (issue 13, attempt 8): the tiny-testbed size as a phi3 with partial RoPE. With
 # RoPE on every dim (llama) the teacher-forced pointer plateaued at 0.93-0.95 and ZoomR at 0.71 (seed 2,000,003)
@@ -138,7 +147,8 @@ MODELS: dict[str, Model] = {
                        extra=(_schedule("abridge_alloc"), *SECOND_STAGE)),
               needs=("abridge_perlayer", "abridge_alloc")),
         # the C = 128 variant (BLOCK_128): uniform 4:1, the allocation on it, the per-layer model on its schedule in
-        # two stages of BLOCK_128_STEPS (the second at half the peak LR on fresh problems, as at C = 64)
+        # three stages of BLOCK_128_STEPS (the second at half the peak LR on fresh problems, as at C = 64, with
+        # BOUNDARY_DATA; the third as the second on other fresh problems without it)
         Model("abridge_c128_4to1", _abridge(PAUSES_128, steps=BLOCK_128_STEPS, pauses=PAUSES_128, block=BLOCK_128),
               needs=("base",)),
         Model("abridge_c128_alloc", _allocate("abridge_c128_4to1"), needs=("abridge_c128_4to1",)),
@@ -146,10 +156,14 @@ MODELS: dict[str, Model] = {
               _abridge(None, steps=BLOCK_128_STEPS, pauses=2 * PAUSES_128, block=BLOCK_128,
                        extra=(_schedule("abridge_c128_alloc"),)),
               needs=("base", "abridge_c128_alloc")),
-        Model("abridge_c128_perlayer_more",
+        Model("abridge_c128_perlayer_boundary",
               _abridge(None, steps=BLOCK_128_STEPS, start="abridge_c128_perlayer", pauses=2 * PAUSES_128, block=BLOCK_128,
-                       extra=(_schedule("abridge_c128_alloc"), *SECOND_STAGE)),
+                       extra=(_schedule("abridge_c128_alloc"), *SECOND_STAGE, *BOUNDARY_DATA)),
               needs=("abridge_c128_perlayer", "abridge_c128_alloc")),
+        Model("abridge_c128_perlayer_more",
+              _abridge(None, steps=BLOCK_128_STEPS, start="abridge_c128_perlayer_boundary", pauses=2 * PAUSES_128,
+                       block=BLOCK_128, extra=(_schedule("abridge_c128_alloc"), *THIRD_STAGE)),
+              needs=("abridge_c128_perlayer_boundary", "abridge_c128_alloc")),
         # KVzap (analysis/miniature_kvzap.py): pairs from the base model's own hidden states on training-stream
         # traces, then the linear and MLP surrogates; the arms serve the base model with them
         Model("kvzap_pairs", ("+pipeline=kvzap_pairs_testbed", "model=tiny-testbed", "model.hf_id={base}"),
@@ -182,10 +196,11 @@ ARMS: dict[str, Arm] = {
             extra={"ratio": BLOCK / 16, "steps": 5000, "schedule": "per-layer (abridge_allocate)"}),
         Arm("abridge_perlayer_3000steps", "abridge", "abridge_perlayer",
             extra={"ratio": BLOCK / 16, "steps": ABRIDGE_STEPS, "schedule": "per-layer (abridge_allocate)"}),
-        # the C = 128 variant (BLOCK_128): per-layer after one and two stages, uniform after one (the same steps and
+        # the C = 128 variant (BLOCK_128): per-layer after one and three stages, uniform after one (the same steps and
         # mean rows as the one-stage per-layer model), the eviction baselines and the block evictors at its rows
         Arm("abridge_c128_perlayer", "abridge", "abridge_c128_perlayer_more",
-            extra={**_C128, "steps": 2 * BLOCK_128_STEPS, "schedule": "per-layer (abridge_allocate)"}),
+            extra={**_C128, "steps": 3 * BLOCK_128_STEPS, "schedule": "per-layer (abridge_allocate)",
+                   "boundary_data": "stage 2 of 3 (data.boundary_rate=1.0)"}),
         Arm("abridge_c128_perlayer_1500steps", "abridge", "abridge_c128_perlayer",
             extra={**_C128, "steps": BLOCK_128_STEPS, "schedule": "per-layer (abridge_allocate)"}),
         Arm("abridge_c128", "abridge", "abridge_c128_4to1", extra={**_C128, "steps": BLOCK_128_STEPS}),

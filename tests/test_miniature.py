@@ -58,16 +58,25 @@ def test_every_arm_command_composes(name):
 
 def test_the_block_128_variant_trains_at_c128_on_its_own_allocation_and_its_evictors_keep_a_quarter():
     models, _ = plan(["abridge_c128_perlayer"])
-    assert models == ["base", "abridge_c128_4to1", "abridge_c128_alloc", "abridge_c128_perlayer", "abridge_c128_perlayer_more"]
+    assert models == ["base", "abridge_c128_4to1", "abridge_c128_alloc", "abridge_c128_perlayer",
+                      "abridge_c128_perlayer_boundary", "abridge_c128_perlayer_more"]
     uniform = _compose("train", train_command("abridge_c128_4to1", 1024)[3:]).method
     assert (uniform.block_size, uniform.num_pause, uniform.quota) == (128, 32, 32)  # 4:1
     alloc = _compose("train", train_command("abridge_c128_alloc", 1024)[3:]).method
     assert alloc.checkpoint == "runs/train/mini-abridge_c128_4to1-T1024/final"
-    second = _compose("train", train_command("abridge_c128_perlayer_more", 1024)[3:])
-    assert (second.method.block_size, second.method.num_pause, second.method.quota) == (128, 64, None)
-    assert second.method.schedule == "runs/train/mini-abridge_c128_alloc-T1024/schedule.json"
+    second = _compose("train", train_command("abridge_c128_perlayer_boundary", 1024)[3:])
+    third = _compose("train", train_command("abridge_c128_perlayer_more", 1024)[3:])
+    for stage in (second, third):
+        assert (stage.method.block_size, stage.method.num_pause, stage.method.quota) == (128, 64, None)
+        assert stage.method.schedule == "runs/train/mini-abridge_c128_alloc-T1024/schedule.json"
+        assert stage.method.optim.learning_rate == 5e-4
     assert second.method.init_from == "runs/train/mini-abridge_c128_perlayer-T1024/final"
-    assert (second.method.optim.learning_rate, second.data.seed) == (5e-4, 1)
+    assert third.method.init_from == "runs/train/mini-abridge_c128_perlayer_boundary-T1024/final"
+    assert (second.data.seed, third.data.seed) == (1, 2)  # fresh problems in each stage
+    # block-boundary data in the second stage only, on the model's own block grid
+    assert (second.data.boundary_period, second.data.boundary_rate) == (128, 1.0)
+    first = _compose("train", train_command("abridge_c128_perlayer", 1024)[3:])
+    assert first.data.boundary_rate == third.data.boundary_rate == 0.0
     for e in ("evict_recency", "evict_random", "evict_attention"):
         cmd = eval_command(ARMS[f"{e}_c128"], MiniatureTask(n=8, test_seed=2_000_003), None)
         method = _compose("eval", cmd[3:]).method
