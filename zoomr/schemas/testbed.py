@@ -51,10 +51,10 @@ class TestbedData:
     # Block-boundary training data (a training-data variant for block compressors, 2026-12-04): with probability
     # boundary_rate a paragraph chooses its filler lengths (within their ranges) so that one of its facts or
     # queries straddles a boundary of a boundary_period-token block grid (response positions 0, C, 2C, …): a
-    # fact's key on a block's last token, or a query's key on its last or second-to-last. The test problems never
-    # use it. At C = 128 the natural rate is ~1 straddling item in 40; an AbridgeKV model missed ~90% of them
-    # while it missed 1 other of 6,419 (README, miniature). 0 = off (then no random draw changes: the problems
-    # are those of the default stream).
+    # fact's key on a block's last token, or a query's key on its last or second-to-last. For training streams;
+    # the miniature's test problems never use it. At C = 128 ~2% of plain queries straddle; an AbridgeKV model
+    # trained on plain traces missed ~93% of them and 1 other in 6,419 (README, miniature). 0 = off (then no
+    # random draw changes: the problems are those of the default stream).
     boundary_period: int = 0
     boundary_rate: float = 0.0
     seed: int = 0  # training stream seed
