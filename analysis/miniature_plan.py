@@ -33,9 +33,10 @@ BLOCK_128, PAUSES_128, BLOCK_128_STEPS = 128, 32, 1500
 # block128/README), its third on plain problems again. After two plain stages it missed ~93% of the facts and queries
 # that straddle a block boundary (a fact's key on a block's last token; a query's key on its last two) and 1 in 6,419
 # other queries: every answer it got wrong on the validation seed had a straddling final fact. Rate 1.0 (~6x the
-# natural straddles) taught them within ~500 steps, where rate 0.3 (0.4 of the query straddles still missed) did not,
-# but starved the value positions next to a boundary (a value on a block's last token: none), which it then missed;
-# the plain third stage brings them back (chosen on the validation seed 1,000,003: straddles missed 6 / 123, others 4 / 6,503)
+# natural straddles) taught them within ~500 steps; rate 0.3 did only in part (0.4 of the query straddles still
+# missed). But rate 1.0 starves the value positions next to a boundary (a value on a block's last token: none), which
+# the model then missed; the plain third stage brings them back (chosen on the validation seed 1,000,003: straddles
+# missed 6 / 123, others 4 / 6,503)
 BOUNDARY_DATA = (f"data.boundary_period={BLOCK_128}", "data.boundary_rate=1.0")
 ZOOMR_WINDOW = 64  # N_w: the paper's 512 is half a 1,024-token testbed trace; 64 ~ one paragraph
 # the ZoomR testbed model's architecture (issue 13, attempt 8): the tiny-testbed size as a phi3 with partial RoPE. With
