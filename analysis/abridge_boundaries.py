@@ -35,11 +35,13 @@ CLASSES = ("fact_straddle", "query_straddle", "inside")
 
 def query_class(query: dict[str, Any], block_size: int, cue_form: bool = True) -> str:
     """The class of one test record query (:meth:`zoomr.testbed.task.Problem.record`) on a ``block_size`` grid."""
-    value = query["answer_pos"] - query["distance"]  # the definition's value token
-    if value % block_size == 0:
+    from zoomr.testbed.task import CUE_READ_OFFSET, crosses_block
+
+    value = query["answer_pos"] - query["distance"]  # the definition's value token; its key just before
+    if crosses_block(value - 1, value, block_size):
         return "fact_straddle"
-    key = query["answer_pos"] - 3  # ? k : = v
-    if cue_form and key % block_size >= block_size - 2:
+    reader = query["answer_pos"] - 1  # the token the value is predicted from ("=")
+    if cue_form and crosses_block(reader - CUE_READ_OFFSET, reader, block_size):
         return "query_straddle"
     return "inside"
 

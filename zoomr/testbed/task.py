@@ -202,6 +202,16 @@ def _pick(rng: random.Random, eligible: list[Fact], bias: float) -> Fact:
     return rng.choices(eligible, weights=weights)[0]
 
 
+CUE_READ_OFFSET = 2  # a cue query's value is predicted from the token 2 after its key ("k : =")
+
+
+def crosses_block(first: int, last: int, period: int) -> bool:
+    """Response positions ``first`` and ``last`` lie in different blocks of a ``period``-token grid (0, C, 2C, …):
+    a fact whose key and value do straddles a boundary (``first`` = key, ``last`` = value), and so does a cue
+    query whose key and the token predicting its value do (``last`` = key + :data:`CUE_READ_OFFSET`)."""
+    return first // period != last // period
+
+
 def _straddle_fillers(
     cfg: TestbedData, rng: random.Random, start: int, n_facts: int, n_queries: int, before: int, after: int
 ) -> tuple[int, int]:
@@ -213,14 +223,16 @@ def _straddle_fillers(
     b_range = range(cfg.filler_before[0], cfg.filler_before[1] + 1)
     a_range = range(cfg.filler_after[0], cfg.filler_after[1] + 1)
     choices = []
-    for j in range(n_facts):  # key at start + b + 2j
-        fits = [(b, after) for b in b_range if (start + b + 2 * j) % period == period - 1]
+    for j in range(n_facts):  # key at start + b + 2j, its value next
+        key = start + 2 * j
+        fits = [(b, after) for b in b_range if crosses_block(key + b, key + b + 1, period)]
         choices += [fits] if fits else []
-    if cfg.query_form == "cue":  # key at start + b + 2·n_facts + a + (1 + topic) + cost·i; ": =" follow it
+    if cfg.query_form == "cue":  # key at start + b + 2·n_facts + a + (1 + topic) + cost·i
         first_key = start + 2 * n_facts + 1 + cfg.paragraph_topics
         for i in range(n_queries):
             key = first_key + query_cost(cfg.query_form, cfg.paragraph_topics) * i
-            fits = [(b, a) for b in b_range for a in a_range if (key + b + a) % period >= period - 2]
+            fits = [(b, a) for b in b_range for a in a_range
+                    if crosses_block(key + b + a, key + b + a + CUE_READ_OFFSET, period)]  # fmt: skip
             choices += [fits] if fits else []
     if not choices:
         return before, after
