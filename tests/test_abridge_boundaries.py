@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from analysis.abridge_boundaries import boundary_report, query_class
+import pytest
+
+from analysis.abridge_boundaries import boundary_report, main, query_class
 from zoomr.testbed.grading import load_test_problems
 
 OPTIONS = {"trace_tokens": 1024, "n_test": 48, "test_seed": 1_000_003}
@@ -47,3 +49,20 @@ def test_report_counts_misses_by_class_and_splits_problems(tmp_path):
     assert report["with_straddling_final_fact"]["answer_accuracy"] == 0.0
     assert report["without"]["answer_accuracy"] == 1.0
     assert report["with_straddling_final_fact"]["problems"] + report["without"]["problems"] == len(recs)
+
+
+def test_cli_prints_a_table_and_writes_the_reports(tmp_path, capsys):
+    """``main``: one table row per run, classes no run has left out, the JSON beside it; a bad C is refused."""
+    recs = load_test_problems(OPTIONS)
+    rows = [{"problem_id": r["id"], "sample": 0, "correct": True,
+             "recall": [{"key": q["key"], "correct": True} for q in r["queries"]]} for r in recs]  # fmt: skip
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "config.json").write_text(json.dumps({"benchmark": {"options": OPTIONS}}))
+    main([str(tmp_path), "--block-size", "128", "--out", str(tmp_path / "out.json")])
+    table = capsys.readouterr().out
+    assert "| 1.000 |" in table and "missed: fact_straddle/final" in table
+    assert "query_straddle/final" not in table  # 1,024-token traces: the final \boxed{} lies in the last block
+    saved = json.loads((tmp_path / "out.json").read_text())
+    assert saved[0]["answer_accuracy"] == 1.0 and saved[0]["without"]["problems"] > 0
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "--block-size", "1"])
