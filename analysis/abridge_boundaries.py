@@ -1,6 +1,6 @@
 """Recall at AbridgeKV block boundaries: where a block-compressed model's testbed misses sit.
 
-    python -m analysis.abridge_boundaries runs/miniature/arms/abridge_c128_perlayer runs/miniature/arms/full \\
+    python -m analysis.abridge_boundaries runs/miniature/arms/abridge_perlayer runs/miniature/arms/full \\
         --block-size 128 --out runs/abridge_boundaries.json
 
 For every query of every evaluated testbed run given (``python -m eval benchmark=testbed …`` run directories),

@@ -13,21 +13,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# AbridgeKV on the testbed: blocks of C = 64 response tokens, K = 16 pause tokens (code rows) per block;
-# a layer keeping q of them compresses a completed block C:q (q = 16: 4:1, q = 8: 8:1).
+# AbridgeKV on the testbed: blocks of C = 128 response tokens, K = 32 pause tokens (code rows) per block; a layer
+# keeping q of them compresses a completed block C:q (q = 32: 4:1, q = 16: 8:1; per-layer: the allocation's
+# schedule, K = 2 x 32). C = 128 since 2026-12-04 (analysis/results/miniature/block128/); before, C = 64 with K = 16
+# (BLOCK, PAUSES: the variant family abridge_c64*). At C = 64 the per-layer model's accuracy came with a held-out CE
+# drop late in its 5,000 steps and at a step that varied between trainings (0.973, then 0.828: rerun_perlayer/); at
+# C = 128 one 1,500-step stage of the per-layer recipe reached 0.953 on the validation seed (1,000,003, 128
+# problems; full KV 0.977), 0.922-0.938 on the test seeds (full KV 0.988-0.992): a block's code rows serve ~2x the
+# facts, so a block with many facts borrows capacity from the others, and half as many facts straddle a block
+# boundary (MINIATURE_NOTES). Its open block is up to 128 raw rows: 0.351 of full KV's rows against 0.305 at C = 64.
+# The paper's C = 512 (4:1 with q = 128) would leave a 1,024-token trace one completed block.
 BLOCK, PAUSES = 64, 16
-ABRIDGE_STEPS = 3000
+ABRIDGE_STEPS = 3000  # the C = 64 models' first stage
 KVZAP_THRESHOLDS = (-8.0, -7.0, -6.0, -5.75, -5.5, -5.0, -4.0)  # log-score thresholds τ (analysis/miniature_kvzap.py);
 # -5.75 refines the grid where compression crosses 50% (between -6 and -5.5 on the validation seed 1,000,003)
 SECOND_STAGE = ("method.optim.learning_rate=5e-4", "data.seed=1")  # AbridgeKV's second stage: half the peak LR, fresh problems
 THIRD_STAGE = ("method.optim.learning_rate=5e-4", "data.seed=2")  # the C = 128 per-layer model's third: other fresh problems
-# a variant block size (2026-12-04, analysis/results/miniature/block128/): C = 128 with K = 32 pause tokens (uniform
-# q = 32: 4:1; per-layer: the allocation's schedule, K = 2 x 32). At C = 64 the per-layer model's accuracy came with a
-# held-out CE drop late in its 5,000 steps and at a step that varied between trainings (0.973, then 0.828:
-# rerun_perlayer/); at C = 128 one 1,500-step stage of the per-layer recipe reached 0.953 on the validation seed
-# (1,000,003, 128 problems; full KV 0.977), 0.922-0.938 on the test seeds (full KV 0.988-0.992): a block's code rows
-# serve ~2x the facts, so a block with many facts borrows capacity from the others, and half as many facts straddle
-# a block boundary (MINIATURE_NOTES). Its open block is up to 128 raw rows: 0.351 of full KV's rows against 0.305
 BLOCK_128, PAUSES_128, BLOCK_128_STEPS = 128, 32, 1500
 # the C = 128 per-layer model's second stage trains on block-boundary data (data.boundary_rate, 2026-12-04,
 # block128/README), its third on plain problems again. After two plain stages it missed ~93% of the facts and queries
@@ -78,6 +79,7 @@ class Arm:
     match: str | None = None  # arm whose mean resident rows this arm gets
     match_scale: float = 1.0
     extra: dict = field(default_factory=dict)  # fields copied into results.json (ratio, threshold, ...)
+    default: bool = True  # run by ``task.arms=[]``; False: a variant whose models cost extra training, run when named
 
     @property
     def yaml(self) -> str | None:
@@ -130,27 +132,12 @@ MODELS: dict[str, Model] = {
              "method.curriculum.grow_fraction=0"),
             needs=("base_sum",), summaries=True,
         ),  # fmt: skip
-        Model("abridge_4to1", _abridge(16), needs=("base",)),
-        # a second stage from the 3,000-step model at half the peak LR (the first stage ends at 0.55 answer
-        # accuracy with recall 0.935: undertrained, its loss still falling), on fresh problems (data.seed=1)
-        Model("abridge_4to1_more", _abridge(16, steps=2000, extra=SECOND_STAGE, start="abridge_4to1"),
-              needs=("abridge_4to1",)),
-        Model("abridge_8to1", _abridge(8, steps=1500), needs=("base",)),  # half the steps: CPU time
-        # the per-layer schedule (AbridgeKV §5.1): halve each layer's quota of the uniform 4:1 model in turn
-        # (held-out CE, 32 training-stream problems), three levels at the same mean quota, retrained from the
-        # base model for the uniform model's steps; its doubled layer needs K = 2q = 32 code positions
-        Model("abridge_alloc", _allocate("abridge_4to1"), needs=("abridge_4to1",)),
-        Model("abridge_perlayer", _abridge(None, extra=(_schedule("abridge_alloc"),), pauses=2 * PAUSES),
-              needs=("base", "abridge_alloc")),
-        # its second stage, as for the uniform model: 2,000 steps at half the peak LR on fresh problems
-        Model("abridge_perlayer_more",
-              _abridge(None, steps=2000, start="abridge_perlayer", pauses=2 * PAUSES,
-                       extra=(_schedule("abridge_alloc"), *SECOND_STAGE)),
-              needs=("abridge_perlayer", "abridge_alloc")),
-        # the C = 128 variant (BLOCK_128): uniform 4:1, the allocation on it, the per-layer model on its schedule in
-        # three stages of BLOCK_128_STEPS (the second at half the peak LR on fresh problems, as at C = 64, with
+        # AbridgeKV at C = 128 (BLOCK_128): uniform 4:1 and 8:1, the allocation on the 4:1 model, the per-layer model on
+        # its schedule in three stages of BLOCK_128_STEPS (the second at half the peak LR on fresh problems with
         # BOUNDARY_DATA; the third as the second on other fresh problems without it)
         Model("abridge_c128_4to1", _abridge(PAUSES_128, steps=BLOCK_128_STEPS, pauses=PAUSES_128, block=BLOCK_128),
+              needs=("base",)),
+        Model("abridge_c128_8to1", _abridge(PAUSES_128 // 2, steps=BLOCK_128_STEPS, pauses=PAUSES_128, block=BLOCK_128),
               needs=("base",)),
         Model("abridge_c128_alloc", _allocate("abridge_c128_4to1"), needs=("abridge_c128_4to1",)),
         Model("abridge_c128_perlayer",
@@ -165,6 +152,22 @@ MODELS: dict[str, Model] = {
               _abridge(None, steps=BLOCK_128_STEPS, start="abridge_c128_perlayer_boundary", pauses=2 * PAUSES_128,
                        block=BLOCK_128, extra=(_schedule("abridge_c128_alloc"), *THIRD_STAGE)),
               needs=("abridge_c128_perlayer_boundary", "abridge_c128_alloc")),
+        # the C = 64 variant family (opt-in arms): uniform 4:1 in two stages (a second from the 3,000-step model at
+        # half the peak LR on fresh problems: the first ends at 0.55 answer accuracy with recall 0.935, its loss still
+        # falling), 8:1 (half the steps: CPU time), the per-layer schedule (AbridgeKV §5.1: halve each layer's quota of
+        # the uniform model in turn; held-out CE, 32 training-stream problems; three levels at the same mean quota;
+        # its doubled layer needs K = 2q = 32 code positions) retrained from the base model in the same two stages
+        Model("abridge_c64_4to1", _abridge(16), needs=("base",)),
+        Model("abridge_c64_4to1_more", _abridge(16, steps=2000, extra=SECOND_STAGE, start="abridge_c64_4to1"),
+              needs=("abridge_c64_4to1",)),
+        Model("abridge_c64_8to1", _abridge(8, steps=1500), needs=("base",)),
+        Model("abridge_c64_alloc", _allocate("abridge_c64_4to1"), needs=("abridge_c64_4to1",)),
+        Model("abridge_c64_perlayer", _abridge(None, extra=(_schedule("abridge_c64_alloc"),), pauses=2 * PAUSES),
+              needs=("base", "abridge_c64_alloc")),
+        Model("abridge_c64_perlayer_more",
+              _abridge(None, steps=2000, start="abridge_c64_perlayer", pauses=2 * PAUSES,
+                       extra=(_schedule("abridge_c64_alloc"), *SECOND_STAGE)),
+              needs=("abridge_c64_perlayer", "abridge_c64_alloc")),
         # KVzap (analysis/miniature_kvzap.py): pairs from the base model's own hidden states on training-stream
         # traces, then the linear and MLP surrogates; the arms serve the base model with them
         Model("kvzap_pairs", ("+pipeline=kvzap_pairs_testbed", "model=tiny-testbed", "model.hf_id={base}"),
@@ -174,43 +177,50 @@ MODELS: dict[str, Model] = {
     ]
 }
 
-_EVICT = (f"method.block_size={BLOCK}", f"method.quota={BLOCK // 4}")  # keep q of each completed block: 4:1
-_C128 = {"ratio": BLOCK_128 / PAUSES_128, "block_size": BLOCK_128}  # results.json fields of the C = 128 arms
+EVICTORS = ("evict_recency", "evict_random", "evict_attention")  # AbridgeKV's ablations: keep q of each completed block
+_C128 = {"ratio": BLOCK_128 / PAUSES_128, "block_size": BLOCK_128}  # results.json fields of the main AbridgeKV arms
+_C64 = {"ratio": BLOCK / PAUSES, "block_size": BLOCK}
+_PERLAYER = {"schedule": "per-layer (abridge_allocate)"}
 
 ARMS: dict[str, Arm] = {
     a.name: a
     for a in [
         Arm("full", "full", "base"),
+        # the eviction baselines at AbridgeKV 4:1's measured rows (the uniform and per-layer models keep the same
+        # mean quota, so the same rows)
         Arm("streaming", "streaming", "base", match="abridge"),
         Arm("h2o", "h2o", "base", match="abridge"),
         Arm("snapkv", "snapkv", "base", match="abridge"),  # prefill only: the testbed prompt is 6 tokens
         Arm("rkv", "rkv", "base", match="abridge"),
         Arm("rkv_serving", "rkv_serving", "base", match="abridge", match_scale=1.12),  # AbridgeKV's +12%
-        Arm("evict_recency", "evict_recency", "base", _EVICT, method_yaml="evict_recency"),
-        Arm("evict_random", "evict_random", "base", _EVICT, method_yaml="evict_random"),
-        Arm("evict_attention", "evict_attention", "base", _EVICT, method_yaml="evict_attention"),
-        Arm("abridge", "abridge", "abridge_4to1_more", extra={"ratio": BLOCK / 16, "steps": 5000}),
-        Arm("abridge_3000steps", "abridge", "abridge_4to1", extra={"ratio": BLOCK / 16, "steps": ABRIDGE_STEPS}),
-        Arm("abridge_8to1", "abridge", "abridge_8to1", extra={"ratio": BLOCK / 8}),
-        # per-layer quotas (abridge_allocate's schedule), at the uniform arms' steps: 5,000 (two stages) and 3,000
-        Arm("abridge_perlayer", "abridge", "abridge_perlayer_more",
-            extra={"ratio": BLOCK / 16, "steps": 5000, "schedule": "per-layer (abridge_allocate)"}),
-        Arm("abridge_perlayer_3000steps", "abridge", "abridge_perlayer",
-            extra={"ratio": BLOCK / 16, "steps": ABRIDGE_STEPS, "schedule": "per-layer (abridge_allocate)"}),
-        # the C = 128 variant (BLOCK_128): per-layer after one and three stages, uniform after one (the same steps and
-        # mean rows as the one-stage per-layer model), the eviction baselines and the block evictors at its rows
-        Arm("abridge_c128_perlayer", "abridge", "abridge_c128_perlayer_more",
-            extra={**_C128, "steps": 3 * BLOCK_128_STEPS, "schedule": "per-layer (abridge_allocate)",
+        *(Arm(e, e, "base", (f"method.block_size={BLOCK_128}", f"method.quota={PAUSES_128}"), method_yaml=e)
+          for e in EVICTORS),
+        # AbridgeKV at C = 128: uniform 4:1 and 8:1 (BLOCK_128_STEPS), per-layer after three stages and after one
+        Arm("abridge", "abridge", "abridge_c128_4to1", extra={**_C128, "steps": BLOCK_128_STEPS}),
+        Arm("abridge_8to1", "abridge", "abridge_c128_8to1",
+            extra={**_C128, "ratio": BLOCK_128 / (PAUSES_128 // 2), "steps": BLOCK_128_STEPS}),
+        Arm("abridge_perlayer", "abridge", "abridge_c128_perlayer_more",
+            extra={**_C128, **_PERLAYER, "steps": 3 * BLOCK_128_STEPS,
                    "boundary_data": "stage 2 of 3 (data.boundary_rate=1.0)"}),
-        Arm("abridge_c128_perlayer_1500steps", "abridge", "abridge_c128_perlayer",
-            extra={**_C128, "steps": BLOCK_128_STEPS, "schedule": "per-layer (abridge_allocate)"}),
-        Arm("abridge_c128", "abridge", "abridge_c128_4to1", extra={**_C128, "steps": BLOCK_128_STEPS}),
-        Arm("streaming@abridge_c128_perlayer", "streaming", "base", match="abridge_c128_perlayer"),
-        Arm("h2o@abridge_c128_perlayer", "h2o", "base", match="abridge_c128_perlayer"),
-        *(Arm(f"{e}_c128", e, "base", (f"method.block_size={BLOCK_128}", f"method.quota={PAUSES_128}"), method_yaml=e)
-          for e in ("evict_recency", "evict_random", "evict_attention")),
+        Arm("abridge_perlayer_1500steps", "abridge", "abridge_c128_perlayer",
+            extra={**_C128, **_PERLAYER, "steps": BLOCK_128_STEPS}),
         Arm("streaming@abridge_8to1", "streaming", "base", match="abridge_8to1"),
         Arm("h2o@abridge_8to1", "h2o", "base", match="abridge_8to1"),
+        # the C = 64 variant (not run by default: ~81 min of training): uniform 4:1 after 5,000 and 3,000 steps, 8:1
+        # after 1,500, per-layer after 5,000 and 3,000, the eviction baselines and the block evictors at its rows
+        Arm("abridge_c64", "abridge", "abridge_c64_4to1_more", extra={**_C64, "steps": 5000}, default=False),
+        Arm("abridge_c64_3000steps", "abridge", "abridge_c64_4to1", extra={**_C64, "steps": ABRIDGE_STEPS},
+            default=False),
+        Arm("abridge_c64_8to1", "abridge", "abridge_c64_8to1", extra={**_C64, "ratio": BLOCK / 8, "steps": 1500},
+            default=False),
+        Arm("abridge_c64_perlayer", "abridge", "abridge_c64_perlayer_more", extra={**_C64, **_PERLAYER, "steps": 5000},
+            default=False),
+        Arm("abridge_c64_perlayer_3000steps", "abridge", "abridge_c64_perlayer",
+            extra={**_C64, **_PERLAYER, "steps": ABRIDGE_STEPS}, default=False),
+        *(Arm(f"{b}@abridge_c64{r}", b, "base", match=f"abridge_c64{r}", default=False)
+          for r in ("", "_8to1") for b in ("streaming", "h2o")),
+        *(Arm(f"{e}_c64", e, "base", (f"method.block_size={BLOCK}", f"method.quota={BLOCK // 4}"), method_yaml=e,
+              default=False) for e in EVICTORS),
         *(Arm(f"kvzap@{t:g}", "kvzap", "kvzap", (f"method.threshold={t}",), extra={"threshold": t})
           for t in KVZAP_THRESHOLDS),
         *(Arm(f"kvzap_linear@{t:g}", "kvzap_linear", "kvzap", (f"method.threshold={t}",), extra={"threshold": t})
@@ -268,9 +278,13 @@ def training_seeds(models: list[str]) -> dict[int, list[str]]:
     return seeds
 
 
+ALL = "all"  # task.arms=[all]: every arm, the variants too
+
+
 def plan(names: list[str]) -> tuple[list[str], list[str]]:
-    """(models to train, arms to evaluate) in dependency order for the arms ``names`` (empty: all)."""
-    wanted = list(names) or list(ARMS)
+    """(models to train, arms to evaluate) in dependency order for the arms ``names`` (empty: every default arm;
+    ``[all]``: every arm)."""
+    wanted = list(ARMS) if list(names) == [ALL] else list(names) or [a for a in ARMS if ARMS[a].default]
     unknown = [n for n in wanted if n not in ARMS]
     if unknown:
         raise ValueError(f"unknown miniature arm(s) {unknown}; known: {sorted(ARMS)}")

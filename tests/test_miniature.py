@@ -25,10 +25,21 @@ def test_plan_orders_dependencies_and_refuses_unknown_arms():
     models, arms = plan(["streaming", "h2o@zoomr"])
     assert arms.index("full") < arms.index("abridge") < arms.index("streaming")  # the match comes first
     assert arms.index("full_summaries") < arms.index("zoomr") < arms.index("h2o@zoomr")
-    assert models.index("base") < models.index("abridge_4to1") < models.index("abridge_4to1_more")
+    assert models.index("base") < models.index("abridge_c128_4to1") and "abridge_c128_perlayer" not in models
     assert full_arm(ARMS["abridge"]) == "full" and full_arm(ARMS["sumr"]) == "full_summaries"
     with pytest.raises(ValueError, match="unknown miniature arm"):
         plan(["abridge_16to1"])
+
+
+def test_the_default_plan_runs_every_method_and_leaves_the_c64_variant_to_all_or_its_name():
+    models, arms = plan([])
+    assert {ARMS[a].method for a in arms} == METHODS and set(arms) == {a for a in ARMS if ARMS[a].default}
+    assert not any("c64" in m for m in models) and not any("c64" in a for a in arms)
+    every_model, every_arm = plan(["all"])
+    assert every_arm == plan(list(ARMS))[1] and set(every_arm) == set(ARMS)
+    assert {"abridge_c64_4to1_more", "abridge_c64_perlayer_more"} <= set(every_model)
+    models, arms = plan(["streaming@abridge_c64"])  # a variant runs when named, with what it needs
+    assert arms == ["full", "abridge_c64", "streaming@abridge_c64"] and "abridge_c64_4to1_more" in models
 
 
 def _compose(entry: str, args: list[str]):
@@ -56,8 +67,8 @@ def test_every_arm_command_composes(name):
         assert f"method.budget_rows={max(8, round(100 * ARMS[name].match_scale))}" in shlex.join(cmd)
 
 
-def test_the_block_128_variant_trains_at_c128_on_its_own_allocation_and_its_evictors_keep_a_quarter():
-    models, _ = plan(["abridge_c128_perlayer"])
+def test_abridge_trains_at_c128_on_its_own_allocation_and_the_evictors_keep_a_quarter_of_its_blocks():
+    models, _ = plan(["abridge_perlayer"])
     assert models == ["base", "abridge_c128_4to1", "abridge_c128_alloc", "abridge_c128_perlayer",
                       "abridge_c128_perlayer_boundary", "abridge_c128_perlayer_more"]
     uniform = _compose("train", train_command("abridge_c128_4to1", 1024)[3:]).method
@@ -77,10 +88,13 @@ def test_the_block_128_variant_trains_at_c128_on_its_own_allocation_and_its_evic
     assert (second.data.boundary_period, second.data.boundary_rate) == (128, 1.0)
     first = _compose("train", train_command("abridge_c128_perlayer", 1024)[3:])
     assert first.data.boundary_rate == third.data.boundary_rate == 0.0
-    for e in ("evict_recency", "evict_random", "evict_attention"):
-        cmd = eval_command(ARMS[f"{e}_c128"], MiniatureTask(n=8, test_seed=2_000_003), None)
+    eight = _compose("train", train_command("abridge_c128_8to1", 1024)[3:]).method
+    assert (eight.block_size, eight.num_pause, eight.quota) == (128, 32, 16)  # 8:1
+    assert ARMS["abridge_8to1"].extra["ratio"] == 8 and ARMS["abridge"].extra["ratio"] == 4
+    for e, block in [(e, b) for e in ("evict_recency", "evict_random", "evict_attention") for b in (128, 64)]:
+        cmd = eval_command(ARMS[e if block == 128 else f"{e}_c64"], MiniatureTask(n=8, test_seed=2_000_003), None)
         method = _compose("eval", cmd[3:]).method
-        assert (method.name, method.block_size, method.quota) == (e, 128, 32)
+        assert (method.name, method.block_size, method.quota) == (e, block, block // 4)
 
 
 def test_committed_results_follow_the_issue_schema():
@@ -130,13 +144,13 @@ def test_a_cached_model_is_reused_only_from_the_same_command_and_dependencies(tm
     ensure_model("base", task)  # no record: the trainer's guard decides, then the record is written
     assert ran == ["base"] * 3 and json.loads(record.read_text()) == saved
 
-    ensure_model("abridge_4to1", task)
-    ensure_model("abridge_4to1", task)
-    assert ran[3:] == ["abridge_4to1"]
+    ensure_model("abridge_c128_4to1", task)
+    ensure_model("abridge_c128_4to1", task)
+    assert ran[3:] == ["abridge_c128_4to1"]
     done_file("base", 1024).write_text(json.dumps({"run": "retrained"}))  # the base model trained again
-    with pytest.raises(SystemExit, match=r"abridge_4to1 .* was made from an earlier base"):
-        ensure_model("abridge_4to1", task)
-    assert ran[3:] == ["abridge_4to1"]
+    with pytest.raises(SystemExit, match=r"abridge_c128_4to1 .* was made from an earlier base"):
+        ensure_model("abridge_c128_4to1", task)
+    assert ran[3:] == ["abridge_c128_4to1"]
 
 
 def test_a_rerun_of_some_arms_merges_into_the_full_table(tmp_path, capsys):
@@ -220,3 +234,4 @@ def test_arm_lanes_run_the_real_evaluator_side_by_side(tmp_path, monkeypatch):
     log = (mini.arm_dir(task, "h2o@full") / "arm.log").read_text()
     assert log.startswith("$ python -m eval") and f"method.budget_rows={max(8, round(full.rows.mean()))}" in log
     assert "== eval testbed" in log  # the evaluator's own end-of-run summary went to the log
+

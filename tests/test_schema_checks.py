@@ -120,7 +120,7 @@ def test_a_test_seed_equal_to_the_training_stream_is_refused(seed):
     assert len(testbed_problems({"seed": seed, "test_seed": seed + 1_000_003, "n_test": 2})) == 2
 
 
-@pytest.mark.parametrize("seed,model", [(0, "abridge_4to1"), (1, "abridge_perlayer_more"), (2, "kvzap_pairs")])
+@pytest.mark.parametrize("seed,model", [(0, "abridge_c128_4to1"), (1, "abridge_c128_perlayer_boundary"), (2, "kvzap_pairs")])
 def test_the_miniature_refuses_a_test_seed_any_of_its_models_trains_on(seed, model, tmp_path, capsys):
     from analysis.miniature import run_task
 

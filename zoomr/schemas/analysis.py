@@ -37,7 +37,7 @@ class MiniatureTask(AnalysisTask):
 
     name: str = "miniature"
     module: str = "miniature"
-    arms: list[str] = field(default_factory=list)  # empty: every arm (analysis.miniature.ARMS)
+    arms: list[str] = field(default_factory=list)  # empty: every default arm; [all]: the variants too (miniature_plan.ARMS)
     n: int = 256  # test problems, the same for every arm
     test_seed: int = 2_000_003  # held out: training streams use seed 0 (testbed data.seed)
     trace_tokens: int = 1024
