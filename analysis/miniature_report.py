@@ -50,26 +50,53 @@ def write_csv(results: dict[str, Any], path: Path) -> None:
                         f"{lo:.4f}", f"{hi:.4f}", f"{a['recall']:.4f}", a["paired_with"]])  # fmt: skip
 
 
+def label_positions(points: list[tuple[float, float]], min_dx: float, min_dy: float) -> list[tuple[float, float]]:
+    """A label position beside each point (data coordinates), moved down the page in ``min_dy`` steps until it is
+    at least ``min_dx`` across or ``min_dy`` up or down from every label placed before it (top to bottom)."""
+    placed: list[tuple[float, float]] = []
+    out: dict[int, tuple[float, float]] = {}
+    for i in sorted(range(len(points)), key=lambda i: (-points[i][1], points[i][0])):
+        x, y = points[i]
+        while any(abs(x - px) < min_dx and abs(y - py) < min_dy for px, py in placed):
+            y -= min_dy
+        placed.append((x, y))
+        out[i] = (x, y)
+    return [out[i] for i in range(len(points))]
+
+
 def pareto_figure(results: dict[str, Any], path: Path) -> None:
+    """Answer accuracy against resident rows / full KV's: one colour per method (legend), squares for the summaries
+    traces' arms, hollow markers for variants that are not the main block size; a label for each arm that scores at
+    least 0.05 (the arms near 0 are told apart by colour)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    methods = sorted({a["method"] for a in results["arms"]})
+    fig, ax = plt.subplots(figsize=(10, 5.6))
+    arms = results["arms"]
+    methods = sorted({a["method"] for a in arms})
     colours = {m: plt.cm.tab20(i % 20) for i, m in enumerate(methods)}
-    for a in results["arms"]:
+    for a in arms:
         marker = "s" if a["paired_with"] == "full_summaries" else "o"
-        ax.scatter(a["rows_over_full"], a["answer_accuracy"], color=colours[a["method"]], marker=marker, s=40)
-        ax.annotate(a["name"], (a["rows_over_full"], a["answer_accuracy"]), fontsize=7,
-                    xytext=(4, 3), textcoords="offset points")  # fmt: skip
+        hollow = a.get("block_size") not in (None, max((b.get("block_size") or 0) for b in arms))
+        ax.scatter(a["rows_over_full"], a["answer_accuracy"], marker=marker, s=40, linewidths=1.2,
+                   facecolors="none" if hollow else colours[a["method"]], edgecolors=colours[a["method"]])  # fmt: skip
+    labelled = [a for a in arms if a["answer_accuracy"] >= 0.05]
+    where = label_positions([(a["rows_over_full"], a["answer_accuracy"]) for a in labelled], 0.17, 0.028)
+    for a, (x, y) in zip(labelled, where):
+        ax.annotate(a["name"], (a["rows_over_full"], a["answer_accuracy"]), xytext=(x + 0.012, y), fontsize=7,
+                    va="center", arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "0.6"} if y != a["answer_accuracy"] else None)  # fmt: skip
+    for m in methods:
+        ax.scatter([], [], color=colours[m], marker="o", s=30, label=m)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), title="method", title_fontsize=8)
     ax.set_xlabel("mean resident KV rows / full KV's")
     ax.set_ylabel("answer accuracy (all 8 final recalls right)")
-    ax.set_xlim(0, 1.1)
+    ax.set_xlim(0, 1.15)
     ax.set_ylim(-0.03, 1.05)
     ax.grid(alpha=0.3)
-    ax.set_title(f"Miniature: accuracy vs memory ({results['meta']['n_problems']} problems; squares: summaries traces)")
+    ax.set_title(f"Miniature: accuracy vs memory ({results['meta']['n_problems']} problems; squares: summaries traces; "
+                 "hollow: variant block size)", fontsize=10)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)

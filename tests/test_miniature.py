@@ -235,3 +235,14 @@ def test_arm_lanes_run_the_real_evaluator_side_by_side(tmp_path, monkeypatch):
     assert log.startswith("$ python -m eval") and f"method.budget_rows={max(8, round(full.rows.mean()))}" in log
     assert "== eval testbed" in log  # the evaluator's own end-of-run summary went to the log
 
+
+def test_pareto_labels_never_overlap_and_stay_at_their_point_when_there_is_room():
+    from analysis.miniature_report import label_positions
+
+    points = [(0.30, 1.0), (0.31, 0.99), (0.35, 0.98), (0.9, 0.99), (0.30, 0.5)]
+    where = label_positions(points, 0.17, 0.03)
+    assert where[0] == points[0] and where[3] == points[3] and where[4] == points[4]  # room: beside the point
+    assert all(x == px and y <= py for (x, y), (px, py) in zip(where, points))  # only ever moved down
+    for i, (x, y) in enumerate(where):
+        for u, v in where[i + 1:]:
+            assert abs(x - u) >= 0.17 or abs(y - v) >= 0.03 - 1e-12
