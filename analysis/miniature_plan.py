@@ -15,14 +15,15 @@ from dataclasses import dataclass, field
 
 # AbridgeKV on the testbed: blocks of C = 128 response tokens, K = 32 pause tokens (code rows) per block; a layer
 # keeping q of them compresses a completed block C:q (q = 32: 4:1, q = 16: 8:1; per-layer: the allocation's
-# schedule, K = 2 x 32). C = 128 since 2026-12-04 (analysis/results/miniature/block128/); before, C = 64 with K = 16
-# (BLOCK, PAUSES: the variant family abridge_c64*). At C = 64 the per-layer model's accuracy came with a held-out CE
-# drop late in its 5,000 steps and at a step that varied between trainings (0.973, then 0.828: rerun_perlayer/); at
-# C = 128 one 1,500-step stage of the per-layer recipe reached 0.953 on the validation seed (1,000,003, 128
-# problems; full KV 0.977), 0.922-0.938 on the test seeds (full KV 0.988-0.992): a block's code rows serve ~2x the
-# facts, so a block with many facts borrows capacity from the others, and half as many facts straddle a block
-# boundary (MINIATURE_NOTES). Its open block is up to 128 raw rows: 0.351 of full KV's rows against 0.305 at C = 64.
-# The paper's C = 512 (4:1 with q = 128) would leave a 1,024-token trace one completed block.
+# schedule, K = 2 x 32). C = 128 was chosen on 2026-12-04 (analysis/results/miniature/block128/) and is the main
+# block size since 2026-12-05; before, C = 64 with K = 16 (BLOCK, PAUSES: now the variant family abridge_c64*). At
+# C = 64 the per-layer model's accuracy came with a held-out CE drop late in its 5,000 steps and at a step that
+# varied between trainings (0.973, then 0.828: rerun_perlayer/); at C = 128 one 1,500-step stage of the per-layer
+# recipe reached 0.953 on the validation seed (1,000,003, 128 problems; full KV 0.977), 0.922-0.938 on the test
+# seeds (full KV 0.988-0.992): a block's code rows serve ~2x the facts, so a block with many facts borrows capacity
+# from the others, and half as many facts straddle a block boundary (MINIATURE_NOTES). Its open block is up to 128
+# raw rows: 0.351 of full KV's rows against 0.305 at C = 64. The paper's C = 512 (4:1 with q = 128) would leave a
+# 1,024-token trace one completed block.
 BLOCK, PAUSES = 64, 16
 ABRIDGE_STEPS = 3000  # the C = 64 models' first stage
 KVZAP_THRESHOLDS = (-8.0, -7.0, -6.0, -5.75, -5.5, -5.0, -4.0)  # log-score thresholds τ (analysis/miniature_kvzap.py);
