@@ -285,6 +285,8 @@ ALL = "all"  # task.arms=[all]: every arm, the variants too
 def plan(names: list[str]) -> tuple[list[str], list[str]]:
     """(models to train, arms to evaluate) in dependency order for the arms ``names`` (empty: every default arm;
     ``[all]``: every arm)."""
+    if ALL in names and len(names) > 1:
+        raise ValueError(f"task.arms={list(names)}: '{ALL}' runs every arm; give it alone")
     wanted = list(ARMS) if list(names) == [ALL] else list(names) or [a for a in ARMS if ARMS[a].default]
     unknown = [n for n in wanted if n not in ARMS]
     if unknown:

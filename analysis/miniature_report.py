@@ -66,8 +66,8 @@ def label_positions(points: list[tuple[float, float]], min_dx: float, min_dy: fl
 
 def pareto_figure(results: dict[str, Any], path: Path) -> None:
     """Answer accuracy against resident rows / full KV's: one colour per method (legend), squares for the summaries
-    traces' arms, hollow markers for variants that are not the main block size; a label for each arm that scores at
-    least 0.05 (the arms near 0 are told apart by colour)."""
+    traces' arms, hollow markers for arms at another block size than the arm named ``abridge`` (the method's main
+    configuration); a label for each arm that scores at least 0.05 (the arms near 0 are told apart by colour)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -77,9 +77,10 @@ def pareto_figure(results: dict[str, Any], path: Path) -> None:
     arms = results["arms"]
     methods = sorted({a["method"] for a in arms})
     colours = {m: plt.cm.tab20(i % 20) for i, m in enumerate(methods)}
+    main_block = next((a.get("block_size") for a in arms if a["name"] == "abridge"), None)
     for a in arms:
         marker = "s" if a["paired_with"] == "full_summaries" else "o"
-        hollow = a.get("block_size") not in (None, max((b.get("block_size") or 0) for b in arms))
+        hollow = a.get("block_size") not in (None, main_block)
         ax.scatter(a["rows_over_full"], a["answer_accuracy"], marker=marker, s=40, linewidths=1.2,
                    facecolors="none" if hollow else colours[a["method"]], edgecolors=colours[a["method"]])  # fmt: skip
     labelled = [a for a in arms if a["answer_accuracy"] >= 0.05]

@@ -38,6 +38,8 @@ def test_the_default_plan_runs_every_method_and_leaves_the_c64_variant_to_all_or
     every_model, every_arm = plan(["all"])
     assert every_arm == plan(list(ARMS))[1] and set(every_arm) == set(ARMS)
     assert {"abridge_c64_4to1_more", "abridge_c64_perlayer_more"} <= set(every_model)
+    with pytest.raises(ValueError, match="'all' runs every arm; give it alone"):
+        plan(["all", "zoomr"])
     models, arms = plan(["streaming@abridge_c64"])  # a variant runs when named, with what it needs
     assert arms == ["full", "abridge_c64", "streaming@abridge_c64"] and "abridge_c64_4to1_more" in models
 
