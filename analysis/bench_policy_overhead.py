@@ -9,7 +9,8 @@ context, batch 16) — which the tiny model cannot show. Each policy's cache is 
 ``--layers`` simulated layers (each layer's bookkeeping is independent of the others; rkv_serving sums scores
 over them) and its stores are filled directly with the rows it holds in steady state after ``--context``
 fed tokens (full / snapkv: all of them; budgeted policies: ``--budget``; the block-eviction ablation:
-the prompt, ``keep`` rows per completed block and the open block). Then ``--steps`` decode steps run the
+the prompt, ``keep`` rows per completed block and the open block; KVzap: a share of the older rows drawn per
+(b, h) from ``KVZAP_KEPT`` and the whole window, ragged, so paged). Then ``--steps`` decode steps run the
 real policy protocol — ``begin_step``, per layer ``update`` (append + hooks + the rows handed to attention),
 ``on_queries`` with random post-RoPE queries, ``on_attention`` with synthetic softmax weights for the
 policies that ask for them (precomputed: producing them is attention's cost), ``after_attention``
@@ -32,6 +33,7 @@ thread moves memory far slower than HBM). Writes ``DIR/policy_overhead.json`` + 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -50,7 +52,8 @@ from zoomr.cache import build_policy
 from zoomr.paths import REPO_ROOT
 
 POLICIES = ["full", "streaming", "h2o", "snapkv", "rkv", "rkv_serving", "evict_recency", "evict_random",
-            "evict_attention"]  # fmt: skip
+            "evict_attention", "kvzap"]  # fmt: skip
+KVZAP_KEPT = (0.3, 0.7)  # KVzap's steady state: each (b, h) holds a fraction of the context drawn from this range
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 PAPER_LAYERS = 32
 WEIGHT_BYTES_7B = 7.6e9 * 2  # R1-Distill-Qwen-7B parameters in bf16
@@ -87,6 +90,18 @@ class _CountOps(TorchDispatchMode):
         return kernels, sum(self.ops[op] for op in SYNC_OPS)
 
 
+def kvzap_cache(cfg: Any, mc: Any) -> Any:
+    """KVzap with a freshly initialised MLP surrogate (D_h / 8 wide, the paper's) and threshold 0: random hidden
+    states then score about half of the new rows below it, so about half of the rows leaving the window are evicted,
+    as at KVzap's ~2× operating point. The surrogate's cost is part of the policy's bookkeeping."""
+    from zoomr.cache.kvzap import KVzapCache
+    from zoomr.kvzap.surrogate import KVzapConfig, KVzapModel
+
+    surrogate = KVzapModel(KVzapConfig(input_dim=mc.hidden_size, output_dim=mc.num_key_value_heads,
+                                       n_modules=mc.num_hidden_layers, hidden_dim=mc.hidden_size // 8))  # fmt: skip
+    return KVzapCache(dataclasses.replace(cfg, threshold=0.0), mc, surrogate=surrogate.eval())
+
+
 def steady_rows(cfg: Any, context: int, prompt: int) -> int:
     """Rows a policy holds per (b, h) after ``context`` fed tokens (a ``prompt``-token prompt)."""
     if getattr(cfg, "policy", None) == "evict_block":
@@ -107,7 +122,8 @@ class Simulation:
         mc = SimpleNamespace(num_hidden_layers=args.layers, num_attention_heads=args.q_heads,
                              num_key_value_heads=args.kv_heads, head_dim=args.head_dim,
                              hidden_size=args.q_heads * args.head_dim, rope_theta=10000.0)  # fmt: skip
-        self.cache = build_policy(self.cfg, mc)
+        self.kvzap = name == "kvzap"
+        self.cache = kvzap_cache(self.cfg, mc) if self.kvzap else build_policy(self.cfg, mc)
         B, H, d, dt = args.batch, args.kv_heads, args.head_dim, DTYPES[args.dtype]
         self.rows = steady_rows(self.cfg, args.context, args.prompt)
         c, dev = self.cache, torch.device("cpu")
@@ -130,16 +146,31 @@ class Simulation:
                 layer.store.append(k, k, order, order, torch.ones(B, m, dtype=torch.bool), all_valid=True)
             for a in layer.store.attr_names:  # accumulated scores of a long run: positive, varied
                 layer.store.set_attr(a, torch.rand(B, H, self.rows, generator=gen))
+            if self.kvzap:  # ragged: each (b, h) keeps its share of the older rows, every row of the window
+                share = torch.empty(B, H, 1).uniform_(*KVZAP_KEPT, generator=gen)
+                old = torch.arange(self.rows) < self.rows - self.cfg.window
+                layer.store.retain(~old | (torch.rand(B, H, self.rows, generator=gen) < share))
+                # predicted scores about the threshold: the window's rows go half the time as they leave it; the
+                # older rows held survived it (scores above)
+                n, score = layer.store.n, torch.randn(B, H, layer.store.n_max, generator=gen)
+                older = torch.arange(score.shape[-1]) < (n - self.cfg.window)[..., None]
+                layer.store.set_attr(layer.store.attr_names[0], torch.where(older, score.abs(), score))
+        if self.kvzap:
+            self.rows = int(self.cache.resident_rows().float().mean())
+            self.hidden = torch.randn(64, B, 1, mc.hidden_size, generator=gen).to(dt)  # cycled: fresh scores
         self.k_new = torch.randn(B, H, 1, d, generator=gen).to(dt)
         self.q = torch.randn(B, args.q_heads, 1, d, generator=gen).to(dt)
         w = torch.rand(B, args.q_heads, 1, self.rows + 1, generator=gen)
         self.weights = (w / w.sum(-1, keepdim=True)).to(dt)  # synthetic softmax rows, sliced to N each step
         self.valid = torch.ones(B, 1, dtype=torch.bool)
+        self.t = 0  # steps run
 
     def step(self) -> None:
         c = self.cache
         c.begin_step(self.valid, input_ids=None, is_prefill=False)
         for i in range(len(c.layers)):
+            if self.kvzap:
+                c.on_attention_input(i, self.hidden[self.t % len(self.hidden)])
             keys, _ = c.update(self.k_new, self.k_new, i)
             _lookup(keys)  # what the attention function does with the registered view
             layer = c.layers[i]
@@ -151,6 +182,7 @@ class Simulation:
                                torch.full((*self.weights.shape[:-1], N), 1.0 / N, dtype=self.weights.dtype))  # fmt: skip
             c.after_attention(layer)
         c.end_step()
+        self.t += 1
 
     def resident_kv_bytes(self) -> float:
         """Mean K/V bytes per layer per sequence-batch held now (for the step projection)."""

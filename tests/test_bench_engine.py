@@ -64,7 +64,7 @@ def test_policy_overhead_simulation(tmp_path):
     report = bench_policy_overhead.main([
         "--batch", "2", "--context", "300", "--prompt", "20", "--budget", "64", "--kv-heads", "2", "--q-heads", "4",
         "--head-dim", "8", "--steps", "6", "--warmup", "2", "--policies", "full", "streaming", "h2o", "rkv",
-        "evict_recency", "--out", str(tmp_path)])  # fmt: skip
+        "evict_recency", "kvzap", "--out", str(tmp_path)])  # fmt: skip
     rows = {r["policy"]: r for r in report["rows"]}
     assert json.loads((tmp_path / "policy_overhead.json").read_text())["rows"] == report["rows"]
     assert rows["full"]["rows"] == 300 and rows["streaming"]["rows"] == 64
@@ -74,6 +74,22 @@ def test_policy_overhead_simulation(tmp_path):
     # an evicting policy does more work per step than full KV's single append, H2O most (it scores every row)
     assert rows["streaming"]["ops_per_layer"] > rows["full"]["ops_per_layer"]
     assert rows["h2o"]["ops_per_layer"] > rows["streaming"]["ops_per_layer"]
+    # KVzap: the window (128) and a 0.3-0.7 share of the 172 older rows per (b, h), scored by its surrogate
+    assert 128 + 0.3 * 172 <= rows["kvzap"]["rows"] <= 128 + 0.7 * 172
+    assert rows["kvzap"]["ops_per_layer"] > rows["full"]["ops_per_layer"]
+
+
+def test_policy_overhead_kvzap_evicts_rows_leaving_the_window():
+    """The simulated KVzap drops about half of the rows that leave its window each step."""
+    args = bench_policy_overhead.parse_args(["--batch", "2", "--context", "300", "--prompt", "20", "--kv-heads", "2",
+                                             "--q-heads", "4", "--head-dim", "8", "--policies", "kvzap"])  # fmt: skip
+    sim = bench_policy_overhead.Simulation("kvzap", args)
+    store = sim.cache.layers[0].store
+    before = int(store.n.sum())
+    for _ in range(40):
+        sim.step()
+    dropped = before + 40 * 2 * 2 - int(store.n.sum())  # 40 steps x 2 sequences x 2 KV heads appended
+    assert 0.25 * 160 <= dropped <= 0.75 * 160
 
 
 def test_gpu_check_dry_run_memory_section(tmp_path):

@@ -226,3 +226,50 @@ def test_drop_rows_equals_retain_of_the_same_rows(seed):
         assert torch.equal(fast.attr("s"), slow.attr("s"))
         held = fast.rows().valid
         assert torch.equal(fast.rows().keys[held], slow.rows().keys[held])
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_paged_tail_evictions_slide_in_place(seed):
+    """KVzap's decode step on a ragged (paged) store: each step appends a row and drops, in some (b, h), the row
+    ``window`` rows from the end. The rows slide in place (the pools are not reallocated at every eviction, as
+    a rebuild would) and still equal a reference, attributes included; free pages stay under a quarter."""
+    rng = random.Random(seed)
+    B, H, window = rng.randint(1, 3), rng.randint(2, 3), rng.choice([3, 6])
+    store = _store(B=B, H=H, p=rng.choice([1, 4]))
+    ref = [[[] for _ in range(H)] for _ in range(B)]
+    score = [[[] for _ in range(H)] for _ in range(B)]
+    cnt = _append(store, ref, 0, S=40)
+    keep = torch.arange(40).expand(B, H, 40) % (3 * torch.arange(H).view(1, H, 1) + 1) == 0  # head h: every (3h+1)-th
+    store.retain(keep)
+    for b in range(B):
+        for h in range(H):
+            ref[b][h] = [x for j, x in enumerate(ref[b][h]) if keep[b, h, j]]
+            score[b][h] = [0.0] * len(ref[b][h])
+    assert not store.slab
+    kept_pools = 0
+    for _ in range(60):
+        valid = torch.rand(B, 1) < 0.9
+        cnt = _append(store, ref, cnt, 1, valid)
+        delta = torch.randint(0, 3, (B, H, store.n_max)).float()
+        store.add_to_attr("s", delta)
+        for b in range(B):
+            for h in range(H):
+                score[b][h] += [0.0] * int(valid[b, 0])
+                score[b][h] = [x + float(delta[b, h, j]) for j, x in enumerate(score[b][h])]
+        keep = store.rows().valid.clone()
+        for b in range(B):
+            for h in range(H):
+                n = len(ref[b][h])
+                if n > window and h and rng.random() < 0.7:  # head 0 keeps everything: the counts stay uneven
+                    keep[b, h, n - 1 - window] = False
+                    del ref[b][h][n - 1 - window], score[b][h][n - 1 - window]
+        pools = store.k.data_ptr()
+        store.retain(keep)
+        kept_pools += store.k.data_ptr() == pools
+        assert 4 * store.free.numel() <= store.n_pages
+        _check(store, ref)
+        got = store.attr("s")
+        for b in range(B):
+            for h in range(H):
+                assert got[b, h, : len(score[b][h])].tolist() == score[b][h]
+    assert not store.slab and kept_pools >= 40  # in place at most steps (a rebuild reallocates the pools)

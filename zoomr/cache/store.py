@@ -14,8 +14,11 @@ Two layouts, chosen by the store itself (the interface is the same):
   leave memory (the capacity held is always what ``bytes()`` reports).
 - **paged** (ragged per-head rows, e.g. KVzap): page pools ``[n_pages, page_size, d]``, a page table
   ``[B, H, max_pages]`` and a row map; ``rows()`` gathers. Used while the (b, h) row counts are so uneven that
-  a slab would hold more than 1.25× the pages the rows need; every eviction rebuilds the pools at the exact size
-  (and switches back to a slab once the counts are even again).
+  a slab would hold more than 1.25× the pages the rows need. An eviction slides each (b, h)'s kept rows after
+  its first evicted one down in place and returns emptied pages to the free list (KVzap's decode step moves
+  ``window`` rows, not all of them); the pools are rebuilt at the exact size when that would move more rows
+  than are kept or more than a quarter of the pages are free (and switch back to a slab once the counts are
+  even again).
 
 ``pos`` is each row's RoPE position, ``order`` its feed index in its sequence (0, 1, 2, ... over the tokens
 run through the model, forced tokens included; it defines causality inside a multi-token step), ``attrs``
@@ -418,8 +421,9 @@ class PagedKV:
         """Keep the rows where ``keep [B, H, N]`` is True (aligned with :meth:`rows`); free everything else.
 
         Slab: kept rows are compacted in place (the cheaper of sliding the head or the tail), and the buffers
-        are reallocated at the exact size when more than half of them would be free; paged (or a slab that
-        would become too uneven): the pools are rebuilt at the size the kept rows need.
+        are reallocated at the exact size when more than half of them would be free; paged: each (b, h)'s tail
+        slides in place (:meth:`_slide_paged_tails`) unless a rebuild at the size the kept rows need is cheaper
+        or the counts are even enough for a slab again; a slab that would become too uneven is rebuilt paged.
         """
         N = self.n_max
         shape = (self.batch, self.heads, N)
@@ -438,8 +442,9 @@ class PagedKV:
         else:
             k_lo, k_hi = (int(x) for x in torch.aminmax(n_keep))
         if not self.slab or (k_lo != k_hi and not self._slab_fits(n_keep, k_hi)):
-            flat, valid = self.flat_index()
-            self._rebuild(flat, keep & valid)
+            if self.slab or self._slab_fits(n_keep, k_hi) or not self._slide_paged_tails(gone, n_keep):
+                flat, valid = self.flat_index()
+                self._rebuild(flat, keep & valid)
             return
         cols = gone.any(dim=1).any(dim=0).nonzero()  # columns holding an evicted row somewhere
         first, last = int(cols[0]), int(cols[-1]) + 1
@@ -503,6 +508,46 @@ class PagedKV:
             ar = torch.arange(span, device=self.device)
             self._move(ar + (ar >= (j - lo)[:, :, None]), s + lo, s + lo, span)
         self._set_kept(None, N - 1, N - 1)
+
+    def _slide_paged_tails(self, gone: torch.Tensor, n_keep: torch.Tensor) -> bool:
+        """Paged layout, in place: in each (b, h), the kept rows after its first evicted one slide down over the
+        evicted ones (through the row map: row j lives in page ``table[j // p]`` at ``j % p``, so the rows before
+        stay where they are), and pages left empty at the end go back to the free list. This is KVzap's decode
+        step — the row that left the window, one per (b, h) at most, ``window`` rows from the end — at
+        O(window) rows moved instead of a rebuild's O(held rows). False, with nothing changed, when the slide
+        would move more rows than are kept (then the caller rebuilds). The pools are reallocated at the exact
+        size once more than a quarter of their pages are free, so evicted rows still leave memory."""
+        B, H, N = gone.shape
+        n, p, dev = self.n, self.page_size, self.device
+        hit = gone.any(-1)
+        first = torch.where(hit, gone.to(torch.int8).argmax(-1), n)  # first evicted row; n: none evicted
+        M = int((n - first).max())
+        if int(n_keep.sum()) < B * H * M:
+            return False
+        c = torch.arange(M, device=dev)
+        rows = first[..., None] + c  # [B, H, M]: each (b, h)'s rows from its first evicted one
+        rel = rows.clamp(max=N - 1)
+        out = gone.gather(-1, rel) | (rows >= n[..., None])  # evicted, or past the (b, h)'s last row
+        src = rel.gather(-1, torch.argsort(out.to(torch.int8), dim=-1, stable=True))  # kept rows first, in order
+        move = c < (~out).sum(-1, keepdim=True)
+        src_slot, dst_slot = self._flat.gather(-1, src)[move], self._flat.gather(-1, rel)[move]
+        d = self.head_dim
+        for i, t in enumerate(self._pools()):
+            flat_t = t.view(-1, d) if i < 2 else t.view(-1)
+            flat_t[dst_slot] = flat_t[src_slot]  # the gather makes a copy first: overlapping moves are safe
+        have, need = _ceil_div(n, p), _ceil_div(n_keep, p)
+        slots = torch.arange(self.table.shape[-1], device=dev)
+        emptied = (slots >= need[..., None]) & (slots < have[..., None])
+        if bool(emptied.any()):
+            self.free = torch.cat([self.free, self.table[emptied]])
+            self.table[emptied] = -1
+        self.n = n_keep
+        self._update_extent()
+        self.version += 1
+        if 4 * self.free.numel() > self.n_pages:  # too much free capacity: exact pools again
+            flat, valid = self.flat_index()
+            self._rebuild(flat, valid)
+        return True
 
     def _set_kept(self, n_keep: torch.Tensor | None, k_lo: int, k_hi: int) -> None:
         self.n = n_keep
