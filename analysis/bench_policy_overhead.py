@@ -25,7 +25,8 @@ parameters in bf16 (15.2 GB; R1-Distill-Qwen-7B) and each policy's resident KV a
 at H100 SXM's 3.35 TB/s (an ideal-bandwidth *lower* bound on the step, so the ratios below are upper bounds).
 GPU bookkeeping is estimated as ``ops × --launch-us`` (default 5 µs per eager op: dispatch + launch) plus the
 bytes the kernels write, read and written once at HBM bandwidth (compaction traffic: H2O's tail slide is
-O(rows) per step), per layer × 32 layers; the CPU-measured time × 32 is reported as a pessimistic bound (one CPU
+O(rows) per step; an in-place scatter counts the elements it writes, not the whole buffer it returns), per layer
+× 32 layers; the CPU-measured time × 32 is reported as a pessimistic bound (one CPU
 thread moves memory far slower than HBM). Writes ``DIR/policy_overhead.json`` + ``.md``
 (default ``runs/bench_policy_overhead/<time>/`` under the working directory).
 """
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import statistics
 import time
 from collections import Counter
@@ -66,6 +68,36 @@ VIEW_OPS = {"view", "_unsafe_view", "slice", "select", "expand", "as_strided", "
 SYNC_OPS = {"_local_scalar_dense", "nonzero", "masked_select"}  # results sized / read on the host: a GPU sync
 
 
+SCATTER_OPS = {"index_put_", "index_add_", "index_copy_", "scatter_", "scatter_add_", "masked_fill_"}
+
+
+def _scattered_bytes(name: str, args: tuple) -> int:
+    """Bytes an in-place scatter into ``args[0]`` writes: the indexed elements, not the whole buffer it returns."""
+    dest = args[0]
+    if name == "index_put_":  # dest[indices] = values: indexed positions × the dims no index covers
+        indices, covered, n = args[1], 0, 1
+        shapes = []
+        for i in indices:
+            if i is None:  # a whole dimension
+                n *= dest.shape[covered]
+                covered += 1
+            elif i.dtype == torch.bool:  # a mask over i.dim() dimensions
+                shapes.append((int(i.sum()),))
+                covered += i.dim()
+            else:
+                shapes.append(tuple(i.shape))
+                covered += 1
+        n *= math.prod(torch.broadcast_shapes(*shapes)) if shapes else 1
+        n *= math.prod(dest.shape[covered:])
+    elif name in ("index_add_", "index_copy_"):  # dest.index_add_(dim, index, source)
+        n = args[3].numel()
+    elif name == "masked_fill_":
+        n = int(torch.broadcast_to(args[1], dest.shape).sum())
+    else:  # scatter_ / scatter_add_ (dim, index, src): one element per index entry
+        n = args[2].numel()
+    return n * dest.element_size()
+
+
 class _CountOps(TorchDispatchMode):
     """Counts the aten operators dispatched inside the context: kernels, views, host syncs."""
 
@@ -78,7 +110,9 @@ class _CountOps(TorchDispatchMode):
         name = func.overloadpacket.__name__
         self.ops[name] += 1
         out = func(*args, **(kwargs or {}))
-        if name not in VIEW_OPS:
+        if name in SCATTER_OPS:  # in place into part of a buffer: it returns the whole buffer, writes only this
+            self.bytes_written += _scattered_bytes(name, args)
+        elif name not in VIEW_OPS:
             for t in out if isinstance(out, (tuple, list)) else (out,):
                 if isinstance(t, torch.Tensor):
                     self.bytes_written += t.numel() * t.element_size()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from analysis import bench_decode, bench_policy_overhead, gpu_check
 
@@ -119,3 +120,22 @@ def test_gpu_check_refuses_the_full_run_without_a_gpu(capsys):
     with pytest.raises(SystemExit):
         gpu_check.parse_args([])
     assert "needs a GPU" in capsys.readouterr().err
+
+
+def test_policy_overhead_counts_what_a_scatter_writes_not_its_whole_buffer():
+    """An in-place scatter returns its whole destination; the bytes it writes are the indexed elements only."""
+    dest, mask, ones = torch.zeros(10, 4), torch.arange(40).view(10, 4) % 6 == 0, torch.ones(2, 4)
+    rows, cols, rows2, flat = torch.tensor([1, 2, 3]), torch.tensor([0, 1]), torch.tensor([0, 5]), torch.tensor([3, 9, 11])
+    cases = [
+        (lambda: dest.__setitem__(rows, 1.0), 3 * 4),  # 3 rows of 4
+        (lambda: dest.__setitem__((slice(None), cols), 2.0), 10 * 2),  # a column pair, every row
+        (lambda: dest.__setitem__(mask, 3.0), 7),  # a mask with 7 Trues
+        (lambda: dest.index_add_(0, rows2, ones), 2 * 4),
+        (lambda: dest.view(-1).scatter_(0, flat, 4.0), 3),
+        (lambda: dest[2:4].fill_(5.0), 2 * 4),  # a view: its own size
+    ]
+    for op, elements in cases:  # the index tensors are built outside: only the write is counted
+        counter = bench_policy_overhead._CountOps()
+        with counter:
+            op()
+        assert counter.bytes_written == elements * 4
