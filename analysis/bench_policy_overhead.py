@@ -51,6 +51,8 @@ from analysis.bench_decode import method_config
 from analysis.cli import require_at_least
 from zoomr.attention import _lookup
 from zoomr.cache import build_policy
+from zoomr.cache.kvzap import KVzapCache
+from zoomr.kvzap.surrogate import KVzapConfig, KVzapModel
 from zoomr.paths import REPO_ROOT
 
 POLICIES = ["full", "streaming", "h2o", "snapkv", "rkv", "rkv_serving", "evict_recency", "evict_random",
@@ -128,9 +130,6 @@ def kvzap_cache(cfg: Any, mc: Any) -> Any:
     """KVzap with a freshly initialised MLP surrogate (D_h / 8 wide, the paper's) and threshold 0: random hidden
     states then score about half of the new rows below it, so about half of the rows leaving the window are evicted,
     as at KVzap's ~2× operating point. The surrogate's cost is part of the policy's bookkeeping."""
-    from zoomr.cache.kvzap import KVzapCache
-    from zoomr.kvzap.surrogate import KVzapConfig, KVzapModel
-
     surrogate = KVzapModel(KVzapConfig(input_dim=mc.hidden_size, output_dim=mc.num_key_value_heads,
                                        n_modules=mc.num_hidden_layers, hidden_dim=mc.hidden_size // 8))  # fmt: skip
     return KVzapCache(dataclasses.replace(cfg, threshold=0.0), mc, surrogate=surrogate.eval())

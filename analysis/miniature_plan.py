@@ -220,7 +220,7 @@ ARMS: dict[str, Arm] = {
             extra={**_C64, **_PERLAYER, "steps": ABRIDGE_STEPS}, default=False),
         *(Arm(f"{b}@abridge_c64{r}", b, "base", match=f"abridge_c64{r}", default=False)
           for r in ("", "_8to1") for b in ("streaming", "h2o")),
-        *(Arm(f"{e}_c64", e, "base", (f"method.block_size={BLOCK}", f"method.quota={BLOCK // 4}"), method_yaml=e,
+        *(Arm(f"{e}_c64", e, "base", (f"method.block_size={BLOCK}", f"method.quota={PAUSES}"), method_yaml=e,
               default=False) for e in EVICTORS),
         *(Arm(f"kvzap@{t:g}", "kvzap", "kvzap", (f"method.threshold={t}",), extra={"threshold": t})
           for t in KVZAP_THRESHOLDS),

@@ -442,7 +442,7 @@ class PagedKV:
         else:
             k_lo, k_hi = (int(x) for x in torch.aminmax(n_keep))
         if not self.slab or (k_lo != k_hi and not self._slab_fits(n_keep, k_hi)):
-            if self.slab or self._slab_fits(n_keep, k_hi) or not self._slide_paged_tails(gone, n_keep):
+            if self.slab or self._slab_fits(n_keep, k_hi) or not self._slide_paged_tails(gone, n_keep, k_lo, k_hi):
                 flat, valid = self.flat_index()
                 self._rebuild(flat, keep & valid)
             return
@@ -509,14 +509,15 @@ class PagedKV:
             self._move(ar + (ar >= (j - lo)[:, :, None]), s + lo, s + lo, span)
         self._set_kept(None, N - 1, N - 1)
 
-    def _slide_paged_tails(self, gone: torch.Tensor, n_keep: torch.Tensor) -> bool:
+    def _slide_paged_tails(self, gone: torch.Tensor, n_keep: torch.Tensor, k_lo: int, k_hi: int) -> bool:
         """Paged layout, in place: in each (b, h), the kept rows after its first evicted one slide down over the
         evicted ones (through the row map: row j lives in page ``table[j // p]`` at ``j % p``, so the rows before
         stay where they are), and pages left empty at the end go back to the free list. This is KVzap's decode
         step — the row that left the window, one per (b, h) at most, ``window`` rows from the end — at
         O(window) rows moved instead of a rebuild's O(held rows). False, with nothing changed, when the slide
         would move more rows than are kept (then the caller rebuilds). The pools are reallocated at the exact
-        size once more than a quarter of their pages are free, so evicted rows still leave memory."""
+        size once more than a quarter of their pages are free, so evicted rows still leave memory. ``k_lo``/``k_hi``:
+        the smallest and largest of ``n_keep`` (the caller has them)."""
         B, H, N = gone.shape
         n, p, dev = self.n, self.page_size, self.device
         hit = gone.any(-1)
@@ -542,7 +543,7 @@ class PagedKV:
             self.free = torch.cat([self.free, self.table[emptied]])
             self.table[emptied] = -1
         self.n = n_keep
-        self._update_extent()
+        self.n_min, self.n_max = k_lo, k_hi
         self.version += 1
         if 4 * self.free.numel() > self.n_pages:  # too much free capacity: exact pools again
             flat, valid = self.flat_index()
