@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from tqdm.auto import tqdm
 
 from analysis.bench_decode import method_config
 from analysis.cli import require_at_least
@@ -227,18 +228,23 @@ class Simulation:
 @torch.no_grad()
 def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
     sim = Simulation(name, args)
+    count_steps = min(args.steps, 64)
+    bar = tqdm(total=args.warmup + args.steps + count_steps, desc=f"{name} steps", leave=False)
     for _ in range(args.warmup):
         sim.step()
+        bar.update()
     times = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
         sim.step()
         times.append(time.perf_counter() - t0)
+        bar.update()  # outside the timed span
     counter = _CountOps()
-    count_steps = min(args.steps, 64)
-    with counter:
-        for _ in range(count_steps):
+    for _ in range(count_steps):
+        with counter:  # only the step is counted, not the bar
             sim.step()
+        bar.update()
+    bar.close()
     L = args.layers
     kernels, syncs = counter.split()
     ops, syncs = kernels / (count_steps * L), syncs / (count_steps * L)
