@@ -61,3 +61,36 @@ def paired_bootstrap(
     alpha_arr = np.asarray(alpha, dtype=distribution.dtype)
     low, high = quantile(distribution, np.stack((alpha_arr, 1 - alpha_arr), axis=-1), axis=-1)
     return PairedCI(float(np.mean(diff)), float(low), float(high), len(a), indices.shape[0])
+
+
+def stratified_paired_bootstrap(
+    strata: list[tuple[np.ndarray, np.ndarray]],
+    n_resamples: int = 2000,
+    seed: int = 1234,
+    confidence: float = 0.95,
+) -> PairedCI:
+    """Paired bootstrap pooled over strata (e.g. test seeds): problems are resampled with replacement
+    *within* their stratum, so every resample keeps each stratum's problem count, and the statistic is the
+    mean of a - b over all problems. One stratum gives exactly :func:`paired_bootstrap` with the same seed
+    (the same index draw and reduction)."""
+    from scipy.stats import quantile
+
+    if not strata:
+        raise ValueError("the stratified bootstrap needs at least one stratum")
+    rng = np.random.default_rng(seed)
+    sums = np.zeros(n_resamples)
+    diffs = []
+    for i, (a, b) in enumerate(strata):
+        a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+        if a.shape != b.shape or a.ndim != 1:
+            raise ValueError(f"stratum {i}: paired samples must be 1-D of equal length, got {a.shape} and {b.shape}")
+        if len(a) < 2:
+            raise ValueError(f"stratum {i}: the paired bootstrap needs at least 2 problems, got {len(a)}")
+        diff = a - b
+        sums += np.add.reduce(diff[rng.integers(0, len(diff), (n_resamples, len(diff)))], axis=-1)
+        diffs.append(diff)
+    n = sum(len(d) for d in diffs)
+    distribution = sums / n
+    alpha = np.asarray((1 - confidence) / 2, dtype=distribution.dtype)
+    low, high = quantile(distribution, np.stack((alpha, 1 - alpha), axis=-1), axis=-1)
+    return PairedCI(float(np.mean(np.concatenate(diffs))), float(low), float(high), n, n_resamples)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from eval.bootstrap import index_matrix, paired_bootstrap
+from eval.bootstrap import index_matrix, paired_bootstrap, stratified_paired_bootstrap
 from eval.metrics import compute_metrics, pass_at_k, summarize
 
 
@@ -89,3 +89,34 @@ def test_shared_index_matrix_is_reused_across_arms():
     assert same.delta == same.low == same.high == 0.0
     with pytest.raises(ValueError):
         paired_bootstrap(arm1[:10], ref, idx)
+
+
+def test_stratified_bootstrap_of_one_stratum_is_the_paired_bootstrap():
+    rng = np.random.default_rng(3)
+    a, b = rng.integers(0, 2, 200).astype(float), rng.integers(0, 2, 200).astype(float)
+    assert stratified_paired_bootstrap([(a, b)], seed=7) == paired_bootstrap(a, b, seed=7)
+
+
+def test_stratified_bootstrap_resamples_within_strata():
+    # a constant difference inside each stratum: every within-stratum resample has the same pooled mean, so the
+    # interval collapses onto the problem-weighted mean (a bootstrap pooling the problems would spread it)
+    strata = [(np.ones(30), np.zeros(30)), (np.zeros(90), np.zeros(90))]
+    ci = stratified_paired_bootstrap(strata)
+    assert ci.delta == ci.low == ci.high == pytest.approx(30 / 120)
+    assert ci.n_problems == 120
+    pooled = paired_bootstrap(np.r_[np.ones(30), np.zeros(90)], np.zeros(120))
+    assert pooled.high - pooled.low > 0.1
+
+
+def test_stratified_bootstrap_narrows_with_more_strata():
+    rng = np.random.default_rng(0)
+    draw = lambda: (rng.integers(0, 2, 256).astype(float), rng.integers(0, 2, 256).astype(float))  # noqa: E731
+    strata = [draw() for _ in range(4)]
+    one = stratified_paired_bootstrap(strata[:1])
+    four = stratified_paired_bootstrap(strata)
+    assert 1.6 < (one.high - one.low) / (four.high - four.low) < 2.4  # ~ sqrt(4)
+    assert four.delta == pytest.approx(np.mean([np.mean(a - b) for a, b in strata]))
+    with pytest.raises(ValueError, match="stratum 1"):
+        stratified_paired_bootstrap([strata[0], (np.ones(3), np.ones(4))])
+    with pytest.raises(ValueError, match="at least one"):
+        stratified_paired_bootstrap([])

@@ -1,0 +1,189 @@
+"""The miniature across test seeds: each arm's paired difference per seed and pooled over seeds (issue 15).
+
+    python -m analysis.miniature_seeds runs/miniature runs/miniature_s3 runs/extra_seeds/s6000007 \\
+        --out analysis/results/miniature/seeds
+
+Every input is a ``python -m analysis +task=miniature`` output directory: its ``results.json`` names the test
+seed and each arm's paired full-KV arm, ``arms/<arm>/`` holds the evaluated runs. An arm is compared with its
+full-KV arm, and ``--vs A:B`` adds other pairs (A − B; defaults: the issue's per-layer-vs-uniform and
+evictor bars, ZoomR vs SumR). Per seed the interval is the miniature table's paired bootstrap; pooled, problems
+are resampled within their seed (:func:`eval.bootstrap.stratified_paired_bootstrap`), so the pooled row weighs
+every problem of every seed once and says what to expect on an unseen seed, where one seed's 256 problems
+leave about ±2 points. Writes ``table.md``, ``results.json`` and ``forest.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from analysis.miniature_plan import ARMS
+from eval.arms import load_arm
+from eval.bootstrap import paired_bootstrap, stratified_paired_bootstrap
+
+DEFAULT_VS = (
+    "abridge_perlayer_1500steps:abridge",  # per-layer vs uniform at the same steps and mean quota
+    "abridge_perlayer:evict_recency",  # AbridgeKV 4:1 vs the ablation evictors at its rows (>= 10 points)
+    "abridge_perlayer:evict_random",
+    "abridge_perlayer:evict_attention",
+    "zoomr:sumr",
+)
+DEFAULT_FOREST = ("abridge_perlayer", "kvzap@-5.75", "kvzap_linear@-5.75", "zoomr")
+
+
+def load_seed(out: Path) -> dict[str, Any]:
+    """One miniature output: its test seed and arms (results.json entries by name)."""
+    path = out / "results.json"
+    if not path.is_file():
+        raise SystemExit(f"miniature_seeds: {out} has no results.json; give python -m analysis +task=miniature outputs")
+    results = json.loads(path.read_text())
+    return {"dir": out, "test_seed": results["meta"]["test_seed"], "arms": {a["name"]: a for a in results["arms"]}}
+
+
+def arm_run(seed: dict[str, Any], name: str):
+    return load_arm(seed["dir"] / "arms" / name.replace("@", "_at_"))
+
+
+def compare(seeds: list[dict[str, Any]], arm: str, vs: str | None) -> dict[str, Any] | None:
+    """``arm`` against ``vs`` (None: its paired full-KV arm) on every seed that has both; None if none has."""
+    per_seed, strata = [], []
+    for seed in seeds:
+        entry = seed["arms"].get(arm)
+        other = vs or (entry or {}).get("paired_with")
+        if entry is None or other not in seed["arms"]:
+            continue
+        a, b = arm_run(seed, arm), arm_run(seed, other)
+        if a.ids != b.ids:
+            raise SystemExit(f"miniature_seeds: seed {seed['test_seed']}: {arm} and {other} ran different problems")
+        ci = paired_bootstrap(a.correct, b.correct)
+        per_seed.append({
+            "test_seed": seed["test_seed"], "n": len(a.ids), "vs": other, "accuracy": float(a.correct.mean()),
+            "vs_accuracy": float(b.correct.mean()), "delta": ci.delta, "ci": [ci.low, ci.high],
+            "rows_over_full": entry["rows_over_full"], "correct": _bits(a.correct), "vs_correct": _bits(b.correct),
+        })  # fmt: skip
+        strata.append((a.correct, b.correct))
+    if not per_seed:
+        return None
+    pooled = stratified_paired_bootstrap(strata)
+    n = sum(s["n"] for s in per_seed)
+    weighted = lambda key: sum(s[key] * s["n"] for s in per_seed) / n  # noqa: E731
+    return {
+        "arm": arm, "vs": vs or "full KV", "per_seed": per_seed, "worst_delta": min(s["delta"] for s in per_seed),
+        "pooled": {"n": n, "accuracy": weighted("accuracy"), "vs_accuracy": weighted("vs_accuracy"),
+                   "delta": pooled.delta, "ci": [pooled.low, pooled.high], "rows_over_full": weighted("rows_over_full")},
+    }  # fmt: skip
+
+
+def _bits(correct: np.ndarray) -> str | list[float]:
+    """Per-problem correctness as a compact '0'/'1' string (what the pooled bootstrap resamples), a list if
+    some problem scored in between (avg@k)."""
+    if np.isin(correct, (0.0, 1.0)).all():
+        return "".join("1" if c else "0" for c in correct)
+    return [float(c) for c in correct]
+
+
+def _points(x: float) -> str:
+    return f"{100 * x:+.1f}"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    seeds = results["meta"]["test_seeds"]
+    lines = [
+        f"Miniature across {len(seeds)} test seeds ({', '.join(f'{s:,}' for s in seeds)}; "
+        f"{results['meta']['n_problems']} problems in all). Δ in points, paired 95% CI; pooled: resampled "
+        "within each seed.",
+        "",
+        "| arm | vs | seeds | Δ per seed | worst | pooled acc (arm / vs) | pooled Δ [95% CI] | rows / full |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in results["comparisons"]:
+        p = c["pooled"]
+        lines.append(
+            f"| {c['arm']} | {c['vs']} | {len(c['per_seed'])} | {' / '.join(_points(s['delta']) for s in c['per_seed'])} "
+            f"| {_points(c['worst_delta'])} | {p['accuracy']:.3f} / {p['vs_accuracy']:.3f} "
+            f"| {_points(p['delta'])} [{_points(p['ci'][0])}, {_points(p['ci'][1])}] | {p['rows_over_full']:.3f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def forest_figure(results: dict[str, Any], arms: list[str], path: Path) -> None:
+    """Δ vs full KV per seed (dots, 95% CI) and pooled (diamond) for ``arms``: where an unseen seed would fall."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [c for c in results["comparisons"] if c["vs"] == "full KV" and c["arm"] in arms]
+    if not shown:
+        return
+    fig, ax = plt.subplots(figsize=(7, 0.45 * sum(len(c["per_seed"]) + 2 for c in shown) + 1))
+    y, ticks, labels = 0.0, [], []
+    for c in shown:
+        for s in c["per_seed"]:
+            ax.errorbar(100 * s["delta"], y, xerr=[[100 * (s["delta"] - s["ci"][0])], [100 * (s["ci"][1] - s["delta"])]],
+                        fmt="o", color="tab:blue", capsize=3)  # fmt: skip
+            ticks.append(y), labels.append(f"{c['arm']}  seed {s['test_seed']:,} (n={s['n']})")
+            y -= 1
+        p = c["pooled"]
+        ax.errorbar(100 * p["delta"], y, xerr=[[100 * (p["delta"] - p["ci"][0])], [100 * (p["ci"][1] - p["delta"])]],
+                    fmt="D", color="tab:red", capsize=3, markersize=8)  # fmt: skip
+        ticks.append(y), labels.append(f"{c['arm']}  pooled (n={p['n']}, {p['rows_over_full']:.2f} of the rows)")
+        y -= 2
+    ax.axvline(0, color="grey", lw=1)
+    ax.axvline(-2, color="grey", lw=1, ls="--", label="−2 points (the issue's bar)")
+    ax.set_yticks(ticks, labels, fontsize=8)
+    ax.set_xlabel("answer accuracy − full KV's (points, paired 95% CI)")
+    ax.legend(loc="lower left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(outs: list[Path], arms: list[str] | None, vs: list[str], forest: list[str]) -> dict[str, Any]:
+    seeds = [load_seed(o) for o in outs]
+    seen: dict[int, Path] = {}
+    for s in seeds:
+        if s["test_seed"] in seen:
+            raise SystemExit(f"miniature_seeds: test seed {s['test_seed']} twice ({seen[s['test_seed']]}, {s['dir']})")
+        seen[s["test_seed"]] = s["dir"]
+    present = {a for s in seeds for a in s["arms"]}
+    wanted = arms or [a for a in ARMS if a in present] + sorted(present - set(ARMS))
+    comparisons = [c for a in wanted if (c := compare(seeds, a, None))]
+    for pair in vs:
+        a, b = pair.split(":")
+        if c := compare(seeds, a, b):
+            comparisons.append(c)
+    n = {s["test_seed"]: len(arm_run(s, "full").ids) for s in seeds if "full" in s["arms"]}
+    return {"meta": {"test_seeds": [s["test_seed"] for s in seeds], "inputs": [str(o) for o in outs],
+                     "n_problems": sum(n.values()), "n_by_seed": n}, "comparisons": comparisons}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("outs", nargs="+", type=Path, help="python -m analysis +task=miniature output directories")
+    ap.add_argument("--arms", nargs="*", default=None, help="arms compared with full KV (default: every arm found)")
+    ap.add_argument("--vs", nargs="*", default=list(DEFAULT_VS), help="extra pairs A:B (A − B)")
+    ap.add_argument("--forest", nargs="*", default=list(DEFAULT_FOREST), help="arms drawn in forest.png")
+    ap.add_argument("--out", type=Path, default=Path("runs/miniature_seeds"))
+    args = ap.parse_args(argv)
+    bad = [p for p in args.vs if p.count(":") != 1 or "" in p.split(":")]
+    if bad:
+        ap.error(f"--vs {bad[0]}: give pairs as ARM:OTHER")
+    missing = [str(o) for o in args.outs if not (o / "results.json").is_file()]
+    if missing:
+        ap.error(f"not miniature outputs (no results.json): {', '.join(missing)}")
+    results = run(args.outs, args.arms, args.vs, args.forest)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    (args.out / "table.md").write_text(markdown(results))
+    forest_figure(results, args.forest, args.out / "forest.png")
+    print(markdown(results))
+    print(f"written {args.out}/table.md, results.json, forest.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""analysis.miniature_seeds: per-seed numbers equal the miniature table's; pooled = stratified over seeds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analysis import miniature_seeds as seeds
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+COMMITTED = REPO_ROOT / "analysis/results/miniature"
+
+
+def _fake_seed(root: Path, test_seed: int, arms: dict[str, list[int]], paired_with: str = "full") -> Path:
+    """A miniature output with arms whose per-problem correctness is given (every other field fixed)."""
+    out = root / f"s{test_seed}"
+    entries = []
+    for name, correct in arms.items():
+        run = out / "arms" / name.replace("@", "_at_")
+        run.mkdir(parents=True)
+        rows = [{"problem_id": f"testbed-{test_seed}-{i}", "sample": 0, "correct": bool(c), "recall_accuracy": 1.0,
+                 "kv": {"rows_mean": 100.0 if name == "full" else 40.0}} for i, c in enumerate(correct)]  # fmt: skip
+        (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (run / "metrics.json").write_text("{}")
+        entries.append({"name": name, "paired_with": paired_with, "rows_over_full": 1.0 if name == "full" else 0.4})
+    (out / "results.json").write_text(json.dumps({"meta": {"test_seed": test_seed}, "arms": entries}))
+    return out
+
+
+def test_per_seed_numbers_equal_the_committed_miniature_table(tmp_path):
+    """On the committed seed-2,000,003 arms the per-seed Δ and interval are the table's own (the same paired
+    bootstrap), and one seed's pooled interval is that interval again."""
+    (tmp_path / "results.json").symlink_to(COMMITTED / "results.json")
+    (tmp_path / "arms").symlink_to(COMMITTED / "runs/arms")
+    committed = {a["name"]: a for a in json.loads((COMMITTED / "results.json").read_text())["arms"]}
+    arms = ["abridge_perlayer", "abridge", "kvzap@-5.75", "zoomr", "lightthinker", "evict_random"]
+    results = seeds.run([tmp_path], arms, ["abridge_perlayer:abridge"], [])
+    by_arm = {(c["arm"], c["vs"]): c for c in results["comparisons"]}
+    for name in arms:
+        c = by_arm[(name, "full KV")]
+        (s,) = c["per_seed"]
+        assert s["delta"] == committed[name]["delta_vs_full"] and s["ci"] == committed[name]["ci_vs_full"]
+        assert s["accuracy"] == committed[name]["answer_accuracy"]
+        assert c["pooled"]["ci"] == s["ci"] and c["pooled"]["n"] == 256
+    vs = by_arm[("abridge_perlayer", "abridge")]["per_seed"][0]
+    assert vs["delta"] == pytest.approx(committed["abridge_perlayer"]["answer_accuracy"] - committed["abridge"]["answer_accuracy"])
+
+
+def test_pooled_over_seeds_weighs_every_problem_once(tmp_path):
+    rng = np.random.default_rng(0)
+    full_a, arm_a = rng.integers(0, 2, 40), rng.integers(0, 2, 40)
+    full_b, arm_b = rng.integers(0, 2, 120), rng.integers(0, 2, 120)
+    a = _fake_seed(tmp_path, 11, {"full": full_a, "abridge_perlayer": arm_a, "abridge": full_a})
+    b = _fake_seed(tmp_path, 12, {"full": full_b, "abridge_perlayer": arm_b})
+    results = seeds.run([a, b], None, ["abridge_perlayer:abridge"], [])
+    by_arm = {(c["arm"], c["vs"]): c for c in results["comparisons"]}
+    per = by_arm[("abridge_perlayer", "full KV")]
+    assert [s["test_seed"] for s in per["per_seed"]] == [11, 12]
+    expected = (np.sum(arm_a - full_a) + np.sum(arm_b - full_b)) / 160
+    assert per["pooled"]["delta"] == pytest.approx(expected) and per["pooled"]["n"] == 160
+    assert per["pooled"]["ci"][0] <= expected <= per["pooled"]["ci"][1]
+    assert per["worst_delta"] == min(np.mean(arm_a - full_a), np.mean(arm_b - full_b))
+    assert per["pooled"]["rows_over_full"] == pytest.approx(0.4)
+    assert per["per_seed"][0]["correct"] == "".join(map(str, arm_a)) and per["per_seed"][1]["vs_correct"] == "".join(map(str, full_b))
+    assert len(by_arm[("abridge", "full KV")]["per_seed"]) == 1  # an arm one seed lacks is pooled where it ran
+    assert len(by_arm[("abridge_perlayer", "abridge")]["per_seed"]) == 1
+    assert results["meta"]["n_problems"] == 160 and results["meta"]["test_seeds"] == [11, 12]
+    table = seeds.markdown(results)
+    assert "| abridge_perlayer | full KV | 2 |" in table and "| abridge_perlayer | abridge | 1 |" in table
+
+
+def test_bad_inputs_are_refused_by_name(tmp_path):
+    a = _fake_seed(tmp_path / "x", 11, {"full": [1, 0, 1], "abridge": [1, 1, 1]})
+    again = _fake_seed(tmp_path / "y", 11, {"full": [1, 1], "abridge": [0, 1]})
+    with pytest.raises(SystemExit, match="test seed 11 twice"):
+        seeds.run([a, again], None, [], [])
+    short = _fake_seed(tmp_path / "z", 13, {"full": [1, 0, 1], "abridge": [1, 1]})
+    with pytest.raises(SystemExit, match="abridge and full ran different problems"):
+        seeds.run([short], None, [], [])
+    with pytest.raises(SystemExit):
+        seeds.main([str(tmp_path / "nowhere")])
+    with pytest.raises(SystemExit):
+        seeds.main([str(a), "--vs", "abridge"])
+
+
+def test_main_writes_the_table_results_and_forest(tmp_path):
+    a = _fake_seed(tmp_path, 11, {"full": [1] * 20, "abridge_perlayer": [1] * 18 + [0] * 2})
+    b = _fake_seed(tmp_path, 12, {"full": [1] * 20, "abridge_perlayer": [1] * 20})
+    out = tmp_path / "report"
+    seeds.main([str(a), str(b), "--out", str(out), "--forest", "abridge_perlayer"])
+    results = json.loads((out / "results.json").read_text())
+    (c,) = [c for c in results["comparisons"] if c["arm"] == "abridge_perlayer"]
+    assert [s["delta"] for s in c["per_seed"]] == [-0.1, 0.0] and c["pooled"]["delta"] == pytest.approx(-0.05)
+    assert (out / "table.md").read_text().startswith("Miniature across 2 test seeds")
+    assert (out / "forest.png").stat().st_size > 5000
