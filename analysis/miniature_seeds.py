@@ -45,7 +45,10 @@ def load_seed(out: Path) -> dict[str, Any]:
 
 
 def arm_run(seed: dict[str, Any], name: str):
-    return load_arm(seed["dir"] / "arms" / name.replace("@", "_at_"))
+    run = seed["dir"] / "arms" / name.replace("@", "_at_")
+    if not (run / "results.jsonl").is_file():
+        raise SystemExit(f"miniature_seeds: {seed['dir']}/results.json lists {name}, but {run} has no results.jsonl")
+    return load_arm(run)
 
 
 def compare(seeds: list[dict[str, Any]], arm: str, vs: str | None) -> dict[str, Any] | None:
@@ -143,7 +146,9 @@ def forest_figure(results: dict[str, Any], arms: list[str], path: Path) -> None:
     plt.close(fig)
 
 
-def run(outs: list[Path], arms: list[str] | None, vs: list[str], forest: list[str]) -> dict[str, Any]:
+def run(outs: list[Path], arms: list[str] | None, vs: list[str]) -> dict[str, Any]:
+    """Every comparison over the miniature outputs ``outs``: ``arms`` (None: every arm found) against their
+    full-KV arms, then the pairs ``vs`` ("A:B") wherever both ran."""
     seeds = [load_seed(o) for o in outs]
     seen: dict[int, Path] = {}
     for s in seeds:
@@ -151,6 +156,9 @@ def run(outs: list[Path], arms: list[str] | None, vs: list[str], forest: list[st
             raise SystemExit(f"miniature_seeds: test seed {s['test_seed']} twice ({seen[s['test_seed']]}, {s['dir']})")
         seen[s["test_seed"]] = s["dir"]
     present = {a for s in seeds for a in s["arms"]}
+    absent = [a for a in arms or [] if a not in present]
+    if absent:
+        raise SystemExit(f"miniature_seeds: arm(s) {absent} ran on none of the seeds; found: {sorted(present)}")
     wanted = arms or [a for a in ARMS if a in present] + sorted(present - set(ARMS))
     comparisons = [c for a in wanted if (c := compare(seeds, a, None))]
     for pair in vs:
@@ -176,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     missing = [str(o) for o in args.outs if not (o / "results.json").is_file()]
     if missing:
         ap.error(f"not miniature outputs (no results.json): {', '.join(missing)}")
-    results = run(args.outs, args.arms, args.vs, args.forest)
+    results = run(args.outs, args.arms, args.vs)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     (args.out / "table.md").write_text(markdown(results))

@@ -37,7 +37,7 @@ def test_per_seed_numbers_equal_the_committed_miniature_table(tmp_path):
     (tmp_path / "arms").symlink_to(COMMITTED / "runs/arms")
     committed = {a["name"]: a for a in json.loads((COMMITTED / "results.json").read_text())["arms"]}
     arms = ["abridge_perlayer", "abridge", "kvzap@-5.75", "zoomr", "lightthinker", "evict_random"]
-    results = seeds.run([tmp_path], arms, ["abridge_perlayer:abridge"], [])
+    results = seeds.run([tmp_path], arms, ["abridge_perlayer:abridge"])
     by_arm = {(c["arm"], c["vs"]): c for c in results["comparisons"]}
     for name in arms:
         c = by_arm[(name, "full KV")]
@@ -55,7 +55,7 @@ def test_pooled_over_seeds_weighs_every_problem_once(tmp_path):
     full_b, arm_b = rng.integers(0, 2, 120), rng.integers(0, 2, 120)
     a = _fake_seed(tmp_path, 11, {"full": full_a, "abridge_perlayer": arm_a, "abridge": full_a})
     b = _fake_seed(tmp_path, 12, {"full": full_b, "abridge_perlayer": arm_b})
-    results = seeds.run([a, b], None, ["abridge_perlayer:abridge"], [])
+    results = seeds.run([a, b], None, ["abridge_perlayer:abridge"])
     by_arm = {(c["arm"], c["vs"]): c for c in results["comparisons"]}
     per = by_arm[("abridge_perlayer", "full KV")]
     assert [s["test_seed"] for s in per["per_seed"]] == [11, 12]
@@ -76,10 +76,17 @@ def test_bad_inputs_are_refused_by_name(tmp_path):
     a = _fake_seed(tmp_path / "x", 11, {"full": [1, 0, 1], "abridge": [1, 1, 1]})
     again = _fake_seed(tmp_path / "y", 11, {"full": [1, 1], "abridge": [0, 1]})
     with pytest.raises(SystemExit, match="test seed 11 twice"):
-        seeds.run([a, again], None, [], [])
+        seeds.run([a, again], None, [])
     short = _fake_seed(tmp_path / "z", 13, {"full": [1, 0, 1], "abridge": [1, 1]})
     with pytest.raises(SystemExit, match="abridge and full ran different problems"):
-        seeds.run([short], None, [], [])
+        seeds.run([short], None, [])
+    with pytest.raises(SystemExit, match=r"\['zoomr'\] ran on none of the seeds"):
+        seeds.run([a], ["abridge", "zoomr"], [])
+    import shutil
+
+    shutil.rmtree(a / "arms" / "full")
+    with pytest.raises(SystemExit, match="lists full, but .* has no results.jsonl"):
+        seeds.run([a], None, [])
     with pytest.raises(SystemExit):
         seeds.main([str(tmp_path / "nowhere")])
     with pytest.raises(SystemExit):
