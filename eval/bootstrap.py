@@ -46,8 +46,6 @@ def paired_bootstrap(
 ) -> PairedCI:
     """Percentile interval of mean(a - b) over resampled problems; ``a[i]``, ``b[i]`` are problem i's
     per-problem accuracies. Pass ``indices`` (from :func:`index_matrix`) to share them across arms."""
-    from scipy.stats import quantile
-
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.shape != b.shape or a.ndim != 1:
         raise ValueError(f"paired samples must be 1-D of equal length, got {a.shape} and {b.shape}")
@@ -56,10 +54,7 @@ def paired_bootstrap(
     if indices.shape[1] != len(a):
         raise ValueError(f"index matrix is for {indices.shape[1]} problems, samples have {len(a)}")
     diff = a - b
-    distribution = np.mean(diff[indices], axis=-1)
-    alpha = (1 - confidence) / 2
-    alpha_arr = np.asarray(alpha, dtype=distribution.dtype)
-    low, high = quantile(distribution, np.stack((alpha_arr, 1 - alpha_arr), axis=-1), axis=-1)
+    low, high = _percentile_interval(np.mean(diff[indices], axis=-1), confidence)
     return PairedCI(float(np.mean(diff)), float(low), float(high), len(a), indices.shape[0])
 
 
@@ -73,8 +68,6 @@ def stratified_paired_bootstrap(
     *within* their stratum, so every resample keeps each stratum's problem count, and the statistic is the
     mean of a - b over all problems. One stratum gives exactly :func:`paired_bootstrap` with the same seed
     (the same index draw and reduction)."""
-    from scipy.stats import quantile
-
     if not strata:
         raise ValueError("the stratified bootstrap needs at least one stratum")
     rng = np.random.default_rng(seed)
@@ -90,7 +83,14 @@ def stratified_paired_bootstrap(
         sums += np.add.reduce(diff[rng.integers(0, len(diff), (n_resamples, len(diff)))], axis=-1)
         diffs.append(diff)
     n = sum(len(d) for d in diffs)
-    distribution = sums / n
+    low, high = _percentile_interval(sums / n, confidence)
+    return PairedCI(float(np.mean(np.concatenate(diffs))), float(low), float(high), n, n_resamples)
+
+
+def _percentile_interval(distribution: np.ndarray, confidence: float) -> tuple[float, float]:
+    """scipy's percentile interval of a bootstrap distribution (``scipy.stats.quantile`` at α/2, 1 − α/2)."""
+    from scipy.stats import quantile
+
     alpha = np.asarray((1 - confidence) / 2, dtype=distribution.dtype)
     low, high = quantile(distribution, np.stack((alpha, 1 - alpha), axis=-1), axis=-1)
-    return PairedCI(float(np.mean(np.concatenate(diffs))), float(low), float(high), n, n_resamples)
+    return low, high
