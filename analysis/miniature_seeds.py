@@ -41,14 +41,18 @@ def load_seed(out: Path) -> dict[str, Any]:
     if not path.is_file():
         raise SystemExit(f"miniature_seeds: {out} has no results.json; give python -m analysis +task=miniature outputs")
     results = json.loads(path.read_text())
-    return {"dir": out, "test_seed": results["meta"]["test_seed"], "arms": {a["name"]: a for a in results["arms"]}}
+    return {"dir": out, "test_seed": results["meta"]["test_seed"], "arms": {a["name"]: a for a in results["arms"]},
+            "runs": {}}  # fmt: skip
 
 
 def arm_run(seed: dict[str, Any], name: str):
-    run = seed["dir"] / "arms" / name.replace("@", "_at_")
-    if not (run / "results.jsonl").is_file():
-        raise SystemExit(f"miniature_seeds: {seed['dir']}/results.json lists {name}, but {run} has no results.jsonl")
-    return load_arm(run)
+    """The evaluated run of arm ``name`` on ``seed``, read once (every arm is paired with the same full KV)."""
+    if name not in seed["runs"]:
+        run = seed["dir"] / "arms" / name.replace("@", "_at_")
+        if not (run / "results.jsonl").is_file():
+            raise SystemExit(f"miniature_seeds: {seed['dir']}/results.json lists {name}, but {run} has no results.jsonl")
+        seed["runs"][name] = load_arm(run)
+    return seed["runs"][name]
 
 
 def compare(seeds: list[dict[str, Any]], arm: str, vs: str | None) -> dict[str, Any] | None:
