@@ -31,15 +31,15 @@ KVZAP_THRESHOLDS = (-8.0, -7.0, -6.0, -5.75, -5.5, -5.0, -4.0)  # log-score thre
 SECOND_STAGE = ("method.optim.learning_rate=5e-4", "data.seed=1")  # AbridgeKV's second stage: half the peak LR, fresh problems
 THIRD_STAGE = ("method.optim.learning_rate=5e-4", "data.seed=2")  # the C = 128 per-layer model's third: other fresh problems
 BLOCK_128, PAUSES_128, BLOCK_128_STEPS = 128, 32, 1500
-# the C = 128 per-layer model's second stage trains on block-boundary data (data.boundary_rate, 2026-12-04,
+# the per-layer model's second stage trains on block-boundary data (data.boundary_rate, 2026-12-04,
 # block128/README), its third on plain problems again. After two plain stages it missed ~93% of the facts and queries
 # that straddle a block boundary (a fact's key on a block's last token; a query's key on its last two) and 1 in 6,419
 # other queries: every answer it got wrong on the validation seed had a straddling final fact. Rate 1.0 (~6x the
 # natural straddles) taught them within ~500 steps; rate 0.3 did only in part (0.4 of the query straddles still
 # missed). But rate 1.0 starves the value positions next to a boundary (a value on a block's last token: none), which
 # the model then missed; the plain third stage brings them back (chosen on the validation seed 1,000,003: straddles
-# missed 6 / 123, others 4 / 6,503)
-BOUNDARY_DATA = (f"data.boundary_period={BLOCK_128}", "data.boundary_rate=1.0")
+# missed 6 / 123, others 4 / 6,503); _abridge_family
+BLOCK_256, PAUSES_256 = 256, 64  # the C = 256 variant family (abridge_c256*)
 ZOOMR_WINDOW = 64  # N_w: the paper's 512 is half a 1,024-token testbed trace; 64 ~ one paragraph
 # the ZoomR testbed model's architecture (issue 13, attempt 8): the tiny-testbed size as a phi3 with partial RoPE. With
 # RoPE on every dim (llama) the teacher-forced pointer plateaued at 0.93-0.95 and ZoomR at 0.71 (seed 2,000,003)
@@ -108,6 +108,30 @@ def _schedule(alloc: str) -> str:
     return f"method.schedule=runs/train/{{{alloc}_name}}/schedule.json"
 
 
+def _abridge_family(block: int, pauses: int) -> list[Model]:
+    """AbridgeKV at block size ``block`` with ``pauses`` code rows per block (4:1 at q = pauses): uniform 4:1 and 8:1,
+    the allocation on the 4:1 model, and the per-layer model on its schedule (K = 2 x pauses) in three stages of
+    BLOCK_128_STEPS: plain; SECOND_STAGE on block-boundary data (period ``block``); THIRD_STAGE plain. The
+    boundary stage's steps grow with ``block`` so that it sees as many straddles as at C = 128 (a trace has half
+    as many boundaries at C = 256; in 1,500 steps its loss had only begun to fall: block256/)."""
+    c = f"abridge_c{block}"
+    stage = dict(steps=BLOCK_128_STEPS, pauses=2 * pauses, block=block)
+    boundary_stage = {**stage, "steps": BLOCK_128_STEPS * block // BLOCK_128}
+    perlayer = (_schedule(f"{c}_alloc"),)
+    boundary = (f"data.boundary_period={block}", "data.boundary_rate=1.0")
+    return [
+        Model(f"{c}_4to1", _abridge(pauses, steps=BLOCK_128_STEPS, pauses=pauses, block=block), needs=("base",)),
+        Model(f"{c}_8to1", _abridge(pauses // 2, steps=BLOCK_128_STEPS, pauses=pauses, block=block), needs=("base",)),
+        Model(f"{c}_alloc", _allocate(f"{c}_4to1"), needs=(f"{c}_4to1",)),
+        Model(f"{c}_perlayer", _abridge(None, extra=perlayer, **stage), needs=("base", f"{c}_alloc")),
+        Model(f"{c}_perlayer_boundary",
+              _abridge(None, start=f"{c}_perlayer", extra=(*perlayer, *SECOND_STAGE, *boundary), **boundary_stage),
+              needs=(f"{c}_perlayer", f"{c}_alloc")),
+        Model(f"{c}_perlayer_more", _abridge(None, start=f"{c}_perlayer_boundary", extra=(*perlayer, *THIRD_STAGE), **stage),
+              needs=(f"{c}_perlayer_boundary", f"{c}_alloc")),
+    ]
+
+
 MODELS: dict[str, Model] = {
     m.name: m
     for m in [
@@ -135,24 +159,12 @@ MODELS: dict[str, Model] = {
         ),  # fmt: skip
         # AbridgeKV at C = 128 (BLOCK_128): uniform 4:1 and 8:1, the allocation on the 4:1 model, the per-layer model on
         # its schedule in three stages of BLOCK_128_STEPS (the second at half the peak LR on fresh problems with
-        # BOUNDARY_DATA; the third as the second on other fresh problems without it)
-        Model("abridge_c128_4to1", _abridge(PAUSES_128, steps=BLOCK_128_STEPS, pauses=PAUSES_128, block=BLOCK_128),
-              needs=("base",)),
-        Model("abridge_c128_8to1", _abridge(PAUSES_128 // 2, steps=BLOCK_128_STEPS, pauses=PAUSES_128, block=BLOCK_128),
-              needs=("base",)),
-        Model("abridge_c128_alloc", _allocate("abridge_c128_4to1"), needs=("abridge_c128_4to1",)),
-        Model("abridge_c128_perlayer",
-              _abridge(None, steps=BLOCK_128_STEPS, pauses=2 * PAUSES_128, block=BLOCK_128,
-                       extra=(_schedule("abridge_c128_alloc"),)),
-              needs=("base", "abridge_c128_alloc")),
-        Model("abridge_c128_perlayer_boundary",
-              _abridge(None, steps=BLOCK_128_STEPS, start="abridge_c128_perlayer", pauses=2 * PAUSES_128, block=BLOCK_128,
-                       extra=(_schedule("abridge_c128_alloc"), *SECOND_STAGE, *BOUNDARY_DATA)),
-              needs=("abridge_c128_perlayer", "abridge_c128_alloc")),
-        Model("abridge_c128_perlayer_more",
-              _abridge(None, steps=BLOCK_128_STEPS, start="abridge_c128_perlayer_boundary", pauses=2 * PAUSES_128,
-                       block=BLOCK_128, extra=(_schedule("abridge_c128_alloc"), *THIRD_STAGE)),
-              needs=("abridge_c128_perlayer_boundary", "abridge_c128_alloc")),
+        # block-boundary data; the third as the second on other fresh problems without it)
+        *_abridge_family(BLOCK_128, PAUSES_128),
+        # the C = 256 variant family (opt-in arms): the same recipe with the block doubled at the same ratio C / q = 4
+        # (K = 64; per-layer K = 128, boundary data at period 256). The paper finds accuracy rising with C at a fixed
+        # ratio (its Figure 5) at the price of a larger open block; block256/ (validation seed 1,000,003 first)
+        *_abridge_family(BLOCK_256, PAUSES_256),
         # the C = 64 variant family (opt-in arms): uniform 4:1 in two stages (a second from the 3,000-step model at
         # half the peak LR on fresh problems: the first ends at 0.55 answer accuracy with recall 0.935, its loss still
         # falling), 8:1 (half the steps: CPU time), the per-layer schedule (AbridgeKV §5.1: halve each layer's quota of
@@ -180,6 +192,7 @@ MODELS: dict[str, Model] = {
 
 EVICTORS = ("evict_recency", "evict_random", "evict_attention")  # AbridgeKV's ablations: keep q of each completed block
 _C128 = {"ratio": BLOCK_128 / PAUSES_128, "block_size": BLOCK_128}  # results.json fields of the main AbridgeKV arms
+_C256 = {"ratio": BLOCK_256 / PAUSES_256, "block_size": BLOCK_256}
 _C64 = {"ratio": BLOCK / PAUSES, "block_size": BLOCK}
 _PERLAYER = {"schedule": "per-layer (abridge_allocate)"}
 
@@ -207,6 +220,19 @@ ARMS: dict[str, Arm] = {
             extra={**_C128, **_PERLAYER, "steps": BLOCK_128_STEPS}),
         Arm("streaming@abridge_8to1", "streaming", "base", match="abridge_8to1"),
         Arm("h2o@abridge_8to1", "h2o", "base", match="abridge_8to1"),
+        # the C = 256 variant (not run by default: ≈ 70 min of training): uniform 4:1 and 8:1, per-layer after three
+        # stages and after one, the eviction baselines and the block evictors (q = 64 of 256) at its rows
+        *(Arm(f"abridge_c256{r}", "abridge", f"abridge_c256_{m}", extra={**_C256, **x, "steps": s}, default=False)
+          for r, m, x, s in (("", "4to1", {}, BLOCK_128_STEPS),
+                             ("_8to1", "8to1", {"ratio": BLOCK_256 / (PAUSES_256 // 2)}, BLOCK_128_STEPS),
+                             ("_perlayer", "perlayer_more",
+                              {**_PERLAYER, "boundary_data": "stage 2 of 3 (data.boundary_rate=1.0, 3,000 steps)"},
+                              4 * BLOCK_128_STEPS),  # 1,500 + 3,000 + 1,500
+                             ("_perlayer_1500steps", "perlayer", _PERLAYER, BLOCK_128_STEPS))),
+        *(Arm(f"{b}@abridge_c256{r}", b, "base", match=f"abridge_c256{r}", default=False)
+          for r in ("", "_8to1") for b in ("streaming", "h2o")),
+        *(Arm(f"{e}_c256", e, "base", (f"method.block_size={BLOCK_256}", f"method.quota={PAUSES_256}"), method_yaml=e,
+              default=False) for e in EVICTORS),
         # the C = 64 variant (not run by default: ~81 min of training): uniform 4:1 after 5,000 and 3,000 steps, 8:1
         # after 1,500, per-layer after 5,000 and 3,000, the eviction baselines and the block evictors at its rows
         Arm("abridge_c64", "abridge", "abridge_c64_4to1_more", extra={**_C64, "steps": 5000}, default=False),

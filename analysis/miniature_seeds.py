@@ -10,6 +10,11 @@ evictor bars, ZoomR vs SumR). Per seed the interval is the miniature table's pai
 are resampled within their seed (:func:`eval.bootstrap.stratified_paired_bootstrap`), so the pooled row weighs
 every problem of every seed once and says what to expect on an unseen seed, where one seed's 256 problems
 leave about ±2 points. Writes ``table.md``, ``results.json`` and ``forest.png``.
+
+``--committed RESULTS.json`` makes the arms of an earlier run of this script available as ``committed/<arm>``
+in ``--vs`` (e.g. a new variant against the committed default arm, whose models are not at hand): its
+per-problem correctness is read from that file, on the seeds where its full-KV arm's correctness equals this
+seed's own full-KV run problem for problem (else refused: other problems or another full KV).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -55,15 +61,49 @@ def arm_run(seed: dict[str, Any], name: str):
     return seed["runs"][name]
 
 
+COMMITTED = "committed/"  # --vs A:committed/B: B's per-problem correctness from the --committed results.json
+
+
+def load_committed(path: Path) -> dict[str, dict[int, dict[str, Any]]]:
+    """An earlier run's arms against full KV: arm -> test seed -> its per-seed entry (with the 0/1 strings)."""
+    if not path.is_file():
+        raise SystemExit(f"miniature_seeds: --committed {path}: no such file")
+    comparisons = json.loads(path.read_text()).get("comparisons")
+    if not isinstance(comparisons, list):
+        raise SystemExit(f"miniature_seeds: --committed {path} is not a miniature_seeds results.json (no comparisons)")
+    return {c["arm"]: {s["test_seed"]: s for s in c["per_seed"]} for c in comparisons if c["vs"] == "full KV"}
+
+
+def committed_run(seed: dict[str, Any], name: str):
+    """Arm ``name`` of the --committed results on ``seed`` (None if it has none there), paired problem by problem
+    with this seed's full-KV run, whose correctness must equal the committed full KV's."""
+    entry = seed.get("committed", {}).get(name, {}).get(seed["test_seed"])
+    if entry is None or "full" not in seed["arms"]:
+        return None
+    full = arm_run(seed, "full")
+    if _bits(full.correct) != entry["vs_correct"]:
+        raise SystemExit(f"miniature_seeds: seed {seed['test_seed']}: the committed {name} was paired with another "
+                         "full KV (its correctness differs problem by problem): other problems or another model")
+    return SimpleNamespace(ids=full.ids, correct=np.array([c == "1" for c in entry["correct"]], dtype=float))
+
+
 def compare(seeds: list[dict[str, Any]], arm: str, vs: str | None) -> dict[str, Any] | None:
     """``arm`` against ``vs`` (None: its paired full-KV arm) on every seed that has both; None if none has."""
     per_seed, strata = [], []
     for seed in seeds:
         entry = seed["arms"].get(arm)
         other = vs or (entry or {}).get("paired_with")
-        if entry is None or other not in seed["arms"]:
+        if entry is None:
             continue
-        a, b = arm_run(seed, arm), arm_run(seed, other)
+        if other and other.startswith(COMMITTED):
+            b = committed_run(seed, other[len(COMMITTED):])
+            if b is None:
+                continue
+            a = arm_run(seed, arm)
+        elif other not in seed["arms"]:
+            continue
+        else:
+            a, b = arm_run(seed, arm), arm_run(seed, other)
         if a.ids != b.ids:
             raise SystemExit(f"miniature_seeds: seed {seed['test_seed']}: {arm} and {other} ran different problems")
         ci = paired_bootstrap(a.correct, b.correct)
@@ -127,7 +167,7 @@ def forest_figure(results: dict[str, Any], arms: list[str], path: Path) -> None:
     shown = [c for c in results["comparisons"] if c["vs"] == "full KV" and c["arm"] in arms]
     if not shown:
         return
-    fig, ax = plt.subplots(figsize=(7, 0.45 * sum(len(c["per_seed"]) + 2 for c in shown) + 1))
+    fig, ax = plt.subplots(figsize=(8, 0.45 * sum(len(c["per_seed"]) + 2 for c in shown) + 1.5))
     y, ticks, labels = 0.0, [], []
     for c in shown:
         for s in c["per_seed"]:
@@ -143,17 +183,23 @@ def forest_figure(results: dict[str, Any], arms: list[str], path: Path) -> None:
     ax.axvline(0, color="grey", lw=1)
     ax.axvline(-2, color="grey", lw=1, ls="--", label="−2 points (the issue's bar)")
     ax.set_yticks(ticks, labels, fontsize=8)
-    ax.set_xlabel("answer accuracy − full KV's (points, paired 95% CI)")
-    ax.legend(loc="lower left", fontsize=8)
+    ax.set_xlabel("Δ answer accuracy vs full KV (points, paired 95% CI)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=8)  # below the axes: clear of every point
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def run(outs: list[Path], arms: list[str] | None, vs: list[str]) -> dict[str, Any]:
+def run(outs: list[Path], arms: list[str] | None, vs: list[str], committed: Path | None = None) -> dict[str, Any]:
     """Every comparison over the miniature outputs ``outs``: ``arms`` (None: every arm found) against their
-    full-KV arms, then the pairs ``vs`` ("A:B") wherever both ran."""
+    full-KV arms, then the pairs ``vs`` ("A:B"; B may be ``committed/<arm>`` of ``committed``) wherever both ran."""
     seeds = [load_seed(o) for o in outs]
+    if committed is not None:
+        earlier = load_committed(committed)
+        for s in seeds:
+            s["committed"] = earlier
+    elif any(p.split(":")[1].startswith(COMMITTED) for p in vs):
+        raise SystemExit(f"miniature_seeds: --vs names {COMMITTED}<arm>; give the file with --committed")
     seen: dict[int, Path] = {}
     for s in seeds:
         if s["test_seed"] in seen:
@@ -171,7 +217,8 @@ def run(outs: list[Path], arms: list[str] | None, vs: list[str]) -> dict[str, An
             comparisons.append(c)
     n = {s["test_seed"]: len(arm_run(s, "full").ids) for s in seeds if "full" in s["arms"]}
     return {"meta": {"test_seeds": [s["test_seed"] for s in seeds], "inputs": [str(o) for o in outs],
-                     "n_problems": sum(n.values()), "n_by_seed": n}, "comparisons": comparisons}  # fmt: skip
+                     "n_problems": sum(n.values()), "n_by_seed": n,
+                     **({"committed": str(committed)} if committed else {})}, "comparisons": comparisons}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -180,6 +227,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--arms", nargs="*", default=None, help="arms compared with full KV (default: every arm found)")
     ap.add_argument("--vs", nargs="*", default=list(DEFAULT_VS), help="extra pairs A:B (A − B)")
     ap.add_argument("--forest", nargs="*", default=list(DEFAULT_FOREST), help="arms drawn in forest.png")
+    ap.add_argument("--committed", type=Path, default=None,
+                    help="an earlier miniature_seeds results.json whose arms --vs may name as committed/<arm>")
     ap.add_argument("--out", type=Path, default=Path("runs/miniature_seeds"))
     args = ap.parse_args(argv)
     bad = [p for p in args.vs if p.count(":") != 1 or "" in p.split(":")]
@@ -188,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
     missing = [str(o) for o in args.outs if not (o / "results.json").is_file()]
     if missing:
         ap.error(f"not miniature outputs (no results.json): {', '.join(missing)}")
-    results = run(args.outs, args.arms, args.vs)
+    results = run(args.outs, args.arms, args.vs, args.committed)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     (args.out / "table.md").write_text(markdown(results))

@@ -44,6 +44,26 @@ def test_the_default_plan_runs_every_method_and_leaves_the_c64_variant_to_all_or
     assert arms == ["full", "abridge_c64", "streaming@abridge_c64"] and "abridge_c64_4to1_more" in models
 
 
+def test_the_c256_variant_is_the_c128_recipe_with_the_block_doubled_and_a_longer_boundary_stage():
+    models, arms = plan(["abridge_c256_perlayer"])
+    assert models == ["base", "abridge_c256_4to1", "abridge_c256_alloc", "abridge_c256_perlayer",
+                      "abridge_c256_perlayer_boundary", "abridge_c256_perlayer_more"]
+    assert not any("c256" in a for a in plan([])[1])  # opt-in
+    for c128, c256 in [(f"abridge_c128_{m}", f"abridge_c256_{m}") for m in ("4to1", "8to1", "perlayer_more")]:
+        a = _compose("train", train_command(c128, 1024)[3:])
+        b = _compose("train", train_command(c256, 1024)[3:])
+        assert (b.method.block_size, b.method.num_pause) == (256, 2 * a.method.num_pause)
+        assert b.method.quota == (None if a.method.quota is None else 2 * a.method.quota)  # the same ratio C / q
+        assert b.method.max_steps == a.method.max_steps
+    a = _compose("train", train_command("abridge_c128_perlayer_boundary", 1024)[3:])
+    b = _compose("train", train_command("abridge_c256_perlayer_boundary", 1024)[3:])
+    assert (b.data.boundary_period, b.data.boundary_rate) == (256, 1.0)
+    assert b.method.max_steps == 2 * a.method.max_steps  # half the boundaries per trace: as many straddles seen
+    assert b.method.schedule == "runs/train/mini-abridge_c256_alloc-T1024/schedule.json"
+    assert ARMS["abridge_c256"].extra["ratio"] == 4 and ARMS["abridge_c256_8to1"].extra["ratio"] == 8
+    assert ARMS["streaming@abridge_c256"].match == "abridge_c256"
+
+
 def _compose(entry: str, args: list[str]):
     register_with_hydra()
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
@@ -93,8 +113,8 @@ def test_abridge_trains_at_c128_on_its_own_allocation_and_the_evictors_keep_a_qu
     eight = _compose("train", train_command("abridge_c128_8to1", 1024)[3:]).method
     assert (eight.block_size, eight.num_pause, eight.quota) == (128, 32, 16)  # 8:1
     assert ARMS["abridge_8to1"].extra["ratio"] == 8 and ARMS["abridge"].extra["ratio"] == 4
-    for e, block in [(e, b) for e in ("evict_recency", "evict_random", "evict_attention") for b in (128, 64)]:
-        cmd = eval_command(ARMS[e if block == 128 else f"{e}_c64"], MiniatureTask(n=8, test_seed=2_000_003), None)
+    for e, block in [(e, b) for e in ("evict_recency", "evict_random", "evict_attention") for b in (128, 64, 256)]:
+        cmd = eval_command(ARMS[e if block == 128 else f"{e}_c{block}"], MiniatureTask(n=8, test_seed=2_000_003), None)
         method = _compose("eval", cmd[3:]).method
         assert (method.name, method.block_size, method.quota) == (e, block, block // 4)
 

@@ -103,3 +103,29 @@ def test_main_writes_the_table_results_and_forest(tmp_path):
     assert [s["delta"] for s in c["per_seed"]] == [-0.1, 0.0] and c["pooled"]["delta"] == pytest.approx(-0.05)
     assert (out / "table.md").read_text().startswith("Miniature across 2 test seeds")
     assert (out / "forest.png").stat().st_size > 5000
+
+
+def test_an_arm_against_a_committed_arm_equals_the_direct_pairing(tmp_path):
+    """--committed: an arm of an earlier run (its per-problem strings) pairs with a new arm exactly as if both
+    had run here, where the full-KV runs agree problem by problem; otherwise it is refused."""
+    rng = np.random.default_rng(1)
+    full, old, new = (rng.integers(0, 2, 50) for _ in range(3))
+    both = _fake_seed(tmp_path / "both", 21, {"full": full, "abridge_perlayer": old, "abridge_c256_perlayer": new})
+    direct = seeds.run([both], None, ["abridge_c256_perlayer:abridge_perlayer"])
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps(seeds.run([both], ["full", "abridge_perlayer"], [])))
+    later = _fake_seed(tmp_path / "later", 21, {"full": full, "abridge_c256_perlayer": new})
+    via = seeds.run([later], None, ["abridge_c256_perlayer:committed/abridge_perlayer"], committed=earlier)
+    (d,) = [c for c in direct["comparisons"] if c["vs"] == "abridge_perlayer"]
+    (v,) = [c for c in via["comparisons"] if c["vs"] == "committed/abridge_perlayer"]
+    assert v["per_seed"][0]["delta"] == d["per_seed"][0]["delta"] == pytest.approx(np.mean(new - old))
+    assert v["per_seed"][0]["ci"] == d["per_seed"][0]["ci"] and v["pooled"] == d["pooled"]
+    other_full = full.copy()
+    other_full[0] = 1 - other_full[0]
+    elsewhere = _fake_seed(tmp_path / "elsewhere", 21, {"full": other_full, "abridge_c256_perlayer": new})
+    with pytest.raises(SystemExit, match="committed abridge_perlayer was paired with another full KV"):
+        seeds.run([elsewhere], None, ["abridge_c256_perlayer:committed/abridge_perlayer"], committed=earlier)
+    with pytest.raises(SystemExit, match="give the file with --committed"):
+        seeds.run([later], None, ["abridge_c256_perlayer:committed/abridge_perlayer"])
+    with pytest.raises(SystemExit, match="no such file"):
+        seeds.run([later], None, [], committed=tmp_path / "missing.json")
