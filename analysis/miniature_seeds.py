@@ -84,7 +84,9 @@ def committed_run(seed: dict[str, Any], name: str):
     if _bits(full.correct) != entry["vs_correct"]:
         raise SystemExit(f"miniature_seeds: seed {seed['test_seed']}: the committed {name} was paired with another "
                          "full KV (its correctness differs problem by problem): other problems or another model")
-    return SimpleNamespace(ids=full.ids, correct=np.array([c == "1" for c in entry["correct"]], dtype=float))
+    correct = entry["correct"]  # a 0/1 string, or scores (avg@k) as a list
+    return SimpleNamespace(ids=full.ids, correct=np.array([c == "1" for c in correct] if isinstance(correct, str)
+                                                          else correct, dtype=float))  # fmt: skip
 
 
 def compare(seeds: list[dict[str, Any]], arm: str, vs: str | None) -> dict[str, Any] | None:
@@ -97,13 +99,11 @@ def compare(seeds: list[dict[str, Any]], arm: str, vs: str | None) -> dict[str, 
             continue
         if other and other.startswith(COMMITTED):
             b = committed_run(seed, other[len(COMMITTED):])
-            if b is None:
-                continue
-            a = arm_run(seed, arm)
-        elif other not in seed["arms"]:
-            continue
         else:
-            a, b = arm_run(seed, arm), arm_run(seed, other)
+            b = arm_run(seed, other) if other in seed["arms"] else None
+        if b is None:
+            continue
+        a = arm_run(seed, arm)
         if a.ids != b.ids:
             raise SystemExit(f"miniature_seeds: seed {seed['test_seed']}: {arm} and {other} ran different problems")
         ci = paired_bootstrap(a.correct, b.correct)
