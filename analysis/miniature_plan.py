@@ -221,7 +221,8 @@ ARMS: dict[str, Arm] = {
         Arm("streaming@abridge_8to1", "streaming", "base", match="abridge_8to1"),
         Arm("h2o@abridge_8to1", "h2o", "base", match="abridge_8to1"),
         # the C = 256 variant (not run by default: ≈ 70 min of training): uniform 4:1 and 8:1, per-layer after three
-        # stages and after one, the eviction baselines and the block evictors (q = 64 of 256) at its rows
+        # stages and after one, the eviction baselines (R-KV serving at +12%) and the block evictors (q = 64 of 256)
+        # at its rows
         *(Arm(f"abridge_c256{r}", "abridge", f"abridge_c256_{m}", extra={**_C256, **x, "steps": s}, default=False)
           for r, m, x, s in (("", "4to1", {}, BLOCK_128_STEPS),
                              ("_8to1", "8to1", {"ratio": BLOCK_256 / (PAUSES_256 // 2)}, BLOCK_128_STEPS),
@@ -231,6 +232,8 @@ ARMS: dict[str, Arm] = {
                              ("_perlayer_1500steps", "perlayer", _PERLAYER, BLOCK_128_STEPS))),
         *(Arm(f"{b}@abridge_c256{r}", b, "base", match=f"abridge_c256{r}", default=False)
           for r in ("", "_8to1") for b in ("streaming", "h2o")),
+        Arm("rkv@abridge_c256", "rkv", "base", match="abridge_c256", default=False),
+        Arm("rkv_serving@abridge_c256", "rkv_serving", "base", match="abridge_c256", match_scale=1.12, default=False),
         *(Arm(f"{e}_c256", e, "base", (f"method.block_size={BLOCK_256}", f"method.quota={PAUSES_256}"), method_yaml=e,
               default=False) for e in EVICTORS),
         # the C = 64 variant (not run by default: ~81 min of training): uniform 4:1 after 5,000 and 3,000 steps, 8:1

@@ -61,7 +61,8 @@ def test_the_c256_variant_is_the_c128_recipe_with_the_block_doubled_and_a_longer
     assert b.method.max_steps == 2 * a.method.max_steps  # half the boundaries per trace: as many straddles seen
     assert b.method.schedule == "runs/train/mini-abridge_c256_alloc-T1024/schedule.json"
     assert ARMS["abridge_c256"].extra["ratio"] == 4 and ARMS["abridge_c256_8to1"].extra["ratio"] == 8
-    assert ARMS["streaming@abridge_c256"].match == "abridge_c256"
+    assert ARMS["streaming@abridge_c256"].match == ARMS["rkv@abridge_c256"].match == "abridge_c256"
+    assert ARMS["rkv_serving@abridge_c256"].match_scale == ARMS["rkv_serving"].match_scale == 1.12
 
 
 def _compose(entry: str, args: list[str]):
