@@ -84,9 +84,7 @@ def committed_run(seed: dict[str, Any], name: str):
     if _bits(full.correct) != entry["vs_correct"]:
         raise SystemExit(f"miniature_seeds: seed {seed['test_seed']}: the committed {name} was paired with another "
                          "full KV (its correctness differs problem by problem): other problems or another model")
-    correct = entry["correct"]  # a 0/1 string, or scores (avg@k) as a list
-    return SimpleNamespace(ids=full.ids, correct=np.array([c == "1" for c in correct] if isinstance(correct, str)
-                                                          else correct, dtype=float))  # fmt: skip
+    return SimpleNamespace(ids=full.ids, correct=_unbits(entry["correct"]))
 
 
 def compare(seeds: list[dict[str, Any]], arm: str, vs: str | None) -> dict[str, Any] | None:
@@ -131,6 +129,11 @@ def _bits(correct: np.ndarray) -> str | list[float]:
     if np.isin(correct, (0.0, 1.0)).all():
         return "".join("1" if c else "0" for c in correct)
     return [float(c) for c in correct]
+
+
+def _unbits(correct: str | list[float]) -> np.ndarray:
+    """Per-problem correctness back from :func:`_bits`."""
+    return np.array([c == "1" for c in correct] if isinstance(correct, str) else correct, dtype=float)
 
 
 def _points(x: float) -> str:
