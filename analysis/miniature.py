@@ -130,6 +130,20 @@ def ensure_model(name: str, task: Any) -> Path:
     return checkpoint(name, task.trace_tokens)
 
 
+def check_checkpoints(arms: list[str], task: Any) -> None:
+    """``task.train=false``: refuse, before anything runs, an arm that must be evaluated on a checkpoint that is
+    not there (an arm directory holding a finished run needs none)."""
+    missing = {a: checkpoint(ARMS[a].model, task.trace_tokens) for a in arms
+               if not (arm_dir(task, a) / "metrics.json").exists()}  # fmt: skip
+    missing = {a: c for a, c in missing.items() if not c.exists()}
+    if missing and not task.dry_run:
+        raise SystemExit(
+            "miniature: task.train=false, but these arms have no finished run and their checkpoints are missing: "
+            + "; ".join(f"{a} ({c})" for a, c in missing.items())
+            + ". Train them (task.train=true) or copy the checkpoints there."
+        )
+
+
 def ensure_arm(name: str, task: Any, threads: int | None = None, quiet: bool = False) -> None:
     arm = ARMS[name]
     match_rows = load_arm(arm_dir(task, arm.match)).rows.mean() if arm.match and not task.dry_run else None
@@ -251,8 +265,11 @@ def run_task(task_cfg: dict[str, Any], logger: dict[str, Any] | None = None) -> 
     t0 = time.perf_counter()
     print(f"miniature: {len(models)} models ({', '.join(models)}), {len(arms)} arms, {task.n} problems, "
           f"test seed {task.test_seed}, {task.trace_tokens}-token traces -> {task.out}", flush=True)  # fmt: skip
-    for m in models:
-        ensure_model(m, task)
+    if task.train:
+        for m in models:
+            ensure_model(m, task)
+    else:
+        check_checkpoints(arms, task)
     ensure_arms(arms, task)
     if task.dry_run:
         return {}

@@ -13,24 +13,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# AbridgeKV on the testbed: blocks of C = 128 response tokens, K = 32 pause tokens (code rows) per block; a layer
-# keeping q of them compresses a completed block C:q (q = 32: 4:1, q = 16: 8:1; per-layer: the allocation's
-# schedule, K = 2 x 32). C = 128 was chosen on 2026-12-04 (analysis/results/miniature/block128/) and is the main
-# block size since 2026-12-05; before, C = 64 with K = 16 (BLOCK, PAUSES: now the variant family abridge_c64*). At
-# C = 64 the per-layer model's accuracy came with a held-out CE drop late in its 5,000 steps and at a step that
-# varied between trainings (0.973, then 0.828: rerun_perlayer/); at C = 128 one 1,500-step stage of the per-layer
-# recipe reached 0.953 on the validation seed (1,000,003, 128 problems; full KV 0.977), 0.922-0.938 on the test
-# seeds (full KV 0.988-0.992): a block's code rows serve ~2x the facts, so a block with many facts borrows capacity
-# from the others, and half as many facts straddle a block boundary (MINIATURE_NOTES). Its open block is up to 128
-# raw rows: 0.351 of full KV's rows against 0.305 at C = 64. The paper's C = 512 (4:1 with q = 128) would leave a
-# 1,024-token trace one completed block.
+# AbridgeKV on the testbed: blocks of C = 256 response tokens, K = 64 pause tokens (code rows) per block; a layer
+# keeping q of them compresses a completed block C:q (q = 64: 4:1, q = 32: 8:1; per-layer: the allocation's
+# schedule, K = 2 x 64). C = 256 is the main block size since 2026-12-05 (block256/): with the same recipe and ratio
+# its per-layer model is within 2 points of full KV on all six test seeds (pooled +0.2 [-0.4, +0.9]), where C = 128's
+# is -1.1 [-2.0, -0.2] pooled and -2.3 on one: at C = 256 a trace has half the block boundaries, and the facts that
+# straddle one are what the per-layer model misses. The price is the open block (up to 256 raw rows): 0.444 of full
+# KV's rows against 0.351 at C = 128 and 0.305 at C = 64. Earlier main block sizes are variant families: C = 128
+# (2026-12-04/05, abridge_c128*; block128/) and C = 64 (BLOCK, PAUSES: abridge_c64*). At C = 64 the per-layer model's
+# accuracy came with a held-out CE drop late in its 5,000 steps and at a step that varied between trainings (0.973,
+# then 0.828: rerun_perlayer/); at C = 128 a block's code rows serve ~2x the facts and half as many facts straddle a
+# boundary (MINIATURE_NOTES). The paper's C = 512 (4:1 with q = 128) would leave a 1,024-token trace one completed block.
 BLOCK, PAUSES = 64, 16
 ABRIDGE_STEPS = 3000  # the C = 64 models' first stage
 KVZAP_THRESHOLDS = (-8.0, -7.0, -6.0, -5.75, -5.5, -5.0, -4.0)  # log-score thresholds τ (analysis/miniature_kvzap.py);
 # -5.75 refines the grid where compression crosses 50% (between -6 and -5.5 on the validation seed 1,000,003)
 SECOND_STAGE = ("method.optim.learning_rate=5e-4", "data.seed=1")  # AbridgeKV's second stage: half the peak LR, fresh problems
-THIRD_STAGE = ("method.optim.learning_rate=5e-4", "data.seed=2")  # the C = 128 per-layer model's third: other fresh problems
-BLOCK_128, PAUSES_128, BLOCK_128_STEPS = 128, 32, 1500
+THIRD_STAGE = ("method.optim.learning_rate=5e-4", "data.seed=2")  # the per-layer model's third: other fresh problems
+BLOCK_128, PAUSES_128, BLOCK_128_STEPS = 128, 32, 1500  # the C = 128 variant; every family's stage steps
 # the per-layer model's second stage trains on block-boundary data (data.boundary_rate, 2026-12-04,
 # block128/README), its third on plain problems again. After two plain stages it missed ~93% of the facts and queries
 # that straddle a block boundary (a fact's key on a block's last token; a query's key on its last two) and 1 in 6,419
@@ -39,7 +39,7 @@ BLOCK_128, PAUSES_128, BLOCK_128_STEPS = 128, 32, 1500
 # missed). But rate 1.0 starves the value positions next to a boundary (a value on a block's last token: none), which
 # the model then missed; the plain third stage brings them back (chosen on the validation seed 1,000,003: straddles
 # missed 6 / 123, others 4 / 6,503); _abridge_family
-BLOCK_256, PAUSES_256 = 256, 64  # the C = 256 variant family (abridge_c256*)
+BLOCK_256, PAUSES_256 = 256, 64  # the main family (models abridge_c256_*, arms abridge*)
 ZOOMR_WINDOW = 64  # N_w: the paper's 512 is half a 1,024-token testbed trace; 64 ~ one paragraph
 # the ZoomR testbed model's architecture (issue 13, attempt 8): the tiny-testbed size as a phi3 with partial RoPE. With
 # RoPE on every dim (llama) the teacher-forced pointer plateaued at 0.93-0.95 and ZoomR at 0.71 (seed 2,000,003)
@@ -157,14 +157,13 @@ MODELS: dict[str, Model] = {
              "method.curriculum.grow_fraction=0"),
             needs=("base_sum",), summaries=True,
         ),  # fmt: skip
-        # AbridgeKV at C = 128 (BLOCK_128): uniform 4:1 and 8:1, the allocation on the 4:1 model, the per-layer model on
-        # its schedule in three stages of BLOCK_128_STEPS (the second at half the peak LR on fresh problems with
-        # block-boundary data; the third as the second on other fresh problems without it)
-        *_abridge_family(BLOCK_128, PAUSES_128),
-        # the C = 256 variant family (opt-in arms): the same recipe with the block doubled at the same ratio C / q = 4
-        # (K = 64; per-layer K = 128, boundary data at period 256). The paper finds accuracy rising with C at a fixed
-        # ratio (its Figure 5) at the price of a larger open block; block256/ (validation seed 1,000,003 first)
+        # AbridgeKV at C = 256 (BLOCK_256, the main family): uniform 4:1 and 8:1, the allocation on the 4:1 model, the
+        # per-layer model on its schedule in three stages (plain; at half the peak LR on fresh problems with
+        # block-boundary data at period 256, for twice BLOCK_128_STEPS; plain again on other fresh problems)
         *_abridge_family(BLOCK_256, PAUSES_256),
+        # the C = 128 variant family (opt-in arms abridge_c128*): the same recipe at half the block, ratio C / q = 4
+        # (K = 32; per-layer K = 64), every stage BLOCK_128_STEPS; block128/
+        *_abridge_family(BLOCK_128, PAUSES_128),
         # the C = 64 variant family (opt-in arms): uniform 4:1 in two stages (a second from the 3,000-step model at
         # half the peak LR on fresh problems: the first ends at 0.55 answer accuracy with recall 0.935, its loss still
         # falling), 8:1 (half the steps: CPU time), the per-layer schedule (AbridgeKV §5.1: halve each layer's quota of
@@ -191,51 +190,48 @@ MODELS: dict[str, Model] = {
 }
 
 EVICTORS = ("evict_recency", "evict_random", "evict_attention")  # AbridgeKV's ablations: keep q of each completed block
-_C128 = {"ratio": BLOCK_128 / PAUSES_128, "block_size": BLOCK_128}  # results.json fields of the main AbridgeKV arms
-_C256 = {"ratio": BLOCK_256 / PAUSES_256, "block_size": BLOCK_256}
 _C64 = {"ratio": BLOCK / PAUSES, "block_size": BLOCK}
 _PERLAYER = {"schedule": "per-layer (abridge_allocate)"}
+
+
+def _abridge_arms(block: int, pauses: int, suffix: str, default: bool, snapkv: bool = False) -> list[Arm]:
+    """The arms of the AbridgeKV family ``_abridge_family(block, pauses)``, named ``abridge{suffix}…``: uniform 4:1 and
+    8:1, per-layer after its three stages and after the first; StreamingLLM, H2O, R-KV and R-KV serving (+12%, the
+    paper's) at 4:1's measured rows (the uniform and per-layer models keep the same mean quota, so the same rows),
+    StreamingLLM and H2O at 8:1's; the block evictors at q = ``pauses`` of ``block``; ``snapkv``: SnapKV at 4:1's
+    rows too. The main family (suffix "") names the baselines as their methods; a variant's carry
+    ``@abridge{suffix}`` (evictors ``{suffix}``)."""
+    c, a = f"abridge_c{block}", f"abridge{suffix}"
+    fields = {"ratio": block / pauses, "block_size": block}
+    boundary_steps = BLOCK_128_STEPS * block // BLOCK_128
+    perlayer = {**fields, **_PERLAYER, "steps": 2 * BLOCK_128_STEPS + boundary_steps,
+                "boundary_data": f"stage 2 of 3 (data.boundary_rate=1.0, {boundary_steps:,} steps)"}
+    at = "" if not suffix else f"@{a}"
+    return [
+        Arm(a, "abridge", f"{c}_4to1", extra={**fields, "steps": BLOCK_128_STEPS}, default=default),
+        Arm(f"{a}_8to1", "abridge", f"{c}_8to1", extra={**fields, "ratio": block / (pauses // 2), "steps": BLOCK_128_STEPS},
+            default=default),
+        Arm(f"{a}_perlayer", "abridge", f"{c}_perlayer_more", extra=perlayer, default=default),
+        Arm(f"{a}_perlayer_1500steps", "abridge", f"{c}_perlayer", extra={**fields, **_PERLAYER, "steps": BLOCK_128_STEPS},
+            default=default),
+        # SnapKV is prefill only: the testbed prompt is 6 tokens
+        *(Arm(f"{b}{at}", b, "base", match=a, default=default)
+          for b in ("streaming", "h2o", *(("snapkv",) if snapkv else ()), "rkv")),
+        Arm(f"rkv_serving{at}", "rkv_serving", "base", match=a, match_scale=1.12, default=default),
+        *(Arm(f"{e}{suffix}", e, "base", (f"method.block_size={block}", f"method.quota={pauses}"), method_yaml=e,
+              default=default) for e in EVICTORS),
+        *(Arm(f"{b}@{a}_8to1", b, "base", match=f"{a}_8to1", default=default) for b in ("streaming", "h2o")),
+    ]  # fmt: skip
+
 
 ARMS: dict[str, Arm] = {
     a.name: a
     for a in [
         Arm("full", "full", "base"),
-        # the eviction baselines at AbridgeKV 4:1's measured rows (the uniform and per-layer models keep the same
-        # mean quota, so the same rows)
-        Arm("streaming", "streaming", "base", match="abridge"),
-        Arm("h2o", "h2o", "base", match="abridge"),
-        Arm("snapkv", "snapkv", "base", match="abridge"),  # prefill only: the testbed prompt is 6 tokens
-        Arm("rkv", "rkv", "base", match="abridge"),
-        Arm("rkv_serving", "rkv_serving", "base", match="abridge", match_scale=1.12),  # AbridgeKV's +12%
-        *(Arm(e, e, "base", (f"method.block_size={BLOCK_128}", f"method.quota={PAUSES_128}"), method_yaml=e)
-          for e in EVICTORS),
-        # AbridgeKV at C = 128: uniform 4:1 and 8:1 (BLOCK_128_STEPS), per-layer after three stages and after one
-        Arm("abridge", "abridge", "abridge_c128_4to1", extra={**_C128, "steps": BLOCK_128_STEPS}),
-        Arm("abridge_8to1", "abridge", "abridge_c128_8to1",
-            extra={**_C128, "ratio": BLOCK_128 / (PAUSES_128 // 2), "steps": BLOCK_128_STEPS}),
-        Arm("abridge_perlayer", "abridge", "abridge_c128_perlayer_more",
-            extra={**_C128, **_PERLAYER, "steps": 3 * BLOCK_128_STEPS,
-                   "boundary_data": "stage 2 of 3 (data.boundary_rate=1.0)"}),
-        Arm("abridge_perlayer_1500steps", "abridge", "abridge_c128_perlayer",
-            extra={**_C128, **_PERLAYER, "steps": BLOCK_128_STEPS}),
-        Arm("streaming@abridge_8to1", "streaming", "base", match="abridge_8to1"),
-        Arm("h2o@abridge_8to1", "h2o", "base", match="abridge_8to1"),
-        # the C = 256 variant (not run by default: ≈ 70 min of training): uniform 4:1 and 8:1, per-layer after three
-        # stages and after one, the eviction baselines (R-KV serving at +12%) and the block evictors (q = 64 of 256)
-        # at its rows
-        *(Arm(f"abridge_c256{r}", "abridge", f"abridge_c256_{m}", extra={**_C256, **x, "steps": s}, default=False)
-          for r, m, x, s in (("", "4to1", {}, BLOCK_128_STEPS),
-                             ("_8to1", "8to1", {"ratio": BLOCK_256 / (PAUSES_256 // 2)}, BLOCK_128_STEPS),
-                             ("_perlayer", "perlayer_more",
-                              {**_PERLAYER, "boundary_data": "stage 2 of 3 (data.boundary_rate=1.0, 3,000 steps)"},
-                              4 * BLOCK_128_STEPS),  # 1,500 + 3,000 + 1,500
-                             ("_perlayer_1500steps", "perlayer", _PERLAYER, BLOCK_128_STEPS))),
-        *(Arm(f"{b}@abridge_c256{r}", b, "base", match=f"abridge_c256{r}", default=False)
-          for r in ("", "_8to1") for b in ("streaming", "h2o")),
-        Arm("rkv@abridge_c256", "rkv", "base", match="abridge_c256", default=False),
-        Arm("rkv_serving@abridge_c256", "rkv_serving", "base", match="abridge_c256", match_scale=1.12, default=False),
-        *(Arm(f"{e}_c256", e, "base", (f"method.block_size={BLOCK_256}", f"method.quota={PAUSES_256}"), method_yaml=e,
-              default=False) for e in EVICTORS),
+        # AbridgeKV at C = 256 (BLOCK_256; the main block size since 2026-12-05, block256/) and its baselines
+        *_abridge_arms(BLOCK_256, PAUSES_256, "", default=True, snapkv=True),
+        # the C = 128 variant (not run by default: ≈ 52 min of training; the main block size 2026-12-05 before C = 256)
+        *_abridge_arms(BLOCK_128, PAUSES_128, "_c128", default=False),
         # the C = 64 variant (not run by default: ~81 min of training): uniform 4:1 after 5,000 and 3,000 steps, 8:1
         # after 1,500, per-layer after 5,000 and 3,000, the eviction baselines and the block evictors at its rows
         Arm("abridge_c64", "abridge", "abridge_c64_4to1_more", extra={**_C64, "steps": 5000}, default=False),

@@ -15,6 +15,9 @@ leave about ±2 points. Writes ``table.md``, ``results.json`` and ``forest.png``
 in ``--vs`` (e.g. a new variant against the committed default arm, whose models are not at hand): its
 per-problem correctness is read from that file, on the seeds where its full-KV arm's correctness equals this
 seed's own full-KV run problem for problem (else refused: other problems or another full KV).
+``--keep-committed ARM|A:B …`` carries those arms' rows against full KV (or those pairs) over unchanged (e.g. the arms a change of the
+default AbridgeKV family left as they were), marked ``(committed)``, once the committed full KV's correctness
+equals this run's on every seed.
 """
 
 from __future__ import annotations
@@ -87,6 +90,26 @@ def committed_run(seed: dict[str, Any], name: str):
     return SimpleNamespace(ids=full.ids, correct=_unbits(entry["correct"]))
 
 
+def keep_committed(seeds: list[dict[str, Any]], committed: Path, arms: list[str]) -> list[dict[str, Any]]:
+    """The committed rows of ``arms`` ("A": A against full KV; "A:B": the pair A − B), unchanged but marked; refused
+    unless the committed run has the same seeds and its full KV's correctness equals each seed's own full-KV run
+    problem for problem."""
+    rows = {(c["arm"], c["vs"]): c for c in json.loads(committed.read_text())["comparisons"]}
+    keys = [(a.split(":")[0], a.split(":")[1] if ":" in a else "full KV") for a in arms]
+    if missing := [a for a, k in zip(arms, keys) if k not in rows]:
+        raise SystemExit(f"miniature_seeds: --keep-committed {missing}: not in {committed}; it has "
+                         f"{sorted(a if v == 'full KV' else f'{a}:{v}' for a, v in rows)}")
+    full = {s["test_seed"]: s["correct"] for s in rows[("full", "full KV")]["per_seed"]}
+    for seed in seeds:
+        if full.get(seed["test_seed"]) != _bits(arm_run(seed, "full").correct):
+            raise SystemExit(f"miniature_seeds: seed {seed['test_seed']}: the committed full KV differs from "
+                             f"{seed['dir']}'s (other problems or another model); its arms cannot be kept")
+    if sorted(full) != sorted(s["test_seed"] for s in seeds):
+        raise SystemExit(f"miniature_seeds: {committed} has seeds {sorted(full)}, this run "
+                         f"{sorted(s['test_seed'] for s in seeds)}: keep committed arms only over the same seeds")
+    return [{**rows[k], "committed": str(committed)} for k in keys]
+
+
 def compare(seeds: list[dict[str, Any]], arm: str, vs: str | None) -> dict[str, Any] | None:
     """``arm`` against ``vs`` (None: its paired full-KV arm) on every seed that has both; None if none has."""
     per_seed, strata = [], []
@@ -153,7 +176,7 @@ def markdown(results: dict[str, Any]) -> str:
     for c in results["comparisons"]:
         p = c["pooled"]
         lines.append(
-            f"| {c['arm']} | {c['vs']} | {len(c['per_seed'])} | {' / '.join(_points(s['delta']) for s in c['per_seed'])} "
+            f"| {c['arm']}{' (committed)' if 'committed' in c else ''} | {c['vs']} | {len(c['per_seed'])} | {' / '.join(_points(s['delta']) for s in c['per_seed'])} "
             f"| {_points(c['worst_delta'])} | {p['accuracy']:.3f} / {p['vs_accuracy']:.3f} "
             f"| {_points(p['delta'])} [{_points(p['ci'][0])}, {_points(p['ci'][1])}] | {p['rows_over_full']:.3f} |"
         )
@@ -193,16 +216,18 @@ def forest_figure(results: dict[str, Any], arms: list[str], path: Path) -> None:
     plt.close(fig)
 
 
-def run(outs: list[Path], arms: list[str] | None, vs: list[str], committed: Path | None = None) -> dict[str, Any]:
+def run(outs: list[Path], arms: list[str] | None, vs: list[str], committed: Path | None = None,
+        keep: list[str] = ()) -> dict[str, Any]:
     """Every comparison over the miniature outputs ``outs``: ``arms`` (None: every arm found) against their
-    full-KV arms, then the pairs ``vs`` ("A:B"; B may be ``committed/<arm>`` of ``committed``) wherever both ran."""
+    full-KV arms, the committed rows of ``keep`` (:func:`keep_committed`), then the pairs ``vs`` ("A:B"; B may be
+    ``committed/<arm>`` of ``committed``) wherever both ran."""
     seeds = [load_seed(o) for o in outs]
     if committed is not None:
         earlier = load_committed(committed)
         for s in seeds:
             s["committed"] = earlier
-    elif any(p.split(":")[1].startswith(COMMITTED) for p in vs):
-        raise SystemExit(f"miniature_seeds: --vs names {COMMITTED}<arm>; give the file with --committed")
+    elif any(p.split(":")[1].startswith(COMMITTED) for p in vs) or keep:
+        raise SystemExit(f"miniature_seeds: --vs {COMMITTED}<arm> and --keep-committed need the file: give --committed")
     seen: dict[int, Path] = {}
     for s in seeds:
         if s["test_seed"] in seen:
@@ -214,6 +239,8 @@ def run(outs: list[Path], arms: list[str] | None, vs: list[str], committed: Path
         raise SystemExit(f"miniature_seeds: arm(s) {absent} ran on none of the seeds; found: {sorted(present)}")
     wanted = arms or [a for a in ARMS if a in present] + sorted(present - set(ARMS))
     comparisons = [c for a in wanted if (c := compare(seeds, a, None))]
+    if keep:
+        comparisons += keep_committed(seeds, committed, list(keep))
     for pair in vs:
         a, b = pair.split(":")
         if c := compare(seeds, a, b):
@@ -232,6 +259,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--forest", nargs="*", default=list(DEFAULT_FOREST), help="arms drawn in forest.png")
     ap.add_argument("--committed", type=Path, default=None,
                     help="an earlier miniature_seeds results.json whose arms --vs may name as committed/<arm>")
+    ap.add_argument("--keep-committed", nargs="*", default=[], metavar="ARM",
+                    help="arms (vs full KV) or pairs A:B whose rows are taken unchanged from --committed")
     ap.add_argument("--out", type=Path, default=Path("runs/miniature_seeds"))
     args = ap.parse_args(argv)
     bad = [p for p in args.vs if p.count(":") != 1 or "" in p.split(":")]
@@ -240,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
     missing = [str(o) for o in args.outs if not (o / "results.json").is_file()]
     if missing:
         ap.error(f"not miniature outputs (no results.json): {', '.join(missing)}")
-    results = run(args.outs, args.arms, args.vs, args.committed)
+    results = run(args.outs, args.arms, args.vs, args.committed, args.keep_committed)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     (args.out / "table.md").write_text(markdown(results))

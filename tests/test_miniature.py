@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -25,16 +26,16 @@ def test_plan_orders_dependencies_and_refuses_unknown_arms():
     models, arms = plan(["streaming", "h2o@zoomr"])
     assert arms.index("full") < arms.index("abridge") < arms.index("streaming")  # the match comes first
     assert arms.index("full_summaries") < arms.index("zoomr") < arms.index("h2o@zoomr")
-    assert models.index("base") < models.index("abridge_c128_4to1") and "abridge_c128_perlayer" not in models
+    assert models.index("base") < models.index("abridge_c256_4to1") and "abridge_c256_perlayer" not in models
     assert full_arm(ARMS["abridge"]) == "full" and full_arm(ARMS["sumr"]) == "full_summaries"
     with pytest.raises(ValueError, match="unknown miniature arm"):
         plan(["abridge_16to1"])
 
 
-def test_the_default_plan_runs_every_method_and_leaves_the_c64_variant_to_all_or_its_name():
+def test_the_default_plan_runs_every_method_and_leaves_the_c64_and_c128_variants_to_all_or_their_names():
     models, arms = plan([])
     assert {ARMS[a].method for a in arms} == METHODS and set(arms) == {a for a in ARMS if ARMS[a].default}
-    assert not any("c64" in m for m in models) and not any("c64" in a for a in arms)
+    assert not any(c in x for c in ("c64", "c128") for x in [*models, *arms])
     every_model, every_arm = plan(["all"])
     assert every_arm == plan(list(ARMS))[1] and set(every_arm) == set(ARMS)
     assert {"abridge_c64_4to1_more", "abridge_c64_perlayer_more"} <= set(every_model)
@@ -44,11 +45,10 @@ def test_the_default_plan_runs_every_method_and_leaves_the_c64_variant_to_all_or
     assert arms == ["full", "abridge_c64", "streaming@abridge_c64"] and "abridge_c64_4to1_more" in models
 
 
-def test_the_c256_variant_is_the_c128_recipe_with_the_block_doubled_and_a_longer_boundary_stage():
-    models, arms = plan(["abridge_c256_perlayer"])
-    assert models == ["base", "abridge_c256_4to1", "abridge_c256_alloc", "abridge_c256_perlayer",
-                      "abridge_c256_perlayer_boundary", "abridge_c256_perlayer_more"]
-    assert not any("c256" in a for a in plan([])[1])  # opt-in
+def test_the_c128_variant_is_the_main_c256_recipe_at_half_the_block_and_a_shorter_boundary_stage():
+    models, arms = plan(["abridge_c128_perlayer"])
+    assert models == ["base", "abridge_c128_4to1", "abridge_c128_alloc", "abridge_c128_perlayer",
+                      "abridge_c128_perlayer_boundary", "abridge_c128_perlayer_more"]
     for c128, c256 in [(f"abridge_c128_{m}", f"abridge_c256_{m}") for m in ("4to1", "8to1", "perlayer_more")]:
         a = _compose("train", train_command(c128, 1024)[3:])
         b = _compose("train", train_command(c256, 1024)[3:])
@@ -57,12 +57,14 @@ def test_the_c256_variant_is_the_c128_recipe_with_the_block_doubled_and_a_longer
         assert b.method.max_steps == a.method.max_steps
     a = _compose("train", train_command("abridge_c128_perlayer_boundary", 1024)[3:])
     b = _compose("train", train_command("abridge_c256_perlayer_boundary", 1024)[3:])
-    assert (b.data.boundary_period, b.data.boundary_rate) == (256, 1.0)
+    assert (a.data.boundary_period, a.data.boundary_rate) == (128, 1.0)
     assert b.method.max_steps == 2 * a.method.max_steps  # half the boundaries per trace: as many straddles seen
-    assert b.method.schedule == "runs/train/mini-abridge_c256_alloc-T1024/schedule.json"
-    assert ARMS["abridge_c256"].extra["ratio"] == 4 and ARMS["abridge_c256_8to1"].extra["ratio"] == 8
-    assert ARMS["streaming@abridge_c256"].match == ARMS["rkv@abridge_c256"].match == "abridge_c256"
-    assert ARMS["rkv_serving@abridge_c256"].match_scale == ARMS["rkv_serving"].match_scale == 1.12
+    assert a.method.schedule == "runs/train/mini-abridge_c128_alloc-T1024/schedule.json"
+    assert ARMS["abridge_c128"].extra["ratio"] == 4 and ARMS["abridge_c128_8to1"].extra["ratio"] == 8
+    assert ARMS["abridge_perlayer"].extra["steps"] == 6000 and ARMS["abridge_c128_perlayer"].extra["steps"] == 4500
+    assert ARMS["streaming@abridge_c128"].match == ARMS["rkv@abridge_c128"].match == "abridge_c128"
+    assert ARMS["rkv_serving@abridge_c128"].match_scale == ARMS["rkv_serving"].match_scale == 1.12
+    assert "snapkv@abridge_c128" not in ARMS and ARMS["snapkv"].match == "abridge"
 
 
 def _compose(entry: str, args: list[str]):
@@ -90,32 +92,32 @@ def test_every_arm_command_composes(name):
         assert f"method.budget_rows={max(8, round(100 * ARMS[name].match_scale))}" in shlex.join(cmd)
 
 
-def test_abridge_trains_at_c128_on_its_own_allocation_and_the_evictors_keep_a_quarter_of_its_blocks():
+def test_abridge_trains_at_c256_on_its_own_allocation_and_the_evictors_keep_a_quarter_of_its_blocks():
     models, _ = plan(["abridge_perlayer"])
-    assert models == ["base", "abridge_c128_4to1", "abridge_c128_alloc", "abridge_c128_perlayer",
-                      "abridge_c128_perlayer_boundary", "abridge_c128_perlayer_more"]
-    uniform = _compose("train", train_command("abridge_c128_4to1", 1024)[3:]).method
-    assert (uniform.block_size, uniform.num_pause, uniform.quota) == (128, 32, 32)  # 4:1
-    alloc = _compose("train", train_command("abridge_c128_alloc", 1024)[3:]).method
-    assert alloc.checkpoint == "runs/train/mini-abridge_c128_4to1-T1024/final"
-    second = _compose("train", train_command("abridge_c128_perlayer_boundary", 1024)[3:])
-    third = _compose("train", train_command("abridge_c128_perlayer_more", 1024)[3:])
+    assert models == ["base", "abridge_c256_4to1", "abridge_c256_alloc", "abridge_c256_perlayer",
+                      "abridge_c256_perlayer_boundary", "abridge_c256_perlayer_more"]
+    uniform = _compose("train", train_command("abridge_c256_4to1", 1024)[3:]).method
+    assert (uniform.block_size, uniform.num_pause, uniform.quota) == (256, 64, 64)  # 4:1
+    alloc = _compose("train", train_command("abridge_c256_alloc", 1024)[3:]).method
+    assert alloc.checkpoint == "runs/train/mini-abridge_c256_4to1-T1024/final"
+    second = _compose("train", train_command("abridge_c256_perlayer_boundary", 1024)[3:])
+    third = _compose("train", train_command("abridge_c256_perlayer_more", 1024)[3:])
     for stage in (second, third):
-        assert (stage.method.block_size, stage.method.num_pause, stage.method.quota) == (128, 64, None)
-        assert stage.method.schedule == "runs/train/mini-abridge_c128_alloc-T1024/schedule.json"
+        assert (stage.method.block_size, stage.method.num_pause, stage.method.quota) == (256, 128, None)
+        assert stage.method.schedule == "runs/train/mini-abridge_c256_alloc-T1024/schedule.json"
         assert stage.method.optim.learning_rate == 5e-4
-    assert second.method.init_from == "runs/train/mini-abridge_c128_perlayer-T1024/final"
-    assert third.method.init_from == "runs/train/mini-abridge_c128_perlayer_boundary-T1024/final"
+    assert second.method.init_from == "runs/train/mini-abridge_c256_perlayer-T1024/final"
+    assert third.method.init_from == "runs/train/mini-abridge_c256_perlayer_boundary-T1024/final"
     assert (second.data.seed, third.data.seed) == (1, 2)  # fresh problems in each stage
     # block-boundary data in the second stage only, on the model's own block grid
-    assert (second.data.boundary_period, second.data.boundary_rate) == (128, 1.0)
-    first = _compose("train", train_command("abridge_c128_perlayer", 1024)[3:])
+    assert (second.data.boundary_period, second.data.boundary_rate) == (256, 1.0)
+    first = _compose("train", train_command("abridge_c256_perlayer", 1024)[3:])
     assert first.data.boundary_rate == third.data.boundary_rate == 0.0
-    eight = _compose("train", train_command("abridge_c128_8to1", 1024)[3:]).method
-    assert (eight.block_size, eight.num_pause, eight.quota) == (128, 32, 16)  # 8:1
+    eight = _compose("train", train_command("abridge_c256_8to1", 1024)[3:]).method
+    assert (eight.block_size, eight.num_pause, eight.quota) == (256, 64, 32)  # 8:1
     assert ARMS["abridge_8to1"].extra["ratio"] == 8 and ARMS["abridge"].extra["ratio"] == 4
-    for e, block in [(e, b) for e in ("evict_recency", "evict_random", "evict_attention") for b in (128, 64, 256)]:
-        cmd = eval_command(ARMS[e if block == 128 else f"{e}_c{block}"], MiniatureTask(n=8, test_seed=2_000_003), None)
+    for e, block in [(e, b) for e in ("evict_recency", "evict_random", "evict_attention") for b in (256, 128, 64)]:
+        cmd = eval_command(ARMS[e if block == 256 else f"{e}_c{block}"], MiniatureTask(n=8, test_seed=2_000_003), None)
         method = _compose("eval", cmd[3:]).method
         assert (method.name, method.block_size, method.quota) == (e, block, block // 4)
 
@@ -269,3 +271,31 @@ def test_pareto_labels_never_overlap_and_stay_at_their_point_when_there_is_room(
     for i, (x, y) in enumerate(where):
         for u, v in where[i + 1:]:
             assert abs(x - u) >= 0.17 or abs(y - v) >= 0.03 - 1e-12
+
+
+def test_without_training_the_table_is_rebuilt_from_finished_arm_dirs_and_a_missing_checkpoint_is_refused(
+    tmp_path, monkeypatch
+):
+    """``task.train=false``: the committed slim copies of finished arms (no checkpoint on disk) give back the
+    committed table's figures; an arm with no finished run whose checkpoint is missing is refused before anything
+    runs or is written."""
+    import shutil
+
+    from analysis.miniature import run_task
+
+    monkeypatch.chdir(tmp_path)
+    for arm in ("full", "kvzip"):
+        shutil.copytree(REPO_ROOT / "analysis/results/miniature/runs/arms" / arm, tmp_path / "runs/miniature/arms" / arm)
+    task = {"arms": ["kvzip"], "train": False, "out": "runs/miniature"}
+    results = run_task(task)
+    committed = {a["name"]: a for a in json.loads((REPO_ROOT / "analysis/results/miniature/results.json").read_text())["arms"]}
+    assert [a["name"] for a in results["arms"]] == ["full", "kvzip"]
+    for a in results["arms"]:
+        for key in ("answer_accuracy", "rows_over_full", "recall", "delta_vs_full"):
+            assert a[key] == pytest.approx(committed[a["name"]][key], abs=1e-12)
+    assert not Path("runs/train").exists()  # nothing trained
+    (tmp_path / "runs/miniature/arms/kvzip/metrics.json").unlink()
+    (tmp_path / "runs/miniature/table.md").unlink()
+    with pytest.raises(SystemExit, match=r"kvzip \(runs/train/mini-base-T1024/final\)"):
+        run_task(task)
+    assert not (tmp_path / "runs/miniature/table.md").exists()

@@ -125,7 +125,39 @@ def test_an_arm_against_a_committed_arm_equals_the_direct_pairing(tmp_path):
     elsewhere = _fake_seed(tmp_path / "elsewhere", 21, {"full": other_full, "abridge_c256_perlayer": new})
     with pytest.raises(SystemExit, match="committed abridge_perlayer was paired with another full KV"):
         seeds.run([elsewhere], None, ["abridge_c256_perlayer:committed/abridge_perlayer"], committed=earlier)
-    with pytest.raises(SystemExit, match="give the file with --committed"):
+    with pytest.raises(SystemExit, match="need the file: give --committed"):
         seeds.run([later], None, ["abridge_c256_perlayer:committed/abridge_perlayer"])
     with pytest.raises(SystemExit, match="no such file"):
         seeds.run([later], None, [], committed=tmp_path / "missing.json")
+
+
+def test_kept_committed_arms_are_carried_over_unchanged_only_over_the_same_full_kv(tmp_path):
+    """--keep-committed: an earlier run's rows against full KV appear unchanged (marked) beside the new arms, where
+    the committed full KV equals the new one on every seed; another full KV, other seeds or an unknown arm are refused."""
+    rng = np.random.default_rng(2)
+    full_a, full_b, kvzap_a, kvzap_b, new_a, new_b = (rng.integers(0, 2, 40) for _ in range(6))
+    a = _fake_seed(tmp_path / "old", 31, {"full": full_a, "kvzap@-5.75": kvzap_a})
+    b = _fake_seed(tmp_path / "old", 32, {"full": full_b, "kvzap@-5.75": kvzap_b})
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps(seeds.run([a, b], None, ["kvzap@-5.75:full"])))
+    old_kvzap, old_pair = [c for c in json.loads(earlier.read_text())["comparisons"] if c["arm"] == "kvzap@-5.75"]
+    a2 = _fake_seed(tmp_path / "new", 31, {"full": full_a, "abridge_perlayer": new_a})
+    b2 = _fake_seed(tmp_path / "new", 32, {"full": full_b, "abridge_perlayer": new_b})
+    results = seeds.run([a2, b2], None, [], committed=earlier, keep=["kvzap@-5.75", "kvzap@-5.75:full"])
+    assert [(c["arm"], c["vs"]) for c in results["comparisons"]] == [
+        ("full", "full KV"), ("abridge_perlayer", "full KV"), ("kvzap@-5.75", "full KV"), ("kvzap@-5.75", "full")]
+    kept, pair = results["comparisons"][-2:]
+    assert {k: v for k, v in kept.items() if k != "committed"} == old_kvzap and kept["committed"] == str(earlier)
+    assert {k: v for k, v in pair.items() if k != "committed"} == old_pair
+    assert "| kvzap@-5.75 (committed) | full KV |" in seeds.markdown(results)
+    other = full_b.copy()
+    other[3] = 1 - other[3]
+    b3 = _fake_seed(tmp_path / "other", 32, {"full": other, "abridge_perlayer": new_b})
+    with pytest.raises(SystemExit, match="seed 32: the committed full KV differs"):
+        seeds.run([a2, b3], None, [], committed=earlier, keep=["kvzap@-5.75"])
+    with pytest.raises(SystemExit, match="has seeds \\[31, 32\\], this run \\[31\\]"):
+        seeds.run([a2], None, [], committed=earlier, keep=["kvzap@-5.75"])
+    with pytest.raises(SystemExit, match="--keep-committed \\['zoomr'\\]: not in"):
+        seeds.run([a2, b2], None, [], committed=earlier, keep=["zoomr"])
+    with pytest.raises(SystemExit, match="give --committed"):
+        seeds.run([a2, b2], None, [], keep=["kvzap@-5.75"])

@@ -47,6 +47,9 @@ class MiniatureTask(AnalysisTask):
     arm_lanes: int = 2  # eval arms run side by side, threads // arm_lanes each (1: one after another)
     n_resamples: int = 2000
     dry_run: bool = False  # print the commands it would run, run nothing
+    # false: train nothing; arms evaluate the checkpoints already under runs/train, and a finished arm directory of
+    # the same command is reused without its checkpoint (e.g. the committed slim copies: the table from run dirs)
+    train: bool = True
 
     def __post_init__(self) -> None:
         if self.n < 2 or self.trace_tokens < 64 or self.batch_size < 1 or self.threads < 1 or self.arm_lanes < 1:
