@@ -193,7 +193,8 @@ def forest_figure(results: dict[str, Any], arms: list[str], path: Path) -> None:
     shown = [c for c in results["comparisons"] if c["vs"] == "full KV" and c["arm"] in arms]
     if not shown:
         return
-    fig, ax = plt.subplots(figsize=(8, 0.45 * sum(len(c["per_seed"]) + 2 for c in shown) + 1.5))
+    height = 0.45 * sum(len(c["per_seed"]) + 2 for c in shown) + 1.5
+    fig, ax = plt.subplots(figsize=(8, height))
     y, ticks, labels = 0.0, [], []
     for c in shown:
         for s in c["per_seed"]:
@@ -210,8 +211,8 @@ def forest_figure(results: dict[str, Any], arms: list[str], path: Path) -> None:
     ax.axvline(-2, color="grey", lw=1, ls="--", label="−2 points (the issue's bar)")
     ax.set_yticks(ticks, labels, fontsize=8)
     ax.set_xlabel("Δ answer accuracy vs full KV (points, paired 95% CI)")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=8)  # below the axes: clear of every point
-    fig.tight_layout()
+    fig.legend(*ax.get_legend_handles_labels(), loc="lower center", fontsize=8)  # below the x-label: clear of every point
+    fig.tight_layout(rect=(0, 0.45 / height, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
