@@ -10,7 +10,7 @@ time, also as a ratio to full KV at the same batch size (all arms in this proces
 Part 2, time to finish (``--eval-runs``): for each evaluation run directory, its own cache policy (the
 run's ``method`` config, none = full KV) and model decode ``--requests`` requests whose prompt lengths and
 generation lengths are those of the run's first result rows (the paper replays each arm's own suite
-lengths). Static batching: requests are sorted by generation length and decoded up to a concurrency cap at a
+lengths); a slim copy decodes with the checkpoint it names as ``model.evaluated_checkpoint``, which must be here. Static batching: requests are sorted by generation length and decoded up to a concurrency cap at a
 time, each batch until its longest request; every cap of ``--finish-caps`` is tried and the fastest is the
 arm's time (the paper's "concurrency cap that finishes fastest"). Paired with accuracy it gives Figure 3d.
 
@@ -82,6 +82,13 @@ def eval_requests(run_dir: Path, n: int) -> tuple[dict[str, Any], list[tuple[int
     if not config_file.exists() or not results.exists():
         raise SystemExit(f"{run_dir}: not an evaluation run directory (needs config.json and results.jsonl)")
     config = json.loads(config_file.read_text())
+    model = config.get("model") or {}
+    if not model.get("hf_id") and model.get("evaluated_checkpoint"):  # a slim copy (analysis/slim_runs.py)
+        if not Path(model["evaluated_checkpoint"]).is_dir():
+            raise SystemExit(f"{run_dir}: a slim copy whose checkpoint {model['evaluated_checkpoint']} is not here; "
+                             "time it where that checkpoint is (python -m analysis +task=miniature trains it)")
+        model = {k: v for k, v in model.items() if k != "evaluated_checkpoint"}
+        config = {**config, "model": {**model, "hf_id": config["model"]["evaluated_checkpoint"]}}
     rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
     if not rows:
         raise SystemExit(f"{run_dir}: results.jsonl holds no rows yet")

@@ -56,3 +56,19 @@ def test_log_bench_puts_every_numeric_result_under_bench_keys(tmp_path, monkeypa
     assert list((tmp_path / "wandb").glob("offline-run-*"))
     with pytest.raises(SystemExit):
         log_bench([str(tmp_path / "missing.json")])
+
+
+def test_a_slim_copy_is_timed_with_the_checkpoint_it_names_and_refused_without_it(tmp_path):
+    """eval_requests: a slim copy (no model.hf_id; model.evaluated_checkpoint) decodes with that checkpoint when it
+    is on disk, and is refused by name when it is not, rather than timing a model built from the config."""
+    run = tmp_path / "arm"
+    run.mkdir()
+    rows = [{"prompt_tokens": 6, "n_tokens": 10 + i, "slim": True} for i in range(3)]
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ckpt = tmp_path / "ckpt"
+    (run / "config.json").write_text(json.dumps({"model": {"name": "m", "evaluated_checkpoint": str(ckpt)}}))
+    with pytest.raises(SystemExit, match=r"slim copy whose checkpoint .*ckpt is not here"):
+        bench_throughput.eval_requests(run, 2)
+    ckpt.mkdir()
+    config, requests = bench_throughput.eval_requests(run, 2)
+    assert config["model"] == {"name": "m", "hf_id": str(ckpt)} and requests == [(6, 10), (6, 11)]
