@@ -10,7 +10,8 @@ time, also as a ratio to full KV at the same batch size (all arms in this proces
 Part 2, time to finish (``--eval-runs``): for each evaluation run directory, its own cache policy (the
 run's ``method`` config, none = full KV) and model decode ``--requests`` requests whose prompt lengths and
 generation lengths are those of the run's first result rows (the paper replays each arm's own suite
-lengths); a slim copy decodes with the checkpoint it names as ``model.evaluated_checkpoint``, which must be here. Static batching: requests are sorted by generation length and decoded up to a concurrency cap at a
+lengths); a slim copy decodes with the checkpoint it names as ``model.evaluated_checkpoint``, which must be
+here. Static batching: requests are sorted by generation length and decoded up to a concurrency cap at a
 time, each batch until its longest request; every cap of ``--finish-caps`` is tried and the fastest is the
 arm's time (the paper's "concurrency cap that finishes fastest"). Paired with accuracy it gives Figure 3d.
 

@@ -13,6 +13,9 @@ mean resident rows of the arm they are compared with. Writes ``table.md``, ``tab
 accuracy against the full-KV arm of the same model family (eval/bootstrap.py, one index matrix).
 A rerun does only what is missing: a finished model or arm is reused when its command is unchanged (a model
 also when its dependencies are the ones it was trained on; :func:`ensure_model`).
+``task.train=false`` trains nothing: the table is rebuilt from finished arm directories (e.g. the committed slim
+copies, no checkpoint needed) and the arms still missing run on the checkpoints already under ``runs/train``
+(:func:`check_checkpoints` refuses, before anything runs, an arm whose checkpoint is not there).
 """
 
 from __future__ import annotations

@@ -199,7 +199,7 @@ def _abridge_arms(block: int, pauses: int, suffix: str, default: bool, snapkv: b
     8:1, per-layer after its three stages and after the first; StreamingLLM, H2O, R-KV and R-KV serving (+12%, the
     paper's) at 4:1's measured rows (the uniform and per-layer models keep the same mean quota, so the same rows),
     StreamingLLM and H2O at 8:1's; the block evictors at q = ``pauses`` of ``block``; ``snapkv``: SnapKV at 4:1's
-    rows too. The main family (suffix "") names the baselines as their methods; a variant's carry
+    rows too. The main family (suffix "") names the baselines as their methods; a variant's baselines carry
     ``@abridge{suffix}`` (evictors ``{suffix}``)."""
     c, a = f"abridge_c{block}", f"abridge{suffix}"
     fields = {"ratio": block / pauses, "block_size": block}

@@ -15,9 +15,9 @@ leave about ±2 points. Writes ``table.md``, ``results.json`` and ``forest.png``
 in ``--vs`` (e.g. a new variant against the committed default arm, whose models are not at hand): its
 per-problem correctness is read from that file, on the seeds where its full-KV arm's correctness equals this
 seed's own full-KV run problem for problem (else refused: other problems or another full KV).
-``--keep-committed ARM|A:B …`` carries those arms' rows against full KV (or those pairs) over unchanged (e.g. the arms a change of the
-default AbridgeKV family left as they were), marked ``(committed)``, once the committed full KV's correctness
-equals this run's on every seed.
+``--keep-committed ARM|A:B …`` carries those arms' rows against full KV (or those pairs) over unchanged (e.g. the
+arms a change of the default AbridgeKV family left as they were), marked ``(committed)``, once the committed full
+KV's correctness equals this run's on every seed.
 """
 
 from __future__ import annotations
