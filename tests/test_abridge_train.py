@@ -8,6 +8,7 @@ import shutil
 import pytest
 from hydra import compose, initialize_config_dir
 
+from zoomr.abridge.quotas import resolve_quotas
 from zoomr.cache.abridge import AbridgeMethod
 from zoomr.entry import CONF_DIR
 from zoomr.paths import REPO_ROOT
@@ -47,13 +48,23 @@ def test_configs_compose_into_their_schemas(method, cls):
     m = to_dataclass(cls, cfg.method)
     assert m.trainer == method
     if method == "abridge":
-        assert (m.block_size, m.num_pause, m.quota) == (64, 16, 16)  # 4:1, the paper's ratio
-        # the tiny default fine-tunes the shipped testbed base model on the testbed (the README's main job)
+        # the tiny default fine-tunes the shipped testbed base model on the testbed (the README's main job) at
+        # C = 256 on the per-layer schedule the miniature allocated from that base: mean quota 64 of 256, 4:1
+        assert (m.block_size, m.num_pause, m.quota) == (256, 128, None)
         assert (cfg.model.name, cfg.data.name) == ("tiny-testbed", "testbed")
         assert m.init_from == "analysis/results/miniature/base_model"
         assert (REPO_ROOT / m.init_from / "model.safetensors").is_file()
+        quotas = resolve_quotas(3, m.num_pause, m.quota, m.schedule)
+        assert quotas == [32, 128, 32] and sum(quotas) / len(quotas) * 4 == m.block_size
         other = to_dataclass(cls, _compose(method, ["model=tiny-llama", "data=traces"]).method)
-        assert other.init_from is None  # any other model starts from its own weights
+        assert other.init_from is None and other.schedule is None  # any other model: its own weights, uniform
+        moved = to_dataclass(cls, _compose(method, ["method.init_from=runs/train/other-base/final"]).method)
+        assert moved.schedule is None  # the shipped schedule goes with the shipped start model only
+        assert resolve_quotas(3, 128, None, moved.schedule) == [64] * 3
+        with pytest.raises(ValueError, match=r"method.quota=16 and method.schedule=.*give one of them"):
+            to_dataclass(cls, _compose(method, ["method.quota=16"]).method)  # the schedule would win silently
+        uniform = to_dataclass(cls, _compose(method, ["method.quota=16", "method.schedule=null"]).method)
+        assert resolve_quotas(3, uniform.num_pause, uniform.quota, uniform.schedule) == [16] * 3
         assert (m.optim.adam_beta1, m.optim.adam_beta2, m.optim.weight_decay) == (0.9, 0.95, 0.1)
         assert (m.optim.warmup_fraction, m.optim.decay_start_fraction, m.optim.final_lr_fraction) == (
             0.03,
@@ -109,3 +120,11 @@ def test_train_resume_and_allocate(tmp_path, cache_dir):
     assert "method.schedule=" in summary["next"]
     written = (alloc_dir / "schedule.json").stat().st_mtime_ns
     assert allocate.run(acfg) == summary and (alloc_dir / "schedule.json").stat().st_mtime_ns == written
+
+    per_layer = tmp_path / "per_layer"  # a per-layer model cannot be halved layer by layer: refused, naming the way
+    shutil.copytree(run_dir / "final", per_layer)
+    config = json.loads((per_layer / "abridge.json").read_text())
+    (per_layer / "abridge.json").write_text(json.dumps({**config, "quotas": [1, 1, 2, 4]}))
+    with pytest.raises(SystemExit, match=r"non-uniform schedule \[1, 1, 2, 4\].*method.schedule=null"):
+        allocate.run(_compose("abridge_allocate", [f"method.checkpoint={per_layer}", "logger=none"], tmp_path / "a2"))
+    assert not (tmp_path / "a2").exists()

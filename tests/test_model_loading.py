@@ -111,6 +111,9 @@ def test_abridge_starts_from_model_hf_id_when_one_is_given():
         hub = compose("train", overrides=["+method=abridge", "model=tiny-qwen2", "data=traces"])
     assert default.method.init_from == "analysis/results/miniature/base_model"  # the shipped testbed model
     assert given.method.init_from is None and hub.method.init_from is None  # start from model.hf_id / the config
+    # the per-layer schedule allocated from the shipped model goes with it: another start model trains uniform
+    assert default.method.schedule.endswith("mini-abridge_c256_alloc-T1024/schedule.json")
+    assert given.method.schedule is None and hub.method.schedule is None
 
 
 @pytest.fixture(scope="module")

@@ -74,7 +74,9 @@ def run(cfg) -> dict[str, Any]:
     layout, quotas, info = load_abridge_config(ckpt)
     if len(set(quotas)) != 1:
         raise SystemExit(
-            f"{ckpt} was trained with a non-uniform schedule {quotas}: allocate from a uniform model"
+            f"{ckpt} was trained with a non-uniform schedule {quotas}: allocate from a uniform model (on the "
+            "testbed the tiny default trains on the shipped schedule; a uniform one: python -m train +method=abridge "
+            "method.schedule=null run_name=<name>, then method.checkpoint=runs/train/<name>/final)"
         )
     three_level_schedule([0.0] * len(quotas), quotas[0])  # an unallocatable quota is refused before any work
     # a rerun on the same weights returns the finished allocation; retrained weights at that path are refused

@@ -302,20 +302,29 @@ def checkpoint_name(default: str, hf_id: str | None) -> str:
 
 
 def register_resolvers() -> None:
-    """Register ``${zoomr_model_name:…}`` and ``${zoomr_shipped_start:…}`` with OmegaConf (done at import, so
-    any loader of conf/model resolves)."""
+    """Register ``${zoomr_model_name:…}``, ``${zoomr_shipped_start:…}`` and ``${zoomr_shipped_with:…}`` with
+    OmegaConf (done at import, so any loader of conf/model resolves)."""
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("zoomr_model_name"):
         OmegaConf.register_new_resolver("zoomr_model_name", checkpoint_name)
     if not OmegaConf.has_resolver("zoomr_shipped_start"):
         OmegaConf.register_new_resolver("zoomr_shipped_start", shipped_start)
+    if not OmegaConf.has_resolver("zoomr_shipped_with"):
+        OmegaConf.register_new_resolver("zoomr_shipped_with", shipped_with)
 
 
 def shipped_start(hf_id: str | None, shipped: str | None) -> str | None:
     """A trainer's default start checkpoint: the model config's shipped trained instance, unless ``model.hf_id``
     names another model (then ``None``: training starts from ``model.hf_id``, never silently from the shipped one)."""
     return None if hf_id else shipped
+
+
+def shipped_with(start: str | None, shipped: str | None, value: str | None) -> str | None:
+    """A default that belongs to the shipped start model (e.g. AbridgeKV's per-layer schedule, allocated on a model
+    trained from it): ``value`` when training starts from ``shipped``, else ``None`` (another start model gets no
+    setting measured on this one)."""
+    return value if start and shipped and str(start) == str(shipped) else None
 
 
 register_resolvers()

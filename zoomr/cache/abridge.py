@@ -51,7 +51,7 @@ class AbridgeMethod(MaskedTraining):
     """AbridgeKV: pause tokens after every completed block, block-masked full fine-tuning, per-layer quotas.
 
     ``quota``: uniform code rows kept per layer and block (null = num_pause // 2); ``schedule``: a
-    per-layer quota file (from ``+method=abridge_allocate``), which wins over ``quota``.
+    per-layer quota file (from ``+method=abridge_allocate``); a config gives one of them, not both.
     ``code_positions``: spread | tail (inside the replaced span) | appended (the paper's ablation).
     ``mask_backend``: auto (FlexAttention BlockMask on CUDA, chunked SDPA elsewhere) | chunked | dense | flex.
     """
@@ -73,6 +73,11 @@ class AbridgeMethod(MaskedTraining):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.schedule and self.quota is not None:  # the schedule would silently win over the quota asked for
+            raise ValueError(
+                f"method.quota={self.quota} and method.schedule={self.schedule}: give one of them "
+                "(method.schedule=null for a uniform quota, method.quota=null for the schedule)"
+            )
         fill_names(self)
 
 
