@@ -136,9 +136,8 @@ def ensure_model(name: str, task: Any) -> Path:
 def check_checkpoints(arms: list[str], task: Any) -> None:
     """``task.train=false``: refuse, before anything runs, an arm that must be evaluated on a checkpoint that is
     not there (an arm directory holding a finished run needs none)."""
-    missing = {a: checkpoint(ARMS[a].model, task.trace_tokens) for a in arms
-               if not (arm_dir(task, a) / "metrics.json").exists()}  # fmt: skip
-    missing = {a: c for a, c in missing.items() if not c.exists()}
+    unfinished = [a for a in arms if not (arm_dir(task, a) / "metrics.json").exists()]
+    missing = {a: c for a in unfinished if not (c := checkpoint(ARMS[a].model, task.trace_tokens)).exists()}
     if missing and not task.dry_run:
         raise SystemExit(
             "miniature: task.train=false, but these arms have no finished run and their checkpoints are missing: "
