@@ -32,6 +32,7 @@ import torch
 from tqdm.auto import tqdm
 
 from analysis.bench_decode import method_config, model_spec
+from analysis.slim_runs import evaluated_checkpoint, evaluated_config
 from zoomr.engine import DecodeSettings, generate
 from zoomr.models import load_model, load_model_and_tokenizer, load_tokenizer, spec_from_dict
 
@@ -83,13 +84,11 @@ def eval_requests(run_dir: Path, n: int) -> tuple[dict[str, Any], list[tuple[int
     if not config_file.exists() or not results.exists():
         raise SystemExit(f"{run_dir}: not an evaluation run directory (needs config.json and results.jsonl)")
     config = json.loads(config_file.read_text())
-    model = config.get("model") or {}
-    if not model.get("hf_id") and model.get("evaluated_checkpoint"):  # a slim copy (analysis/slim_runs.py)
-        if not Path(model["evaluated_checkpoint"]).is_dir():
-            raise SystemExit(f"{run_dir}: a slim copy whose checkpoint {model['evaluated_checkpoint']} is not here; "
-                             "time it where that checkpoint is (python -m analysis +task=miniature trains it)")
-        model = {k: v for k, v in model.items() if k != "evaluated_checkpoint"}
-        config = {**config, "model": {**model, "hf_id": config["model"]["evaluated_checkpoint"]}}
+    ckpt = evaluated_checkpoint(config)  # a slim copy (analysis/slim_runs.py) names the checkpoint it was run on
+    if ckpt is not None and not Path(ckpt).is_dir():
+        raise SystemExit(f"{run_dir}: a slim copy whose checkpoint {ckpt} is not here; "
+                         "time it where that checkpoint is (python -m analysis +task=miniature trains it)")
+    config = evaluated_config(config)
     rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
     if not rows:
         raise SystemExit(f"{run_dir}: results.jsonl holds no rows yet")

@@ -58,6 +58,22 @@ def slim_config(config: dict[str, Any]) -> dict[str, Any]:
     return {**config, "model": model}
 
 
+def evaluated_checkpoint(config: dict[str, Any]) -> str | None:
+    """The checkpoint a slim copy's arm was evaluated on (``slim_config`` moved ``model.hf_id`` there); ``None`` for
+    a config that still names its model in ``model.hf_id``."""
+    model = config.get("model") or {}
+    return None if model.get("hf_id") else model.get("evaluated_checkpoint")
+
+
+def evaluated_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of :func:`slim_config`: a slim copy's config loading the checkpoint it was evaluated on again."""
+    ckpt = evaluated_checkpoint(config)
+    if ckpt is None:
+        return config
+    model = {k: v for k, v in config["model"].items() if k != "evaluated_checkpoint"}
+    return {**config, "model": {**model, "hf_id": ckpt}}
+
+
 def slim_run(src: Path, dst: Path) -> int:
     """Copy one run directory (an eval run slimmed, anything else whole; paths under the working directory
     made relative); returns bytes written."""

@@ -57,6 +57,12 @@ def test_slim_copy_keeps_scalars_drops_text_and_keeps_the_models_family(tmp_path
     assert (
         "hf_id" not in model and model["evaluated_checkpoint"] == "runs/train/ft/final"
     )  # relative to the cwd
+    from analysis.slim_runs import evaluated_config
+
+    restored = evaluated_config(json.loads((slim / "config.json").read_text()))["model"]  # the inverse, for timing
+    assert restored["hf_id"] == "runs/train/ft/final" and "evaluated_checkpoint" not in restored
+    unslimmed = json.loads((src / "config.json").read_text())
+    assert evaluated_config(unslimmed) == unslimmed  # a config naming its model in hf_id stays as it is
 
     # grouped under the base model, like the original, although no checkpoint is reachable from the copy
     original, copy = discover([str(tmp_path / "runs/eval/**")]), discover([str(tmp_path / "slim/**")])
