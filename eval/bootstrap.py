@@ -33,6 +33,7 @@ def index_matrix(n_problems: int, n_resamples: int = 2000, seed: int = 1234) -> 
     """The shared (n_resamples, n_problems) matrix of resampled problem indices."""
     if n_problems < 2:
         raise ValueError(f"the paired bootstrap needs at least 2 problems, got {n_problems}")
+    check_bootstrap_settings(n_resamples)
     return np.random.default_rng(seed).integers(0, n_problems, (n_resamples, n_problems))
 
 
@@ -70,6 +71,7 @@ def stratified_paired_bootstrap(
     (the same index draw and reduction)."""
     if not strata:
         raise ValueError("the stratified bootstrap needs at least one stratum")
+    check_bootstrap_settings(n_resamples, confidence)
     rng = np.random.default_rng(seed)
     sums = np.zeros(n_resamples)
     diffs = []
@@ -87,9 +89,19 @@ def stratified_paired_bootstrap(
     return PairedCI(float(np.mean(np.concatenate(diffs))), float(low), float(high), n, n_resamples)
 
 
+def check_bootstrap_settings(n_resamples: int, confidence: float = 0.95) -> None:
+    """Refuse settings that would print NaN or crash inside numpy: n_resamples >= 1, 0 < confidence < 1."""
+    if isinstance(n_resamples, bool) or not isinstance(n_resamples, int) or n_resamples < 1:
+        raise ValueError(f"n_resamples={n_resamples!r}: the bootstrap needs at least 1 resample (2000 is usual)")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence={confidence!r}: a confidence level must lie strictly between 0 and 1 (e.g. 0.95)")
+
+
 def _percentile_interval(distribution: np.ndarray, confidence: float) -> tuple[float, float]:
     """scipy's percentile interval of a bootstrap distribution (``scipy.stats.quantile`` at α/2, 1 − α/2)."""
     from scipy.stats import quantile
+
+    check_bootstrap_settings(len(distribution), confidence)
 
     alpha = np.asarray((1 - confidence) / 2, dtype=distribution.dtype)
     low, high = quantile(distribution, np.stack((alpha, 1 - alpha), axis=-1), axis=-1)

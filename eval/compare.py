@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from eval.bootstrap import index_matrix, paired_bootstrap
+from eval.bootstrap import check_bootstrap_settings, index_matrix, paired_bootstrap
 from eval.metrics import per_problem_accuracy, summarize
 from eval.results import FINGERPRINT_FILE, ResultStore, _diff
 
@@ -295,6 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.labels and len(args.labels) != len(args.runs):
         ap.error(f"--labels needs one label per run ({len(args.runs)}), got {len(args.labels)}")
+    try:
+        check_bootstrap_settings(args.n_resamples, args.confidence)
+    except ValueError as e:
+        ap.error(str(e).replace("n_resamples=", "--n-resamples ").replace("confidence=", "--confidence "))
     try:
         runs = [load_run(p, args.labels[i] if args.labels else None) for i, p in enumerate(args.runs)]
         result = compare(runs, args.n_resamples, args.seed, args.confidence, args.allow_different_settings)

@@ -84,3 +84,13 @@ def test_an_option_a_run_does_not_record_takes_its_default():
     assert comparable_settings(
         {"benchmark": {"name": "testbed", "options": {"trace_tokens": 1024}}}
     ) != comparable_settings({"benchmark": {"name": "testbed", "options": {"paragraph_topics": False, "trace_tokens": 1024}}})
+
+
+@pytest.mark.parametrize("flag,value", [("--n-resamples", "0"), ("--confidence", "1.5"), ("--confidence", "0")])
+def test_impossible_bootstrap_settings_are_refused_before_reading_runs(tmp_path, capsys, flag, value):
+    # the run directories do not exist: the setting is named first, and nothing is written
+    with pytest.raises(SystemExit) as exc:
+        main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "cmp"), flag, value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{flag} {value}" in err and "does not exist" not in err and not (tmp_path / "cmp").exists()

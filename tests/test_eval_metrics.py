@@ -120,3 +120,21 @@ def test_stratified_bootstrap_narrows_with_more_strata():
         stratified_paired_bootstrap([strata[0], (np.ones(3), np.ones(4))])
     with pytest.raises(ValueError, match="at least one"):
         stratified_paired_bootstrap([])
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"n_resamples": 0}, "n_resamples=0"),
+        ({"n_resamples": -3}, "n_resamples=-3"),
+        ({"confidence": 1.5}, "confidence=1.5"),
+        ({"confidence": 0.0}, "confidence=0.0"),
+        ({"confidence": float("nan")}, "confidence=nan"),
+    ],
+)
+def test_bootstrap_refuses_settings_that_would_print_nan(kwargs, match):
+    a, b = np.ones(10), np.zeros(10)
+    with pytest.raises(ValueError, match=match):
+        paired_bootstrap(a, b, **kwargs)
+    with pytest.raises(ValueError, match=match):
+        stratified_paired_bootstrap([(a, b)], **kwargs)

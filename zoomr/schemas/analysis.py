@@ -52,11 +52,18 @@ class MiniatureTask(AnalysisTask):
     train: bool = True
 
     def __post_init__(self) -> None:
-        if self.n < 2 or self.trace_tokens < 64 or self.batch_size < 1 or self.threads < 1 or self.arm_lanes < 1:
+        if (
+            self.n < 2
+            or self.trace_tokens < 64
+            or self.batch_size < 1
+            or self.threads < 1
+            or self.arm_lanes < 1
+            or self.n_resamples < 1
+        ):
             raise ValueError(
-                f"MiniatureTask: need n >= 2, trace_tokens >= 64, batch_size >= 1, threads >= 1, arm_lanes >= 1; got "
-                f"n={self.n}, trace_tokens={self.trace_tokens}, batch_size={self.batch_size}, threads={self.threads}, "
-                f"arm_lanes={self.arm_lanes}"
+                "MiniatureTask: need n >= 2, trace_tokens >= 64, batch_size >= 1, threads >= 1, arm_lanes >= 1, "
+                f"n_resamples >= 1; got n={self.n}, trace_tokens={self.trace_tokens}, batch_size={self.batch_size}, "
+                f"threads={self.threads}, arm_lanes={self.arm_lanes}, n_resamples={self.n_resamples}"
             )
 
 
