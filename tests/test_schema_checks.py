@@ -15,7 +15,7 @@ from zoomr.schemas.analysis import MiniatureTask
 from zoomr.schemas.checks import BETA, POSITIVE, check_fields
 from zoomr.schemas.kvzap import KVzapFit, KVzapPairsPipeline, TextSource
 from zoomr.schemas.sft import LoraSettings, SFTMethod, TracesData
-from zoomr.schemas.testbed import CurriculumSettings, TestbedTrainMethod
+from zoomr.schemas.testbed import CurriculumSettings, TestbedData, TestbedTrainMethod
 from zoomr.schemas.zoomr import SummarizePipeline
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,6 +35,8 @@ BAD = [
     (AbridgeAllocateMethod, "mask_backend", "sparse", "mask_backend must be auto|dense|flex|chunked"),
     (MiniatureTask, "arm_lanes", 0, "arm_lanes=0"),
     (MiniatureTask, "n_resamples", 0, "n_resamples=0"),
+    (TestbedData, "n_test", 0, "data.n_test=0 (must be >= 1)"),
+    (TestbedData, "n_train", -1, "data.n_train=-1 (must be >= 1)"),
     (SFTMethod, "learning_rate", 0.0, "method.learning_rate=0.0 (must be > 0)"),
     (SFTMethod, "warmup_ratio", 2.0, "warmup_ratio=2.0 (must be in [0, 1])"),
     (SFTMethod, "max_length", 0, "max_length=0"),
@@ -112,7 +114,6 @@ def test_the_cli_refuses_a_negative_learning_rate_before_writing_the_run(tmp_pat
 def test_a_test_seed_equal_to_the_training_stream_is_refused(seed):
     """Problem i of a stream is the same problem wherever it is drawn: such a test set is the training set."""
     from eval.testbed_task import testbed_problems
-    from zoomr.schemas.testbed import TestbedData
 
     with pytest.raises(ValueError, match=f"data.test_seed={seed} is the training stream's seed"):
         TestbedData(seed=seed, test_seed=seed)

@@ -63,7 +63,9 @@ class TestbedData:
     test_seed: int = 1_000_003  # test problems are drawn from a seed stream disjoint from training
 
     def __post_init__(self) -> None:
-        check_fields(self, "data", boundary_period=NON_NEGATIVE, boundary_rate=FRACTION)
+        check_fields(
+            self, "data", boundary_period=NON_NEGATIVE, boundary_rate=FRACTION, n_train=AT_LEAST_ONE, n_test=AT_LEAST_ONE
+        )
         if self.boundary_rate > 0 and self.boundary_period < 2:
             raise ValueError(
                 f"data.boundary_rate={self.boundary_rate} needs data.boundary_period >= 2 (the block size C to "
