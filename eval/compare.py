@@ -28,6 +28,7 @@ import numpy as np
 from eval.bootstrap import check_bootstrap_settings, index_matrix, paired_bootstrap
 from eval.metrics import per_problem_accuracy, summarize
 from eval.results import FINGERPRINT_FILE, ResultStore, _diff
+from zoomr.jsonl import read_json_object
 
 ARM_FIELDS = ("model", "method")  # what arms are meant to differ in
 
@@ -57,7 +58,12 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     config_file = path / "config.json"
     if not config_file.exists():
         raise CompareError(f"{path}: not an evaluation run directory (no config.json)")
-    config = json.loads(config_file.read_text())
+    fingerprint = path / FINGERPRINT_FILE
+    try:
+        config = read_json_object(config_file, "run config")
+        recorded = read_json_object(fingerprint, "fingerprint") if fingerprint.is_file() else None
+    except ValueError as e:
+        raise CompareError(str(e)) from None
     bench = to_dataclass(BenchmarkConfig, config["benchmark"])
     n = int(config["generation"]["n_samples"])
     task = get_task(bench.task)
@@ -78,10 +84,9 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
             f"(first missing {missing[0]}); rerun the same command to finish it"
         )
     arm = label or f"{config['model']['name']}/{config['run_name']}"
-    fingerprint = path / FINGERPRINT_FILE
     settings = None
-    if fingerprint.is_file():
-        settings = comparable_settings(json.loads(fingerprint.read_text()), task.arm_options, task.option_defaults())
+    if recorded is not None:
+        settings = comparable_settings(recorded, task.arm_options, task.option_defaults())
     return Run(path, arm, bench.name, [rows[k] for k in scope], n, settings)
 
 

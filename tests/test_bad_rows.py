@@ -1,16 +1,20 @@
 """Issue 18, defect 4 and 8: bad JSONL rows are counted and skipped with their file and line, or the file
-is refused naming the row; never a traceback from a parser and never a fake gold answer."""
+is refused naming the row; never a traceback from a parser and never a fake gold answer. A JSON file a user
+points at (a quota schedule, a run's config) is refused naming the file and where the parser stopped."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from data_prep.traces import load_trace_rows
 from eval.benchmarks import load_source
+from eval.compare import main as compare_main
 from eval.results import RESULTS_FILE, ResultStore
-from zoomr.jsonl import BadRowError, JsonlReader
+from zoomr.abridge.quotas import load_schedule
+from zoomr.jsonl import BadRowError, JsonlReader, read_json_object
 
 GOOD_TURNS = [{"from": "user", "value": "Q"}, {"from": "assistant", "value": "A"}]
 
@@ -101,3 +105,32 @@ def test_a_row_whose_grading_failed_is_replaced_by_a_later_row(tmp_path):
         store.append(_row("a"))
     again = ResultStore(tmp_path).load()
     assert again[("a", 0)]["correct"] is True
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        (b'{"quotas": [32, 128', "not valid JSON (expected a JSON quota schedule; Expecting"),
+        (b"not json", "line 1 column 1"),
+        (b"\xff\xfe", "not a UTF-8 text file"),
+        (b"[32, 128, 32]", "expected a JSON object (quota schedule), got a list"),
+    ],
+)
+def test_a_torn_or_wrong_json_file_is_refused_naming_it(tmp_path, content, message):
+    p = tmp_path / "schedule.json"
+    p.write_bytes(content)
+    with pytest.raises(BadRowError, match=re.escape(message)) as exc:
+        load_schedule(p)
+    assert str(p) in str(exc.value)
+    p.write_text('{"quotas": [32, 128, 32]}')
+    assert load_schedule(p) == [32, 128, 32] and read_json_object(p) == {"quotas": [32, 128, 32]}
+
+
+def test_compare_refuses_a_torn_run_config_naming_it(tmp_path, capsys):
+    for arm in ("a", "b"):
+        (tmp_path / arm).mkdir()
+        (tmp_path / arm / "config.json").write_text('{"benchmark": {"name": ')
+    assert compare_main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "cmp")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'a' / 'config.json'}: not valid JSON (expected a JSON run config" in err
+    assert not (tmp_path / "cmp").exists()

@@ -1,5 +1,5 @@
-"""One reader for every JSONL file the project loads: bad rows are counted and skipped with their file
-and line, or the file is refused naming the row; never a traceback from deep inside a parser.
+"""One reader for every JSONL file the project loads (and for JSON files given by users): bad rows are counted and
+skipped with their file and line, or the file is refused naming the row; never a traceback from deep inside a parser.
 
 A line is *bad* when it is not UTF-8, not JSON, not a JSON object (``null``, a list, a string), or
 when the caller's ``check`` rejects it (a missing or empty field). Blank lines are ignored.
@@ -117,3 +117,19 @@ def read_jsonl(path: str | Path, check: Check | None = None, on_bad: str = "refu
     if reader.bad:
         log.warning("%s", reader.summary())
     return rows
+
+
+def read_json_object(path: str | Path, what: str = "file") -> dict[str, Any]:
+    """The JSON object in ``path``; a file that is not UTF-8 JSON or not an object is refused with
+    :class:`BadRowError` naming the file, ``what`` it should be, and where the parser stopped."""
+    try:
+        data = json.loads(Path(path).read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise BadRowError(f"{path}: not a UTF-8 text file (expected a JSON {what})") from None
+    except json.JSONDecodeError as e:
+        raise BadRowError(
+            f"{path}: not valid JSON (expected a JSON {what}; {e.msg} at line {e.lineno} column {e.colno})"
+        ) from None
+    if not isinstance(data, dict):
+        raise BadRowError(f"{path}: expected a JSON object ({what}), got a {type(data).__name__}")
+    return data

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from zoomr.abridge.layout import AbridgeLayout
+from zoomr.jsonl import read_json_object
 from zoomr.paths import MissingInput, resolve_repo_path
 
 FILENAME = "abridge.json"
@@ -31,7 +32,7 @@ def load_abridge_config(directory: str | Path) -> tuple[AbridgeLayout, list[int]
         raise MissingInput(
             f"{p} not found: {directory} is not an AbridgeKV checkpoint (train one with `python -m train +method=abridge`)"
         )
-    data = json.loads(p.read_text())
+    data = read_json_object(p, "AbridgeKV layout")
     layout = AbridgeLayout(**data.pop("layout"))
     quotas = [int(q) for q in data.pop("quotas")]
     return layout, quotas, data

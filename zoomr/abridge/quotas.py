@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from zoomr.jsonl import read_json_object
 from zoomr.paths import MissingInput, resolve_repo_path
 
 
@@ -31,8 +32,8 @@ def load_schedule(path: str | Path) -> list[int]:
     p = resolve_repo_path(path)
     if not p.exists():
         raise MissingInput(f"quota schedule not found: {path} (looked at {p})")
-    data = json.loads(p.read_text())
-    if not isinstance(data, dict) or not isinstance(data.get("quotas"), list):
+    data = read_json_object(p, "quota schedule")
+    if not isinstance(data.get("quotas"), list):
         raise ValueError(f"{p}: expected a JSON object with a 'quotas' list")
     return [int(q) for q in data["quotas"]]
 

@@ -17,7 +17,6 @@ complete shards and redoes the rest (resume).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,6 +26,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from zoomr.jsonl import read_json_object
 from zoomr.paths import MissingInput
 
 FORMAT = "zoomr-kvzap-pairs/1"
@@ -60,7 +60,7 @@ def read_manifest(pairs_dir: str | Path) -> dict[str, Any]:
             f"no KVzap pairs manifest at {path}{hint}; create pairs with "
             "`python -m data_prep +pipeline=kvzap_pairs`"
         )
-    manifest = json.loads(path.read_text())
+    manifest = read_json_object(path, "KVzap pairs manifest")
     if manifest.get("format") != FORMAT:
         raise ValueError(f"{path}: format {manifest.get('format')!r}, expected {FORMAT!r}")
     return manifest
