@@ -4,7 +4,8 @@
         --out analysis/results/miniature/seeds
 
 Every input is a ``python -m analysis +task=miniature`` output directory: its ``results.json`` names the test
-seed and each arm's paired full-KV arm, ``arms/<arm>/`` holds the evaluated runs. An arm is compared with its
+seed and each arm's paired full-KV arm, ``arms/<arm>/`` holds the evaluated runs (an arm named in ``--arms`` or
+``--vs`` that ``results.json`` does not list is read from ``arms/<arm>/`` too: :func:`adopt_extra_arms`). An arm is compared with its
 full-KV arm, and ``--vs A:B`` adds other pairs (A − B; defaults: the issue's per-layer-vs-uniform and
 evictor bars, ZoomR vs SumR). Per seed the interval is the miniature table's paired bootstrap; pooled, problems
 are resampled within their seed (:func:`eval.bootstrap.stratified_paired_bootstrap`), so the pooled row weighs
@@ -62,6 +63,19 @@ def arm_run(seed: dict[str, Any], name: str):
             raise SystemExit(f"miniature_seeds: {seed['dir']}/results.json lists {name}, but {run} has no results.jsonl")
         seed["runs"][name] = load_arm(run)
     return seed["runs"][name]
+
+
+def adopt_extra_arms(seeds: list[dict[str, Any]], names: list[str]) -> None:
+    """Arms named on the command line that a seed's ``results.json`` does not list but whose evaluated run is in
+    its ``arms/`` folder (an ablation evaluated there by hand with ``python -m eval … run_dir=<out>/arms/<arm>``)
+    join that seed, paired with its full-KV arm, their rows over full KV's measured from both runs."""
+    for seed in seeds:
+        for name in names:
+            run = seed["dir"] / "arms" / name.replace("@", "_at_")
+            if name in seed["arms"] or "full" not in seed["arms"] or not (run / "results.jsonl").is_file():
+                continue
+            rows = arm_run(seed, name).rows.mean() / arm_run(seed, "full").rows.mean()
+            seed["arms"][name] = {"name": name, "rows_over_full": float(rows), "paired_with": "full", "extra": True}
 
 
 COMMITTED = "committed/"  # --vs A:committed/B: B's per-problem correctness from the --committed results.json
@@ -234,6 +248,7 @@ def run(outs: list[Path], arms: list[str] | None, vs: list[str], committed: Path
         if s["test_seed"] in seen:
             raise SystemExit(f"miniature_seeds: test seed {s['test_seed']} twice ({seen[s['test_seed']]}, {s['dir']})")
         seen[s["test_seed"]] = s["dir"]
+    adopt_extra_arms(seeds, [*(arms or []), *(side for pair in vs for side in pair.split(":"))])
     present = {a for s in seeds for a in s["arms"]}
     absent = [a for a in arms or [] if a not in present]
     if absent:

@@ -161,3 +161,26 @@ def test_kept_committed_arms_are_carried_over_unchanged_only_over_the_same_full_
         seeds.run([a2, b2], None, [], committed=earlier, keep=["zoomr"])
     with pytest.raises(SystemExit, match="give --committed"):
         seeds.run([a2, b2], None, [], keep=["kvzap@-5.75"])
+
+
+def test_an_arm_evaluated_by_hand_into_arms_joins_only_when_named(tmp_path):
+    """An ablation run into ``<out>/arms/<arm>`` that results.json does not list is paired with full KV when
+    ``--arms``/``--vs`` name it (rows over full KV measured from both runs), and ignored otherwise."""
+    rng = np.random.default_rng(1)
+    full, abridge, extra = (rng.integers(0, 2, 60) for _ in range(3))
+    out = _fake_seed(tmp_path, 21, {"full": full, "abridge": abridge})
+    run = out / "arms" / "abridge_k2q"
+    run.mkdir()
+    rows = [{"problem_id": f"testbed-21-{i}", "sample": 0, "correct": bool(c), "kv": {"rows_mean": 25.0}}
+            for i, c in enumerate(extra)]  # fmt: skip
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "metrics.json").write_text("{}")
+    assert {c["arm"] for c in seeds.run([out], None, [])["comparisons"]} == {"full", "abridge"}
+    results = seeds.run([out], ["abridge_k2q"], ["abridge_k2q:abridge"])
+    by_arm = {(c["arm"], c["vs"]): c for c in results["comparisons"]}
+    (s,) = by_arm[("abridge_k2q", "full KV")]["per_seed"]
+    assert s["delta"] == pytest.approx(np.mean(extra - full)) and s["rows_over_full"] == pytest.approx(0.25)
+    (v,) = by_arm[("abridge_k2q", "abridge")]["per_seed"]
+    assert v["delta"] == pytest.approx(np.mean(extra - abridge))
+    with pytest.raises(SystemExit, match=r"arm\(s\) \['abridge_missing'\] ran on none"):
+        seeds.run([out], ["abridge_missing"], [])
