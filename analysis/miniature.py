@@ -86,6 +86,7 @@ def eval_command(arm: Arm, task: Any, match_rows: float | None) -> list[str]:
 
 
 MODEL_RECORD = "miniature_model.json"  # beside a model's done file: the command that made it, its inputs' digests
+ARM_RECORD = "miniature_arm.json"  # in an arm's directory: the digest of its model's done file when it was evaluated
 
 
 def _digest(path: Path) -> str:
@@ -147,13 +148,26 @@ def check_checkpoints(arms: list[str], task: Any) -> None:
 
 
 def ensure_arm(name: str, task: Any, threads: int | None = None, quiet: bool = False) -> None:
+    """Evaluate arm ``name`` unless its directory holds a finished run of the same command. The digest of its
+    model's done file is recorded (:data:`ARM_RECORD`): an arm evaluated on an earlier version of the model (trained
+    again at the same path, so the command is unchanged) is refused, naming the directory to move aside."""
     arm = ARMS[name]
     match_rows = load_arm(arm_dir(task, arm.match)).rows.mean() if arm.match and not task.dry_run else None
     cmd = eval_command(arm, task, match_rows)
     if task.dry_run:
         print("eval:  " + shlex.join(cmd[1:]))
-    else:
-        run_arm(cmd, arm_dir(task, name), threads or task.threads, quiet)
+        return
+    directory, model_done = arm_dir(task, name), done_file(arm.model, task.trace_tokens)
+    digest = _digest(model_done) if model_done.exists() else None  # None: no model here (slim copies)
+    record, finished = directory / ARM_RECORD, (directory / "metrics.json").exists()
+    if digest and finished and record.exists() and json.loads(record.read_text()).get("model_digest") != digest:
+        raise SystemExit(
+            f"miniature: arm {name} ({directory}) was evaluated on an earlier {arm.model} than the one now in runs/ "
+            f"({model_done.parent}); move {directory} aside to evaluate the new one"
+        )
+    run_arm(cmd, directory, threads or task.threads, quiet)
+    if digest and not finished and (directory / "metrics.json").exists():
+        record.write_text(json.dumps({"model": arm.model, "model_digest": digest}))
 
 
 def ensure_arms(arms: list[str], task: Any) -> None:

@@ -52,9 +52,10 @@ def test_the_c128_variant_is_the_main_c256_recipe_at_half_the_block_and_a_shorte
     for c128, c256 in [(f"abridge_c128_{m}", f"abridge_c256_{m}") for m in ("4to1", "8to1", "perlayer_more")]:
         a = _compose("train", train_command(c128, 1024)[3:])
         b = _compose("train", train_command(c256, 1024)[3:])
-        assert (b.method.block_size, b.method.num_pause) == (256, 2 * a.method.num_pause)
+        assert b.method.block_size == 256 and b.method.max_steps == a.method.max_steps
         assert b.method.quota == (None if a.method.quota is None else 2 * a.method.quota)  # the same ratio C / q
-        assert b.method.max_steps == a.method.max_steps
+        # 8:1 at C = 256 runs as many pause tokens as it keeps (K = q), at C = 128 half of the 4:1 model's K
+        assert b.method.num_pause == (b.method.quota if c256.endswith("8to1") else 2 * a.method.num_pause)
     a = _compose("train", train_command("abridge_c128_perlayer_boundary", 1024)[3:])
     b = _compose("train", train_command("abridge_c256_perlayer_boundary", 1024)[3:])
     assert (a.data.boundary_period, a.data.boundary_rate) == (128, 1.0)
@@ -114,7 +115,7 @@ def test_abridge_trains_at_c256_on_its_own_allocation_and_the_evictors_keep_a_qu
     first = _compose("train", train_command("abridge_c256_perlayer", 1024)[3:])
     assert first.data.boundary_rate == third.data.boundary_rate == 0.0
     eight = _compose("train", train_command("abridge_c256_8to1", 1024)[3:]).method
-    assert (eight.block_size, eight.num_pause, eight.quota) == (256, 64, 32)  # 8:1
+    assert (eight.block_size, eight.num_pause, eight.quota) == (256, 32, 32)  # 8:1, K = q as at 4:1
     assert ARMS["abridge_8to1"].extra["ratio"] == 8 and ARMS["abridge"].extra["ratio"] == 4
     for e, block in [(e, b) for e in ("evict_recency", "evict_random", "evict_attention") for b in (256, 128, 64)]:
         cmd = eval_command(ARMS[e if block == 256 else f"{e}_c{block}"], MiniatureTask(n=8, test_seed=2_000_003), None)
@@ -176,6 +177,38 @@ def test_a_cached_model_is_reused_only_from_the_same_command_and_dependencies(tm
     with pytest.raises(SystemExit, match=r"abridge_c128_4to1 .* was made from an earlier base"):
         ensure_model("abridge_c128_4to1", task)
     assert ran[3:] == ["abridge_c128_4to1"]
+
+
+def test_an_arm_evaluated_on_an_earlier_version_of_its_model_is_refused(tmp_path, monkeypatch):
+    """ensure_arm records the digest of its model's done file when it evaluates; a finished arm whose model was
+    trained again since (same path: the eval command is unchanged) is refused instead of reused, and one
+    evaluated without a model on disk (slim copies) is reused as it is."""
+    import analysis.miniature as mini
+
+    monkeypatch.chdir(tmp_path)
+    evaluated: list[str] = []
+
+    def fake_run_arm(cmd, run_dir, threads=None, quiet=False):  # the real evaluator: the next tests
+        if not (run_dir / "metrics.json").exists():
+            evaluated.append(run_dir.name)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "metrics.json").write_text("{}")
+
+    monkeypatch.setattr(mini, "run_arm", fake_run_arm)
+    task = MiniatureTask(n=8, out="runs/miniature", threads=1, arm_lanes=1)
+    mini.ensure_arm("full", task)  # no model on disk: evaluated, no record
+    assert evaluated == ["full"] and not (mini.arm_dir(task, "full") / mini.ARM_RECORD).exists()
+    done = done_file(ARMS["abridge_8to1"].model, 1024)
+    done.parent.mkdir(parents=True)
+    done.write_text('{"run": 1}')
+    mini.ensure_arm("abridge_8to1", task)
+    mini.ensure_arm("abridge_8to1", task)  # same model: reused
+    assert evaluated == ["full", "abridge_8to1"]
+    assert json.loads((mini.arm_dir(task, "abridge_8to1") / mini.ARM_RECORD).read_text())["model"] == ARMS["abridge_8to1"].model
+    done.write_text('{"run": 2}')  # the model trained again at the same path
+    with pytest.raises(SystemExit, match=r"arm abridge_8to1 .* was evaluated on an earlier abridge_c256_8to1.*move"):
+        mini.ensure_arm("abridge_8to1", task)
+    assert evaluated == ["full", "abridge_8to1"]
 
 
 def test_a_rerun_of_some_arms_merges_into_the_full_table(tmp_path, capsys):
