@@ -13,6 +13,7 @@ the paired indices as ``rng.integers(0, n, (n_resamples, n))`` (``_bootstrap_res
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,7 +92,7 @@ def stratified_paired_bootstrap(
 
 def check_bootstrap_settings(n_resamples: int, confidence: float = 0.95) -> None:
     """Refuse settings that would print NaN or crash inside numpy: n_resamples >= 1, 0 < confidence < 1."""
-    if isinstance(n_resamples, bool) or not isinstance(n_resamples, int) or n_resamples < 1:
+    if isinstance(n_resamples, bool) or not isinstance(n_resamples, numbers.Integral) or n_resamples < 1:
         raise ValueError(f"n_resamples={n_resamples!r}: the bootstrap needs at least 1 resample (2000 is usual)")
     if not 0 < confidence < 1:
         raise ValueError(f"confidence={confidence!r}: a confidence level must lie strictly between 0 and 1 (e.g. 0.95)")
@@ -102,7 +103,6 @@ def _percentile_interval(distribution: np.ndarray, confidence: float) -> tuple[f
     from scipy.stats import quantile
 
     check_bootstrap_settings(len(distribution), confidence)
-
     alpha = np.asarray((1 - confidence) / 2, dtype=distribution.dtype)
     low, high = quantile(distribution, np.stack((alpha, 1 - alpha), axis=-1), axis=-1)
     return low, high
