@@ -207,6 +207,19 @@ def test_a_finished_run_from_before_settings_json_is_recognised(tmp_path):
     assert rundir.prepare_run(run_dir, config()).finished == {"steps": 4}
 
 
+def test_a_checkpoint_put_there_by_hand_is_never_trained_over(tmp_path):
+    """A run directory holding only ``final/`` (e.g. a shipped model copied there) has no record of its settings:
+    the trainer refuses it, writing nothing, and ``resume=never`` moves it aside."""
+    run_dir = tmp_path / "run"
+    (run_dir / "final").mkdir(parents=True)
+    (run_dir / "final" / "model.safetensors").write_bytes(b"weights")
+    with pytest.raises(SystemExit, match=r"holds a trained model \(final\) but no record of the settings"):
+        rundir.prepare_run(run_dir, config())
+    assert sorted(p.name for p in run_dir.iterdir()) == ["final"]
+    rundir.prepare_run(run_dir, config(), resume="never")
+    assert (run_dir / "replaced-1" / "final" / "model.safetensors").read_bytes() == b"weights"
+
+
 def test_a_failed_start_that_trained_nothing_does_not_bind_the_directory(tmp_path):
     run_dir = tmp_path / "run"
     rundir.prepare_run(run_dir, config())  # e.g. the data then failed to load

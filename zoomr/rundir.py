@@ -107,8 +107,13 @@ def prepare_run(
         record = None
     elif holds_state(run_dir, checkpoint_prefix):
         old = record.get("settings") if record else settings_from_config(run_dir, derived, free)
-        if old is not None:
-            refuse_changes(run_dir, old, settings)
+        if old is None:  # a checkpoint put there by hand (no settings.json, no config.json): never train over it
+            raise SystemExit(
+                f"{run_dir} holds a trained model ({', '.join(state_names(run_dir, checkpoint_prefix))}) but no record "
+                "of the settings that made it (no settings.json or config.json), so it cannot be resumed or checked: "
+                "pick another run_name=… (or resume=never to move it aside and start over there)"
+            )
+        refuse_changes(run_dir, old, settings)
         summary = read_json(run_dir / SUMMARY_FILE)
         finished = record.get("finished") if record else legacy_extent(run_dir, summary)
         if finished == extent and summary is not None:
@@ -210,14 +215,16 @@ def check_extent(run_dir: Path, extent: dict[str, Any], finished: dict[str, Any]
 # ---- run-directory state --------------------------------------------------------------------------------
 
 
+def state_names(run_dir: Path, checkpoint_prefix: str = CHECKPOINT_PREFIX) -> list[str]:
+    """What ``run_dir`` holds that was trained: a summary, ``final/``, checkpoints."""
+    ckpts = run_dir / CHECKPOINTS
+    names = [n for n in (SUMMARY_FILE, "final") if (run_dir / n).exists()]
+    return names + ([f"{CHECKPOINTS}/"] if ckpts.is_dir() and any(ckpts.glob(f"{checkpoint_prefix}*")) else [])
+
+
 def holds_state(run_dir: Path, checkpoint_prefix: str = CHECKPOINT_PREFIX) -> bool:
     """Whether ``run_dir`` holds anything trained: a checkpoint, ``final/`` or a summary."""
-    ckpts = run_dir / CHECKPOINTS
-    return (
-        (run_dir / SUMMARY_FILE).exists()
-        or (run_dir / "final").exists()
-        or (ckpts.is_dir() and any(ckpts.glob(f"{checkpoint_prefix}*")))
-    )
+    return bool(state_names(run_dir, checkpoint_prefix))
 
 
 def set_aside(run_dir: Path) -> Path | None:
