@@ -163,8 +163,9 @@ MODELS: dict[str, Model] = {
         # AbridgeKV at C = 256 (BLOCK_256, the main family): uniform 4:1 and 8:1, the allocation on the 4:1 model, the
         # per-layer model on its schedule in three stages (plain; at half the peak LR on fresh problems with
         # block-boundary data at period 256, for twice BLOCK_128_STEPS; plain again on other fresh problems). Both
-        # uniform models keep every pause row they run (K = q: 64 and 32): on the validation seed K = q beat
-        # K = 2q at 4:1 (0.795 vs 0.596 / 0.617, two trainings) and at 8:1 (0.131 vs 0.068; block256/, "K = q")
+        # uniform models keep every pause row they run (K = q: 64 and 32): on the validation seed K = q beat K = 2q
+        # at 4:1 (0.795 vs 0.596 / 0.617, two trainings); at 8:1 two trainings of each rule spread over 0.045-0.129
+        # pooled, so 8:1 follows 4:1's rule for consistency (block256/, "K = q or K = 2q")
         *_abridge_family(BLOCK_256, PAUSES_256, pauses_8to1=PAUSES_256 // 2),
         # the C = 128 variant family (opt-in arms abridge_c128*): the same recipe at half the block, ratio C / q = 4
         # (K = 32; per-layer K = 64), every stage BLOCK_128_STEPS; block128/
