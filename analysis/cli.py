@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 
 def require_at_least(parser: argparse.ArgumentParser, args: argparse.Namespace, low: int, *names: str) -> None:
@@ -22,3 +23,17 @@ def require_checkpoint(parser: argparse.ArgumentParser, path: str, option: str =
     """``parser.error`` unless ``path`` is a saved model directory (a ``config.json`` in it)."""
     if not (Path(path) / "config.json").is_file():
         parser.error(f"{option} {path}: not a checkpoint directory (no config.json)")
+
+
+def require_testbed_data(parser: argparse.ArgumentParser, path: str, option: str = "--model", **overrides: Any):
+    """The testbed checkpoint's data settings with ``overrides`` (``trained_data``), checked as the generator checks
+    them (``zoomr.testbed.task.validate``); ``parser.error`` naming the checkpoint if they are impossible."""
+    from zoomr.testbed.checkpoint import trained_data
+    from zoomr.testbed.task import validate
+
+    try:
+        data = trained_data(path, **overrides)
+        validate(data)
+    except ValueError as e:
+        parser.error(f"{option} {path}: {e}")
+    return data

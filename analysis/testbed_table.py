@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from analysis.cli import require_at_least, require_checkpoint
+from analysis.cli import require_at_least, require_checkpoint, require_testbed_data
 from zoomr.testbed.grading import BUCKETS as DISTANCE_BUCKETS
 
 BUCKETS = tuple(name for *_, name in DISTANCE_BUCKETS)  # recall columns, nearest first
@@ -161,15 +161,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from dataclasses import asdict
 
-    from zoomr.testbed.checkpoint import full_rows, load_testbed_model, trained_data
+    from zoomr.testbed.checkpoint import full_rows, load_testbed_model
     from zoomr.testbed.grading import load_test_problems
 
+    # every model's data settings checked before anything is written
+    datas = {m: require_testbed_data(p, m, trace_tokens=args.trace_tokens, test_seed=args.test_seed) for m in args.model}
     out = Path(args.out)
     (out / "arms").mkdir(parents=True, exist_ok=True)
     all_results: dict[str, dict[str, dict[str, Any]]] = {}
     tables = []
     for path in args.model:
-        data = trained_data(path, trace_tokens=args.trace_tokens, test_seed=args.test_seed)
+        data = datas[path]
         name = f"{Path(path).parent.name}{' (summaries)' if data.summaries else ''}"
         model, tok = load_testbed_model(path)
         records = load_test_problems(data, args.n)

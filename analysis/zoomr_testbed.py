@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from analysis.cli import require_at_least, require_checkpoint
+from analysis.cli import require_at_least, require_checkpoint, require_testbed_data
 from zoomr import tokens
 from zoomr.testbed.grading import load_test_problems
 
@@ -254,17 +254,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     require_at_least(p, args, 1, "n", "batch", "top_k", "trace_tokens")
     require_at_least(p, args, 0, "window", "consensus")
     require_checkpoint(p, args.model)
+    trained = require_testbed_data(p, args.model, trace_tokens=args.trace_tokens, test_seed=args.test_seed)
 
     from analysis.testbed_table import cached
     from eval.bootstrap import index_matrix, paired_bootstrap
     from zoomr.cache import match_budget
     from zoomr.testbed import vocab as tt
-    from zoomr.testbed.checkpoint import load_testbed_model, trained_data
+    from zoomr.testbed.checkpoint import load_testbed_model
 
     out_dir = Path(args.out)
     (out_dir / "arms").mkdir(parents=True, exist_ok=True)
     model, tok = load_testbed_model(args.model, attn_implementation="zoomr")
-    trained = trained_data(args.model, trace_tokens=args.trace_tokens, test_seed=args.test_seed)
     if not trained.summaries:
         raise SystemExit(f"{args.model} was trained without summaries: ZoomR needs the summaries model")
     writes = trained.model_writes_summaries

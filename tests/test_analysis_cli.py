@@ -40,6 +40,8 @@ def test_require_checkpoint_wants_a_config_json(tmp_path, capsys):
         (testbed_pointer.main, ["--consensus", "-2"], "--consensus must be >= 0"),
         (testbed_table.main, ["--n", "0"], "--n must be >= 1"),  # testbed_table checked nothing
         (testbed_table.main, ["--fractions", "0.5", "1.5"], "--fractions [0.5, 1.5]: each must lie in (0, 1]"),
+        (testbed_table.main, ["--trace-tokens", "10"], "trace_tokens=10 is too short"),  # was a traceback, out/ made
+        (zoomr_testbed.main, ["--trace-tokens", "10"], "trace_tokens=10 is too short"),  # the same
     ],
 )
 def test_testbed_scripts_refuse_impossible_sizes(main, argv, message, tmp_path, capsys):
