@@ -25,11 +25,11 @@ import numpy as np
 import torch
 
 from analysis.bench_decode import model_spec
+from analysis.cli import require_at_least
 from zoomr import tokens
 from zoomr.cache.lightthinker import LightThinkerCache, LightThinkerMethod, resolve_cache_tokens
 from zoomr.engine import DecodeSettings, generate
 from zoomr.models import load_model_and_tokenizer
-from zoomr.paths import REPO_ROOT
 
 
 def trace_script(length: int, thought: int, splitter: int, seed: int) -> list[int]:
@@ -137,11 +137,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     if args.thought_tokens < 2:
         p.error("--thought-tokens must be >= 2 (a thought needs a token besides its splitter)")
+    require_at_least(p, args, 1, "lengths", "num_cache_tokens", "prompt_tokens", "batch", "repeats", "threads")
     report = run(args)
     text = table(report)
     print("\n" + text)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = Path(args.out or REPO_ROOT / "runs" / "bench_lightthinker" / f"bench-{args.model}-{stamp}.json")
+    out = Path(args.out or Path.cwd() / "runs" / "bench_lightthinker" / f"bench-{args.model}-{stamp}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     print(f"\nwrote {out}")
