@@ -338,6 +338,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     require_at_least(ap, args, 1, "new_tokens", "block_size", "num_pause", "batch", "response_tokens", "repeats")
     require_at_least(ap, args, 0, "quota")
+    if args.part == "step" and args.quota > args.num_pause:
+        ap.error(f"--quota {args.quota} > --num-pause {args.num_pause}: a layer keeps at most its K code rows")
     if args.checkpoint and args.part == "step":
         ap.error("--checkpoint applies to kv and parity (step times the block mask on the random tiny model)")
     if args.checkpoint:

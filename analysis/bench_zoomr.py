@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from analysis.cli import require_at_least
 from zoomr import tokens
 from zoomr.cache import build_policy
 from zoomr.memory_model import ZoomRFootprint, memory_saving
@@ -75,7 +76,7 @@ def run_arms(model, caches: dict, ids: list[int], n_prompt: int) -> dict[str, di
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--prompt", type=int, default=512)
     p.add_argument("--generate", type=int, default=4096)
@@ -86,7 +87,11 @@ def main() -> None:
     p.add_argument("--consensus", type=int, default=2)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--out", default="runs/bench/zoomr_rows.json")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    require_at_least(p, args, 1, "prompt", "generate", "para", "summary", "top_k", "layers")
+    require_at_least(p, args, 0, "window", "consensus")
+    if args.generate <= args.para + args.summary:
+        p.error(f"--generate {args.generate} must exceed one paragraph and its summary ({args.para} + {args.summary})")
     torch.manual_seed(0)
     from zoomr.models import tiny_spec
 

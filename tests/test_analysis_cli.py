@@ -74,6 +74,7 @@ def test_testbed_table_and_the_loader_refuse_a_model_that_is_not_a_checkpoint(tm
         (["step", "--checkpoint", "x"], "--checkpoint applies to kv and parity"),  # step ignored it silently
         (["kv", "--checkpoint", "/nope"], "--checkpoint /nope: not a checkpoint directory"),
         (["step", "--repeats", "0"], "--repeats must be >= 1"),
+        (["step", "--quota", "999"], "--quota 999 > --num-pause 16"),  # timed a mask keeping more rows than exist
     ],
 )
 def test_bench_abridge_refuses_what_it_cannot_measure(argv, message, tmp_path, capsys):
@@ -81,6 +82,23 @@ def test_bench_abridge_refuses_what_it_cannot_measure(argv, message, tmp_path, c
 
     with pytest.raises(SystemExit):
         bench_abridge.main([*argv, "--out", str(tmp_path / "out.json")])
+    assert message in capsys.readouterr().err and not (tmp_path / "out.json").exists()
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--generate", "0"], "--generate must be >= 1"),  # was an IndexError after the model loaded
+        (["--generate", "270"], "--generate 270 must exceed one paragraph and its summary (250 + 20)"),  # the same
+        (["--top-k", "0"], "--top-k must be >= 1"),  # was a ValueError traceback from the policy
+        (["--window", "-1"], "--window must be >= 0"),
+    ],
+)
+def test_bench_zoomr_refuses_impossible_sizes(argv, message, tmp_path, capsys):
+    from analysis import bench_zoomr
+
+    with pytest.raises(SystemExit):
+        bench_zoomr.main([*argv, "--out", str(tmp_path / "out.json")])
     assert message in capsys.readouterr().err and not (tmp_path / "out.json").exists()
 
 
