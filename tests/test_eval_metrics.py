@@ -138,3 +138,11 @@ def test_bootstrap_refuses_settings_that_would_print_nan(kwargs, match):
         paired_bootstrap(a, b, **kwargs)
     with pytest.raises(ValueError, match=match):
         stratified_paired_bootstrap([(a, b)], **kwargs)
+
+
+def test_bench_bootstrap_refuses_sizes_it_cannot_time(tmp_path, capsys):
+    from eval.bench_bootstrap import main as bench_main
+
+    with pytest.raises(SystemExit):
+        bench_main(["--resamples", "0", "--problems", "1", "--out", str(tmp_path / "b.json")])  # was a ValueError traceback
+    assert "--problems, --resamples too small" in capsys.readouterr().err and not (tmp_path / "b.json").exists()
