@@ -94,4 +94,3 @@ def test_impossible_bootstrap_settings_are_refused_before_reading_runs(tmp_path,
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert f"{flag} {value}" in err and "does not exist" not in err and not (tmp_path / "cmp").exists()
-
