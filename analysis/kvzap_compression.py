@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         thresholds = [float(t) for t in args.thresholds.split(",")]  # "-inf" parses
     except ValueError:
         p.error(f"--thresholds {args.thresholds}: not a comma-separated list of numbers")
+    if any(math.isnan(t) for t in thresholds):  # the policy refuses it, but only after the full-KV arm ran
+        p.error(f"--thresholds {args.thresholds}: NaN is not a threshold (-inf keeps every row)")
     torch.manual_seed(0)
     spec = model_config(args.model)
     model, tok = load_model_and_tokenizer(spec)  # the engine switches to the policy attention

@@ -281,3 +281,5 @@ def test_compression_sweep_script_runs_on_the_evaluators_prompts(tmp_path, monke
     assert removed[0] <= removed[1] <= removed[2] and removed[2] > 0
     with pytest.raises(SystemExit):
         kvzap_compression.main(["--surrogate", str(tmp_path / "mlp"), "--thresholds=-6,x"])
+    with pytest.raises(SystemExit):  # refused before any arm runs (the policy refused it after full KV's arm)
+        kvzap_compression.main(["--surrogate", str(tmp_path / "missing"), "--thresholds=-6,nan"])
