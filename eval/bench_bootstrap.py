@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--out", default="runs/bench/bootstrap.json")
     args = ap.parse_args(argv)
-    low = [f"--{k}" for k, floor in (("problems", 2), ("resamples", 1), ("arms", 1), ("repeats", 1)) if getattr(args, k) < floor]
+    floors = {"problems": 2, "resamples": 1, "arms": 1, "repeats": 1}
+    low = [f"--{k}" for k, floor in floors.items() if getattr(args, k) < floor]
     if low:
         ap.error(f"{', '.join(low)} too small: --problems must be >= 2, the others >= 1")
     data = np.random.default_rng(0)
