@@ -98,11 +98,15 @@ class TestbedTask(Task):
     def check_model(self, bench: Any, model_path: str | None) -> None:
         from zoomr.models import is_local_path
         from zoomr.schemas.testbed import TestbedData
-        from zoomr.testbed.checkpoint import format_differences
+        from zoomr.testbed.checkpoint import format_differences, training_streams
 
         if not model_path or not is_local_path(model_path):
             return
-        if differ := format_differences(model_path, TestbedData(**dict(bench.options or {}))):
+        data = TestbedData(**dict(bench.options or {}))
+        if (trained_on := training_streams(model_path).get(data.test_seed)) is not None:
+            raise ValueError(f"benchmark.options.test_seed={data.test_seed} is the stream {trained_on} was trained on: "
+                             "the test problems would be training problems; test seeds are 1000003 and up")  # fmt: skip
+        if differ := format_differences(model_path, data):
             wrong = ", ".join(f"{f}={given} (trained on {trained})" for f, (trained, given) in differ.items())
             raise ValueError(f"{model_path} was trained on another query format: benchmark.options {wrong}; set "
                              "++benchmark.options.<field> to what the model was trained on")  # fmt: skip

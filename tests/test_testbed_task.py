@@ -401,3 +401,35 @@ def test_eval_refuses_traces_in_a_query_format_the_model_was_not_trained_on(tmp_
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "trained on another query format: benchmark.options paragraph_topics=True (trained on False)" in proc.stderr
     assert "Traceback" not in proc.stderr and not (run_dir / "config.json").exists()
+
+
+def test_eval_refuses_a_test_seed_the_model_or_its_ancestors_trained_on(tmp_path):
+    """Problem ``i`` of a stream is the same problem wherever it is drawn, so testing on a model's training seed
+    tests it on its training problems. ``TestbedData`` caught only the default stream (``seed`` 0); a model
+    trained on another stream, or fine-tuned from one (AbridgeKV's later stages train on seeds 1 and 2), was
+    evaluated on its own training problems without a word. The chain is followed through each run directory's
+    ``method.init_from``."""
+    import json
+    from types import SimpleNamespace
+
+    from eval.tasks import get_task
+    from zoomr.abridge.trainer import DATA_CONFIG_FILE
+    from zoomr.rundir import SETTINGS_FILE
+    from zoomr.testbed.checkpoint import DATA_FILE, training_streams
+
+    base, stage2 = tmp_path / "base" / "final", tmp_path / "stage2" / "final"
+    for d in (base, stage2):
+        d.mkdir(parents=True)
+    (base / DATA_FILE).write_text(json.dumps({"seed": 7, "query_form": "cue"}))
+    (stage2 / DATA_CONFIG_FILE).write_text(json.dumps({"seed": 1, "query_form": "cue"}))
+    (stage2.parent / SETTINGS_FILE).write_text(json.dumps({"settings": {"method.init_from": str(base)}}))
+    assert training_streams(stage2) == {1: str(stage2), 7: str(base)}
+    assert training_streams(tmp_path / "elsewhere") == {}  # nothing recorded (a hub model)
+    task = get_task("testbed")
+    task.check_model(SimpleNamespace(options={"test_seed": 1_000_003}), str(stage2))  # a held-out stream passes
+    for seed in (1, 7):
+        with pytest.raises(ValueError, match=rf"test_seed={seed} is the stream .* was trained on"):
+            task.check_model(SimpleNamespace(options={"test_seed": seed}), str(stage2))
+    # a cycle in the records (a run directory pointing at itself) ends the walk instead of looping
+    (base.parent / SETTINGS_FILE).write_text(json.dumps({"settings": {"method.init_from": str(stage2)}}))
+    assert training_streams(stage2) == {1: str(stage2), 7: str(base)}
