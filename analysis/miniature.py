@@ -278,6 +278,8 @@ def run_task(task_cfg: dict[str, Any], logger: dict[str, Any] | None = None) -> 
     if task.test_seed in trained_on:
         raise ValueError(f"task.test_seed={task.test_seed} is the training stream of {trained_on[task.test_seed]}: "
                          f"the test problems would be training problems; use a seed outside {sorted(trained_on)}")  # fmt: skip
+    if Path(task.out).exists() and not Path(task.out).is_dir():  # else found only after every model trained
+        raise ValueError(f"task.out={task.out} is a file: the arms' run directories and the table go in a directory")
     t0 = time.perf_counter()
     print(f"miniature: {len(models)} models ({', '.join(models)}), {len(arms)} arms, {task.n} problems, "
           f"test seed {task.test_seed}, {task.trace_tokens}-token traces -> {task.out}", flush=True)  # fmt: skip

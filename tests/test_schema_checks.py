@@ -131,6 +131,16 @@ def test_the_miniature_refuses_a_test_seed_any_of_its_models_trains_on(seed, mod
     assert "miniature:" not in capsys.readouterr().out and not (tmp_path / "out").exists()  # refused first
 
 
+def test_the_miniature_refuses_an_out_path_that_is_a_file_before_any_model_trains(tmp_path, capsys):
+    from analysis.miniature import run_task
+
+    out = tmp_path / "out"
+    out.write_text("not a directory")
+    with pytest.raises(ValueError, match=r"task.out=.*out is a file"):
+        run_task({"arms": ["full"], "out": str(out), "dry_run": True})
+    assert "miniature:" not in capsys.readouterr().out and out.read_text() == "not a directory"
+
+
 @pytest.mark.parametrize("line,message", [("{not json", "line 2 is not JSON"), ("[1, 2]", "line 2 is not a JSON object")])
 def test_a_kvzap_text_source_names_its_unreadable_line(tmp_path, line, message):
     from data_prep.kvzap_pairs import load_texts
