@@ -34,6 +34,23 @@ def test_no_choice_lists_options_and_leaves_no_run_dir(tmp_path, entry, group):
         assert listed == trainable_methods() and "python -m eval +method=" in proc.stderr
 
 
+@pytest.mark.parametrize("seed", [-5, 2**32])
+def test_a_seed_numpy_cannot_take_is_refused_before_the_trainer_writes_anything(tmp_path, seed):
+    """``seed=-5`` reached ``transformers.set_seed`` after the AbridgeKV trainer had written its settings,
+    config and layout: numpy's "Seed must be between 0 and 2**32 - 1" under a traceback."""
+    from zoomr.entry import check_seed
+
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    proc = subprocess.run([sys.executable, "-m", "train", "+method=abridge", f"seed={seed}", "logger=none",
+                           f"run_dir={run_dir}", f"hydra.run.dir={run_dir}"], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 1 and f"seed={seed}: must be in [0, 2**32 - 1]" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", "__main__.log"]  # Hydra's own, no run state
+    check_seed(0), check_seed(2**32 - 1), check_seed(None)  # the ends of the range, and no seed at all, pass
+
+
 def test_testbed_table_help_is_not_cut_mid_sentence():
     from analysis import testbed_table
 

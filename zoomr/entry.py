@@ -33,6 +33,7 @@ def hydra_entry(config_name: str) -> Callable:
     def wrap(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def task(cfg: Any) -> Any:
+            check_seed(cfg.get("seed"))
             try:
                 return fn(cfg)
             except MissingInput as e:  # a path the user gave is wrong: the message, not a traceback
@@ -41,6 +42,16 @@ def hydra_entry(config_name: str) -> Callable:
         return hydra.main(config_path=CONF_DIR, config_name=config_name, version_base="1.3")(task)
 
     return wrap
+
+
+SEED_RANGE = (0, 2**32 - 1)  # numpy's (and transformers.set_seed's) range; torch alone would take more
+
+
+def check_seed(seed: Any) -> None:
+    """Refuse a ``seed=`` numpy cannot take before any run state is written (a trainer failed on it only after
+    writing its settings and config)."""
+    if isinstance(seed, int) and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise SystemExit(f"seed={seed}: must be in [{SEED_RANGE[0]}, 2**32 - 1]")
 
 
 def to_plain(cfg: Any) -> dict[str, Any]:
