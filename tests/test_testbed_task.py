@@ -408,13 +408,12 @@ def test_eval_refuses_a_test_seed_the_model_or_its_ancestors_trained_on(tmp_path
     tests it on its training problems. ``TestbedData`` caught only the default stream (``seed`` 0); a model
     trained on another stream, or fine-tuned from one (AbridgeKV's later stages train on seeds 1 and 2), was
     evaluated on its own training problems without a word. The chain is followed through each run directory's
-    ``method.init_from``."""
+    ``method.init_from`` (``config.json``)."""
     import json
     from types import SimpleNamespace
 
     from eval.tasks import get_task
     from zoomr.abridge.trainer import DATA_CONFIG_FILE
-    from zoomr.rundir import SETTINGS_FILE
     from zoomr.testbed.checkpoint import DATA_FILE, training_streams
 
     base, stage2 = tmp_path / "base" / "final", tmp_path / "stage2" / "final"
@@ -422,7 +421,7 @@ def test_eval_refuses_a_test_seed_the_model_or_its_ancestors_trained_on(tmp_path
         d.mkdir(parents=True)
     (base / DATA_FILE).write_text(json.dumps({"seed": 7, "query_form": "cue"}))
     (stage2 / DATA_CONFIG_FILE).write_text(json.dumps({"seed": 1, "query_form": "cue"}))
-    (stage2.parent / SETTINGS_FILE).write_text(json.dumps({"settings": {"method.init_from": str(base)}}))
+    (stage2.parent / "config.json").write_text(json.dumps({"method": {"init_from": str(base)}}))
     assert training_streams(stage2) == {1: str(stage2), 7: str(base)}
     assert training_streams(tmp_path / "elsewhere") == {}  # nothing recorded (a hub model)
     task = get_task("testbed")
@@ -431,5 +430,5 @@ def test_eval_refuses_a_test_seed_the_model_or_its_ancestors_trained_on(tmp_path
         with pytest.raises(ValueError, match=rf"test_seed={seed} is the stream .* was trained on"):
             task.check_model(SimpleNamespace(options={"test_seed": seed}), str(stage2))
     # a cycle in the records (a run directory pointing at itself) ends the walk instead of looping
-    (base.parent / SETTINGS_FILE).write_text(json.dumps({"settings": {"method.init_from": str(stage2)}}))
+    (base.parent / "config.json").write_text(json.dumps({"method": {"init_from": str(stage2)}}))
     assert training_streams(stage2) == {1: str(stage2), 7: str(base)}

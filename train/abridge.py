@@ -32,7 +32,7 @@ from zoomr.cache.abridge import AbridgeMethod
 from zoomr.entry import model_spec, start_run, to_plain
 from zoomr.models import DTYPES
 from zoomr.paths import resolve_repo_path
-from zoomr.rundir import finish_run, prepare_run
+from zoomr.rundir import finish_run, prepare_run, started_from
 from zoomr.schemas import to_dataclass
 from zoomr.training import check_data_source, train_or_restore
 
@@ -98,14 +98,8 @@ def run(cfg) -> dict[str, Any]:
 def uncompressed_start(path: Path) -> Path:
     """The first checkpoint up the ``method.init_from`` chain that is not itself an AbridgeKV model (a second
     training stage starts from one, whose weights no longer work uncompressed): full KV's model."""
-    import json
-
-    while (path / "abridge.json").exists():
-        run_config = path.parent / "config.json"
-        start = json.loads(run_config.read_text()).get("method", {}).get("init_from") if run_config.is_file() else None
-        if not start:
-            break
-        path = resolve_repo_path(start)
+    while (path / "abridge.json").exists() and (start := started_from(path)) is not None:
+        path = start
     return path
 
 

@@ -249,6 +249,17 @@ def free_name(parent: Path, stem: str) -> Path:
     return parent / f"{stem}-{n}"
 
 
+def started_from(checkpoint: str | Path) -> Path | None:
+    """The checkpoint the run that saved ``checkpoint`` (its ``final/``) was fine-tuned from: ``method.init_from``
+    in the run directory's ``config.json``; None for a model trained from scratch or with nothing recorded."""
+    from zoomr.paths import resolve_repo_path
+
+    config = read_json(Path(checkpoint).parent / "config.json")
+    method = config.get("method") if isinstance(config, dict) else None
+    start = method.get("init_from") if isinstance(method, dict) else None
+    return resolve_repo_path(start) if isinstance(start, str) and start else None
+
+
 def read_json(path: Path) -> Any:
     """The parsed file, or ``None`` when it is absent or torn."""
     try:

@@ -62,12 +62,11 @@ def format_differences(path: str | Path, data: TestbedData, fields: tuple[str, .
 
 def training_streams(path: str | Path, max_depth: int = 16) -> dict[int, str]:
     """Testbed stream seed -> the checkpoint trained on it, for ``path`` and every checkpoint it was fine-tuned
-    from (``method.init_from`` in each run directory's ``settings.json``, followed back to a model trained from
+    from (``method.init_from`` in each run directory's ``config.json``, followed back to a model trained from
     scratch). Problem ``i`` of a stream is the same problem wherever it is drawn, so a test seed in this map
     would test the model on problems it trained on. Empty for a checkpoint with no recorded testbed data."""
     from zoomr.abridge.trainer import DATA_CONFIG_FILE
-    from zoomr.paths import resolve_repo_path
-    from zoomr.rundir import SETTINGS_FILE, read_json
+    from zoomr.rundir import started_from
 
     streams: dict[int, str] = {}
     seen: set[Path] = set()
@@ -76,9 +75,7 @@ def training_streams(path: str | Path, max_depth: int = 16) -> dict[int, str]:
         seen.add(current.resolve())
         if any((current / f).exists() for f in (DATA_FILE, DATA_CONFIG_FILE)):
             streams.setdefault(trained_data(current).seed, str(current))
-        record = read_json(current.parent / SETTINGS_FILE) or {}
-        init = (record.get("settings") or {}).get("method.init_from")
-        current = resolve_repo_path(init) if isinstance(init, str) and init else None
+        current = started_from(current)
     return streams
 
 
