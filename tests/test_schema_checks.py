@@ -187,6 +187,7 @@ def test_a_missing_local_data_file_is_named_before_any_run_state(method, tmp_pat
         (["+method=sft_testbed", "data=testbed", "model=tiny-testbed", "data.trace_tokens=10"], "too short for one paragraph"),
         (["+method=sft_testbed", "data=testbed", "model=tiny-qwen2"], "model tokenizer lacks testbed words"),
         (["+method=abridge", "method.max_response_tokens=100"], "max_response_tokens=100 would cut them"),
+        (["+method=abridge", "method.block_size=4096"], "no response completes a block"),  # trained as full KV
         (["+method=lightthinker", "data=testbed", "method.init_from=analysis/results/miniature/base_model",
           "method.max_response_tokens=512"], "max_response_tokens=512 would cut them"),
     ],

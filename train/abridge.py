@@ -52,6 +52,11 @@ def run(cfg) -> dict[str, Any]:
     streams = load_streams(  # data that cannot train (responses over max_response_tokens, too few rows): refused here
         to_plain(cfg.data), tokenizer, layout, m.max_prompt_tokens, m.max_response_tokens, m.heldout_examples
     )
+    if layout.block_size > m.max_response_tokens:  # every block would stay open: no pause rows, nothing learned
+        raise ValueError(
+            f"method.block_size={layout.block_size} exceeds method.max_response_tokens={m.max_response_tokens}: no "
+            "response completes a block, so no pause token is ever inserted and the model would train as full KV"
+        )
     # the guard compares the resolved quotas too (a schedule file may change under the same name)
     plan = prepare_run(cfg.run_dir, to_plain(cfg), cfg.resume, derived={"quotas": quotas}, title="AbridgeKV training")
     if plan.finished:
