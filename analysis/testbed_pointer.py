@@ -18,7 +18,7 @@ lies, and how many misses are unanimous (no head that can see the key votes for 
 such as another summary's keys lying close to the cue's key, that more heads voting cannot outvote), and
 per (layer >= 1, head) at the misses the score q · k of the target summary's word that the cue names, of its
 other words, and of the best and mean word of the winning wrong summary (``at_misses``): whether the mean over
-a summary's words, not the match itself, loses the target (README, ZoomR attempt 9 m).
+a summary's words, not the match itself, loses the target (analysis/results/zoomr_testbed/HISTORY.md, attempt 9 m).
 """
 
 from __future__ import annotations

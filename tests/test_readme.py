@@ -1,5 +1,5 @@
-"""The README and slurm/README as a newcomer runs them: every ``python -m <entry point>`` command they show composes
-with Hydra as written (sweeps expanded point by point), names a model it can build a spec for and a method its
+"""The README, slurm/README and the ZoomR testbed history as a newcomer runs them: every ``python -m <entry point>``
+command they show composes with Hydra as written (sweeps expanded point by point), names a model it can build a spec for and a method its
 entry point accepts, every other ``python -m`` module exists, and the Python API snippet runs."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from zoomr.paths import REPO_ROOT
 from zoomr.schemas import register_with_hydra
 
 register_with_hydra()
-DOCS = ["README.md", "slurm/README.md"]
+DOCS = ["README.md", "slurm/README.md", "analysis/results/zoomr_testbed/HISTORY.md"]
 HYDRA_ENTRIES = {"train", "eval", "data_prep", "analysis"}
 FLAGS = {"--multirun", "-m"}
 

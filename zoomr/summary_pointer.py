@@ -159,8 +159,8 @@ def value_read_loss(
 
     A testbed-model training device (``method.value_read_weight``) for the cue-view stage, where the key and
     ``:`` rows are blind to the paragraph and the value must be read at ``=``: some models never move their
-    reading there (README, attempt 9). Causal softmax of q · k / sqrt(d) over every earlier row, as the
-    ``=`` row attends in that stage.
+    reading there (analysis/results/zoomr_testbed/HISTORY.md, attempt 9). Causal softmax of q · k / sqrt(d) over
+    every earlier row, as the ``=`` row attends in that stage.
     """
     terms = []
     for b, cs in enumerate(cues):
@@ -197,7 +197,7 @@ def key_spread_penalty(embedding: torch.Tensor, key_ids: Sequence[int]) -> torch
     so a cue's key whose embedding lies close to another summary's keys lets that summary win; trained on the
     task alone, the 256 keys crowd into ~23 of 128 dims (mean pairwise cosine 0.19, nearest 0.53 vs 0.25
     for random vectors). 0 when the keys are orthogonal after centring. Measured: spreading them to random level
-    left ZoomR's misses unchanged (README, attempt 9 i)."""
+    left ZoomR's misses unchanged (analysis/results/zoomr_testbed/HISTORY.md, attempt 9 i)."""
     x = embedding[torch.as_tensor(list(key_ids), device=embedding.device)]
     x = F.normalize(x - x.mean(0), dim=-1)
     gram = x @ x.T

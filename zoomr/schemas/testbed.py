@@ -42,7 +42,7 @@ class TestbedData:
     # of the problem uses), its summary is that word alone, and a query names the topic before the key
     # ("? t k : = v": "recall, from the paragraph about t, the value of k"). A summary's tokens are then all
     # about one thing, as a real summary's are; with the keys form, ZoomR's mean summary key averages 3-4
-    # unrelated keys (README, ZoomR attempt 9 m).
+    # unrelated keys (analysis/results/zoomr_testbed/HISTORY.md, attempt 9 m).
     paragraph_topics: bool = False
     # LightThinker's thought end (issue 14): after each paragraph break the environment leaves one position to
     # the model, which writes <|splitter|> there (a model-written token, trained with loss). Not counted in
