@@ -1,6 +1,7 @@
 """The README, slurm/README and the ZoomR testbed history as a newcomer runs them: every ``python -m <entry point>``
-command they show composes with Hydra as written (sweeps expanded point by point), names a model it can build a spec for and a method its
-entry point accepts, every other ``python -m`` module exists, and the Python API snippet runs."""
+command they show composes with Hydra as written (sweeps expanded point by point), names a model it can build a
+spec for and a method its entry point accepts, every other ``python -m`` module exists, and the Python API snippet
+runs."""
 
 from __future__ import annotations
 
