@@ -33,16 +33,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import OmegaConf
 
-from analysis.cli import require_at_least
+from analysis.cli import bench_out_dir, require_at_least, write_bench_report
 from zoomr import configs
 from zoomr.cache import build_policy
 from zoomr.decode_forward import DecoderForward
@@ -400,18 +398,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    out = (
-        Path(args.out)
-        if args.out
-        else Path.cwd() / "runs" / "bench_decode" / f"{args.model}-{time.strftime('%Y%m%d-%H%M%S')}"
-    )
+    out = bench_out_dir(args.out, "bench_decode", args.model)
     report = run(args)
-    text = table(report)
-    print("\n" + text)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_decode.json").write_text(json.dumps(report, indent=2))
-    (out / "bench_decode.md").write_text(text + "\n")
-    print(f"\nwrote {out / 'bench_decode.json'}")
+    write_bench_report(out, "bench_decode", report, table(report))
     return report
 
 

@@ -35,12 +35,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import statistics
 import time
 from collections import Counter
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -49,7 +47,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tqdm.auto import tqdm
 
 from analysis.bench_decode import method_config
-from analysis.cli import require_at_least
+from analysis.cli import bench_out_dir, require_at_least, write_bench_report
 from zoomr.attention import _lookup
 from zoomr.cache import build_policy
 from zoomr.cache.kvzap import KVzapCache
@@ -336,19 +334,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    out = (
-        Path(args.out)
-        if args.out
-        else Path.cwd() / "runs" / "bench_policy_overhead" / time.strftime("%Y%m%d-%H%M%S")
-    )
+    out = bench_out_dir(args.out, "bench_policy_overhead")
     rows = [measure(name, args) for name in args.policies]
     report = {"args": vars(args), "weight_bytes": WEIGHT_BYTES_7B, "paper_layers": PAPER_LAYERS, "rows": rows}
-    text = table(report)
-    print("\n" + text)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "policy_overhead.json").write_text(json.dumps(report, indent=2))
-    (out / "policy_overhead.md").write_text(text + "\n")
-    print(f"\nwrote {out / 'policy_overhead.json'}")
+    write_bench_report(out, "policy_overhead", report, table(report))
     return report
 
 

@@ -1,8 +1,11 @@
-"""Argument checks shared by the analysis scripts' command lines (refused before any model loads or file is written)."""
+"""Shared by the analysis scripts' command lines: argument checks (refused before any model loads or file is
+written) and where a benchmark writes its report."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,3 +40,19 @@ def require_testbed_data(parser: argparse.ArgumentParser, path: str, option: str
     except ValueError as e:
         parser.error(f"{option} {path}: {e}")
     return data
+
+
+def bench_out_dir(out: str | None, name: str, tag: str = "") -> Path:
+    """``out`` if given, else ``runs/<name>/<tag-><time>/`` under the working directory (never the package)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path(out) if out else Path.cwd() / "runs" / name / (f"{tag}-{stamp}" if tag else stamp)
+
+
+def write_bench_report(out: Path, stem: str, report: dict[str, Any], table: str) -> Path:
+    """Print ``table``; write ``<out>/<stem>.json`` (``report``) and ``<stem>.md`` (the table); the JSON's path."""
+    print("\n" + table)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
+    (out / f"{stem}.md").write_text(table + "\n")
+    print(f"\nwrote {out / f'{stem}.json'}")
+    return out / f"{stem}.json"
