@@ -19,12 +19,15 @@ Testbed settings, each with its reason:
 - ``data.n_train=100000``: problems are generated on access (nothing materialised), so no problem repeats.
 - ``method.optim.learning_rate=1e-3``, batch 4, warm-up 3 %, flat to 80 %, decay to 10 %: AbridgeKV's testbed
   schedule (MINIATURE_NOTES), so the two compressing fine-tunes train alike.
-- ``LIGHTTHINKER_STEPS``: what one shared CPU core affords (~1.0-1.6 s/step, batch 4, 3-layer model).
+- ``LIGHTTHINKER_STEPS = 1500``: the length of a uniform AbridgeKV stage, so the two compressing fine-tunes get
+  the same steps (6.6 min on 2 threads). Until 2026-12-05 it was 200, what one shared core afforded when the arm
+  was first run: on the validation seed 1,000,003 (512 problems) the 200-step model answers 0.627 and the
+  1,500-step one 0.955, against full KV's 0.984 (``analysis/results/miniature/lightthinker_steps/``).
 """
 
 from __future__ import annotations
 
-LIGHTTHINKER_STEPS = 200
+LIGHTTHINKER_STEPS = 1500
 
 MODELS: dict[str, dict] = {
     "lightthinker": {

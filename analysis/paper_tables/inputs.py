@@ -133,13 +133,12 @@ def base_model_name(model: dict[str, Any]) -> str:
     its training run's ``method.init_from``, followed to the start) is grouped with the model it started from,
     so its full-KV reference and matched baselines are the base model's arms (AbridgeKV Table 1)."""
     from zoomr.models import checkpoint_name
+    from zoomr.rundir import started_from
 
     name, hf_id, seen = model["name"], model.get("hf_id"), set()
     while hf_id and hf_id not in seen:
         seen.add(hf_id)
-        run_config = Path(str(hf_id).rstrip("/")).parent / "config.json"
-        start = (_read_json(run_config).get("method") or {}).get("init_from") if run_config.is_file() else None
-        if not start:
+        if (start := started_from(str(hf_id).rstrip("/"))) is None:
             break
         hf_id = os.path.realpath(start)  # a run directory reached through a link is named as itself
         name = checkpoint_name(name, hf_id)
