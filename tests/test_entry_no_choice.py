@@ -58,3 +58,19 @@ def test_testbed_table_help_is_not_cut_mid_sentence():
         testbed_table.main(["--help"])
     text = " ".join(out.getvalue().split())
     assert "at fractions of the full rows, with recall by reference distance" in text
+
+
+def test_a_run_dir_that_is_a_file_is_refused_before_the_model_loads(tmp_path):
+    """``run_dir=<a file>`` failed at the first write with a ``FileExistsError`` traceback, after the model and the
+    data had loaded (train, eval)."""
+    from zoomr.entry import check_run_dir
+
+    target = tmp_path / "results"
+    target.write_text("a file the user had")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "eval", "benchmark=testbed", "model=tiny-testbed", "logger=none",
+                           f"run_dir={target}", f"hydra.run.dir={tmp_path / 'hydra'}"], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 1 and f"run_dir={target} is a file" in proc.stderr
+    assert "Traceback" not in proc.stderr and target.read_text() == "a file the user had"
+    check_run_dir(str(tmp_path)), check_run_dir(str(tmp_path / "new")), check_run_dir(None)  # a directory, new, unset

@@ -34,6 +34,7 @@ def hydra_entry(config_name: str) -> Callable:
         @functools.wraps(fn)
         def task(cfg: Any) -> Any:
             check_seed(cfg.get("seed"))
+            check_run_dir(cfg.get("run_dir"))
             try:
                 return fn(cfg)
             except MissingInput as e:  # a path the user gave is wrong: the message, not a traceback
@@ -52,6 +53,13 @@ def check_seed(seed: Any) -> None:
     writing its settings and config)."""
     if isinstance(seed, int) and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
         raise SystemExit(f"seed={seed}: must be in [{SEED_RANGE[0]}, 2**32 - 1]")
+
+
+def check_run_dir(run_dir: Any) -> None:
+    """Refuse a ``run_dir=`` that names an existing file before a model loads (it failed at the first write with a
+    ``FileExistsError`` traceback, after the model and data were loaded)."""
+    if isinstance(run_dir, str) and Path(run_dir).exists() and not Path(run_dir).is_dir():
+        raise SystemExit(f"run_dir={run_dir} is a file: a run writes its results into a directory")
 
 
 def to_plain(cfg: Any) -> dict[str, Any]:
