@@ -74,3 +74,29 @@ def test_a_run_dir_that_is_a_file_is_refused_before_the_model_loads(tmp_path):
     assert proc.returncode == 1 and f"run_dir={target} is a file" in proc.stderr
     assert "Traceback" not in proc.stderr and target.read_text() == "a file the user had"
     check_run_dir(str(tmp_path)), check_run_dir(str(tmp_path / "new")), check_run_dir(None)  # a directory, new, unset
+
+
+@pytest.mark.parametrize("name", ["tpu", "cuda:x", "gpu", "cuda:99"])
+def test_a_device_this_machine_cannot_use_is_refused_by_name(name):
+    """``device=cuda`` on a CPU-only machine ended in torch's "Torch not compiled with CUDA enabled" after the model
+    spec and the problems had loaded; ``device=tpu`` in torch's list of 20 device types."""
+    from zoomr.entry import check_device
+
+    with pytest.raises(SystemExit, match=rf"device={name}: "):
+        check_device(name)
+    check_device("auto"), check_device("cpu"), check_device(None)  # always usable
+
+
+def test_cuda_is_refused_exactly_when_the_machine_has_none(monkeypatch):
+    import torch
+
+    from zoomr.entry import check_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="device=cuda: this machine has 0 CUDA device"):
+        check_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    check_device("cuda"), check_device("cuda:1")
+    with pytest.raises(SystemExit, match="device=cuda:2: this machine has 2 CUDA device"):
+        check_device("cuda:2")

@@ -35,6 +35,7 @@ def hydra_entry(config_name: str) -> Callable:
         def task(cfg: Any) -> Any:
             check_seed(cfg.get("seed"))
             check_run_dir(cfg.get("run_dir"))
+            check_device(cfg.get("device"))
             try:
                 return fn(cfg)
             except MissingInput as e:  # a path the user gave is wrong: the message, not a traceback
@@ -60,6 +61,20 @@ def check_run_dir(run_dir: Any) -> None:
     ``FileExistsError`` traceback, after the model and data were loaded)."""
     if isinstance(run_dir, str) and Path(run_dir).exists() and not Path(run_dir).is_dir():
         raise SystemExit(f"run_dir={run_dir} is a file: a run writes its results into a directory")
+
+
+def check_device(name: Any) -> None:
+    """Refuse a ``device=`` other than auto | cpu | cuda | cuda:N, or a CUDA device this machine lacks, before a
+    model loads (torch's own errors came after it: "Torch not compiled with CUDA enabled", or a list of 20 device
+    types for ``device=tpu``)."""
+    if name is None or name in ("auto", "cpu"):
+        return
+    kind, _, index = str(name).partition(":")
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise SystemExit(f"device={name}: give auto (CUDA when present, else CPU), cpu, cuda or cuda:N")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if int(index or 0) >= count:
+        raise SystemExit(f"device={name}: this machine has {count} CUDA device(s); use device=auto or device=cpu")
 
 
 def to_plain(cfg: Any) -> dict[str, Any]:
