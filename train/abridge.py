@@ -29,7 +29,7 @@ from zoomr.abridge.trainer import (
     save_final,
 )
 from zoomr.cache.abridge import AbridgeMethod
-from zoomr.entry import model_spec, start_run, to_plain
+from zoomr.entry import model_spec, pick_device, start_run, to_plain
 from zoomr.models import DTYPES
 from zoomr.paths import resolve_repo_path
 from zoomr.rundir import finish_run, prepare_run, started_from
@@ -45,7 +45,7 @@ def run(cfg) -> dict[str, Any]:
     spec = model_spec(cfg)
     check_data_source(to_plain(cfg.data))
     layout = AbridgeLayout(m.block_size, m.num_pause, m.code_positions)
-    device = torch.device("cuda" if torch.cuda.is_available() and cfg.device != "cpu" else "cpu")
+    device = pick_device(cfg.device)  # checked at the entry: auto, cpu, cuda or cuda:N this machine has
     model, tokenizer = load_start_model(spec, m, cfg.cache_dir, device)
     quotas = resolve_quotas(model.config.num_hidden_layers, layout.num_pause, m.quota, m.schedule)
     added = add_pause_tokens(model, tokenizer, layout.num_pause)

@@ -12,14 +12,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import torch
 from tqdm.auto import tqdm
 
 from zoomr.abridge.artifacts import load_abridge_config
 from zoomr.abridge.forward import heldout_ce
 from zoomr.abridge.quotas import halve_layer, pause_positions_needed, save_schedule, three_level_schedule
 from zoomr.abridge.trainer import load_streams
-from zoomr.entry import model_spec, start_run, to_plain
+from zoomr.entry import model_spec, pick_device, start_run, to_plain
 from zoomr.models import ModelSpec, load_model, load_tokenizer
 from zoomr.paths import resolve_repo_path
 from zoomr.rundir import prepare_run
@@ -87,7 +86,7 @@ def run(cfg) -> dict[str, Any]:
     run_dir, logger = start_run(cfg, job_type="allocate")
     spec = model_spec(cfg)
     trained = ModelSpec(name=f"{spec.name}-abridge", arch=spec.arch, hf_id=str(ckpt), dtype=spec.dtype)
-    device = torch.device("cuda" if torch.cuda.is_available() and cfg.device != "cpu" else "cpu")
+    device = pick_device(cfg.device)  # checked at the entry: auto, cpu, cuda or cuda:N this machine has
     model, tokenizer = (
         load_model(trained, cfg.cache_dir, device=device),
         load_tokenizer(trained, cfg.cache_dir),
