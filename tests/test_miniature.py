@@ -123,6 +123,14 @@ def test_abridge_trains_at_c256_on_its_own_allocation_and_the_evictors_keep_a_qu
         assert (method.name, method.block_size, method.quota) == (e, block, block // 4)
 
 
+def test_lightthinker_trains_as_long_as_a_uniform_abridgekv_stage():
+    """The two compressing fine-tunes get the same steps (200 before 2026-12-05: 0.627 against 0.955 on validation)."""
+    lt = _compose("train", train_command("lightthinker", 1024)[3:]).method
+    uniform = _compose("train", train_command("abridge_c256_4to1", 1024)[3:]).method
+    assert lt.max_steps == uniform.max_steps == 1500
+    assert lt.init_from == uniform.init_from == "runs/train/mini-base-T1024/final"  # both from the base model
+
+
 def test_committed_results_follow_the_issue_schema():
     results = json.loads((REPO_ROOT / "analysis/results/miniature/results.json").read_text())
     assert {"test_seed", "n_problems", "trace_tokens"} <= set(results["meta"])
