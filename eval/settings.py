@@ -33,7 +33,7 @@ def _generation_problems(gen: GenerationConfig) -> list[str]:
     try:
         DecodeSettings(gen.max_new_tokens, gen.temperature, gen.top_p, gen.top_k, gen.seed, progress=False)
     except ValueError as e:
-        out.append(f"generation: {e} (need temperature >= 0, 0 < top_p <= 1, top_k >= 0)")
+        out.append(f"generation: {e}")
     for name in ("n_samples", "batch_size"):
         if getattr(gen, name) < 1:
             out.append(f"generation.{name} must be >= 1, got {getattr(gen, name)}")

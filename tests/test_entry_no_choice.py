@@ -76,6 +76,26 @@ def test_a_run_dir_that_is_a_file_is_refused_before_the_model_loads(tmp_path):
     check_run_dir(str(tmp_path)), check_run_dir(str(tmp_path / "new")), check_run_dir(None)  # a directory, new, unset
 
 
+def test_an_unusable_cache_dir_is_refused_before_the_model_loads(tmp_path):
+    """``cache_dir=`` under a file (or on a path that cannot exist, e.g. under /proc) failed inside the tokenizer's
+    ``save_pretrained`` with a ``FileNotFoundError`` traceback."""
+    from zoomr.entry import check_cache_dir
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "eval", "benchmark=testbed", "model=tiny-testbed", "logger=none",
+                           f"cache_dir={blocker / 'cache'}", f"run_dir={tmp_path / 'run'}",
+                           f"hydra.run.dir={tmp_path / 'hydra'}"], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 1 and f"cache_dir={blocker / 'cache'} cannot be created" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
+    with pytest.raises(SystemExit, match="is a file"):
+        check_cache_dir(str(blocker))
+    check_cache_dir(str(tmp_path / "new" / "cache")), check_cache_dir(None)  # created when missing; unset passes
+    assert (tmp_path / "new" / "cache").is_dir()
+
+
 @pytest.mark.parametrize("name", ["tpu", "cuda:x", "gpu", "cuda:99"])
 def test_a_device_this_machine_cannot_use_is_refused_by_name(name):
     """``device=cuda`` on a CPU-only machine ended in torch's "Torch not compiled with CUDA enabled" after the model

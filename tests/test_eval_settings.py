@@ -48,6 +48,13 @@ def test_an_invalid_setting_writes_nothing(tmp_path, cache_dir, overrides, messa
     assert not run_dir.exists()  # no fingerprint, no config.json, no lock: the corrected rerun is accepted
 
 
+def test_a_length_problem_is_not_reported_as_a_sampling_one(tmp_path, cache_dir):
+    with pytest.raises(SystemExit) as e:
+        run(_cfg(tmp_path / "run", cache_dir, "generation.max_new_tokens=0"))
+    line = next(x for x in str(e.value).splitlines() if "max_new_tokens" in x)
+    assert "max_new_tokens must be >= 1, got 0" in line and "temperature" not in line
+
+
 def test_every_problem_is_reported_at_once(tmp_path, cache_dir):
     with pytest.raises(SystemExit) as e:
         run(_cfg(tmp_path, cache_dir, "generation.top_p=2", "benchmark.problem_limit=0", "grading.workers=0"))

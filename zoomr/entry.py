@@ -36,6 +36,7 @@ def hydra_entry(config_name: str) -> Callable:
             check_seed(cfg.get("seed"))
             check_run_dir(cfg.get("run_dir"))
             check_device(cfg.get("device"))
+            check_cache_dir(cfg.get("cache_dir"))
             try:
                 return fn(cfg)
             except MissingInput as e:  # a path the user gave is wrong: the message, not a traceback
@@ -75,6 +76,23 @@ def check_device(name: Any) -> None:
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if int(index or 0) >= count:
         raise SystemExit(f"device={name}: this machine has {count} CUDA device(s); use device=auto or device=cpu")
+
+
+def check_cache_dir(cache_dir: Any) -> None:
+    """Make sure ``cache_dir=`` (where tiny models, tokenizers and decrypted data are built) is a writable
+    directory before a model loads: an unusable one failed deep inside ``tokenizer.save_pretrained`` with a
+    ``FileNotFoundError`` traceback. Creating the (empty) cache directory is the only thing this writes."""
+    if not isinstance(cache_dir, str):
+        return
+    path = Path(cache_dir)
+    if path.exists() and not path.is_dir():
+        raise SystemExit(f"cache_dir={cache_dir} is a file: the cache is a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SystemExit(f"cache_dir={cache_dir} cannot be created ({e.strerror}); give a writable directory") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise SystemExit(f"cache_dir={cache_dir} is not writable; give a writable directory")
 
 
 def to_plain(cfg: Any) -> dict[str, Any]:
