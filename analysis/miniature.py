@@ -29,6 +29,7 @@ from typing import Any
 
 from analysis.miniature_plan import ARMS, MODELS, Arm, full_arm, plan, training_seeds
 from eval.arms import load_arm, run_arm, run_command, testbed_command
+from zoomr.schemas.checks import SettingsError
 
 
 def checkpoint(model: str, trace_tokens: int) -> Path:
@@ -276,10 +277,10 @@ def run_task(task_cfg: dict[str, Any], logger: dict[str, Any] | None = None) -> 
     models, arms = plan(task.arms)  # an unknown arm is refused before anything runs
     trained_on = training_seeds(list(MODELS))  # every model's stream: a cached model may be any of them
     if task.test_seed in trained_on:
-        raise ValueError(f"task.test_seed={task.test_seed} is the training stream of {trained_on[task.test_seed]}: "
+        raise SettingsError(f"task.test_seed={task.test_seed} is the training stream of {trained_on[task.test_seed]}: "
                          f"the test problems would be training problems; use a seed outside {sorted(trained_on)}")  # fmt: skip
     if Path(task.out).exists() and not Path(task.out).is_dir():  # else found only after every model trained
-        raise ValueError(f"task.out={task.out} is a file: the arms' run directories and the table go in a directory")
+        raise SettingsError(f"task.out={task.out} is a file: the arms' run directories and the table go in a directory")
     t0 = time.perf_counter()
     print(f"miniature: {len(models)} models ({', '.join(models)}), {len(arms)} arms, {task.n} problems, "
           f"test seed {task.test_seed}, {task.trace_tokens}-token traces -> {task.out}", flush=True)  # fmt: skip

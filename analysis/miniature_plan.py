@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from zoomr.schemas.checks import SettingsError
+
 # AbridgeKV on the testbed: blocks of C = 256 response tokens, K = 64 pause tokens (code rows) per block; a layer
 # keeping q of them compresses a completed block C:q (q = 64: 4:1, q = 32: 8:1; per-layer: the allocation's
 # schedule, K = 2 x 64). C = 256 is the main block size since 2026-12-05 (block256/): with the same recipe and ratio
@@ -317,11 +319,11 @@ def plan(names: list[str]) -> tuple[list[str], list[str]]:
     """(models to train, arms to evaluate) in dependency order for the arms ``names`` (empty: every default arm;
     ``[all]``: every arm)."""
     if ALL in names and len(names) > 1:
-        raise ValueError(f"task.arms={list(names)}: '{ALL}' runs every arm; give it alone")
+        raise SettingsError(f"task.arms={list(names)}: '{ALL}' runs every arm; give it alone")
     wanted = list(ARMS) if list(names) == [ALL] else list(names) or [a for a in ARMS if ARMS[a].default]
     unknown = [n for n in wanted if n not in ARMS]
     if unknown:
-        raise ValueError(f"unknown miniature arm(s) {unknown}; known: {sorted(ARMS)}")
+        raise SettingsError(f"unknown miniature arm(s) {unknown}; known: {sorted(ARMS)}")
     arms: list[str] = []
 
     def add_arm(name: str) -> None:

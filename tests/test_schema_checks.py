@@ -31,6 +31,9 @@ BAD = [
     (AbridgeMethod, "eval_steps", -1, "eval_steps=-1 (must be >= 0)"),
     (AbridgeMethod, "logging_steps", 0, "logging_steps=0"),
     (AbridgeMethod, "mask_backend", "cuda", "mask_backend must be auto|dense|flex|chunked"),
+    (AbridgeMethod, "num_pause", 0, "method: num_pause must be in [1, 256], got 0"),
+    (AbridgeMethod, "code_positions", "middle", "method: code_positions must be one of"),
+    (AbridgeMethod, "quota", 17, "method.quota=17 must lie in [0, method.num_pause=16]"),
     (AbridgeAllocateMethod, "batch_size", 0, "method.batch_size=0"),
     (AbridgeAllocateMethod, "mask_backend", "sparse", "mask_backend must be auto|dense|flex|chunked"),
     (MiniatureTask, "arm_lanes", 0, "arm_lanes=0"),
@@ -105,9 +108,23 @@ def test_the_cli_refuses_a_negative_learning_rate_before_writing_the_run(tmp_pat
          f"hydra.run.dir={run_dir}"],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    assert proc.returncode != 0
-    assert "method.optim.learning_rate=-1.0 (must be > 0)" in proc.stderr
+    assert proc.returncode == 1
+    assert "invalid settings: AbridgeOptim: method.optim.learning_rate=-1.0 (must be > 0)" in proc.stderr
+    assert "Traceback" not in proc.stderr  # a setting the schema refuses is a message, not a crash
     assert not (run_dir / "settings.json").exists() and not (run_dir / "checkpoints").exists()
+
+
+def test_to_dataclass_raises_a_settings_error_that_is_still_a_value_error():
+    """Entry points print a SettingsError's message (no traceback); library callers keep catching ValueError."""
+    from zoomr.schemas import to_dataclass
+    from zoomr.schemas.checks import SettingsError
+
+    with pytest.raises(SettingsError, match=r"unknown keys \['lr'\]"):
+        to_dataclass(AbridgeOptim, {"lr": 1e-3})
+    with pytest.raises(SettingsError, match="method.optim.learning_rate=0"):
+        to_dataclass(AbridgeMethod, {"optim": {"learning_rate": 0}})  # a nested schema's refusal too
+    assert issubclass(SettingsError, ValueError)
+    assert to_dataclass(AbridgeMethod, {"quota": 16}).quota == 16  # the bounds are inclusive
 
 
 @pytest.mark.parametrize("seed", [0, 7])

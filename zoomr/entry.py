@@ -19,6 +19,7 @@ import torch
 from zoomr.models import ModelSpec, spec_from_dict
 from zoomr.paths import MissingInput
 from zoomr.schemas import register_with_hydra
+from zoomr.schemas.checks import SettingsError
 from zoomr.tracking import RunLogger, init_run, run_identity
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -41,6 +42,8 @@ def hydra_entry(config_name: str) -> Callable:
                 return fn(cfg)
             except MissingInput as e:  # a path the user gave is wrong: the message, not a traceback
                 raise SystemExit(str(e)) from None
+            except SettingsError as e:  # a value a schema refuses (range, choice, unknown key): the same
+                raise SystemExit(f"invalid settings: {e}") from None
 
         return hydra.main(config_path=CONF_DIR, config_name=config_name, version_base="1.3")(task)
 

@@ -78,6 +78,12 @@ class AbridgeMethod(MaskedTraining):
                 f"method.quota={self.quota} and method.schedule={self.schedule}: give one of them "
                 "(method.schedule=null for a uniform quota, method.quota=null for the schedule)"
             )
+        try:
+            AbridgeLayout(self.block_size, self.num_pause, self.code_positions)  # refuses impossible C, K, positions
+        except ValueError as e:
+            raise ValueError(f"method: {e}") from None
+        if self.quota is not None and not 0 <= self.quota <= self.num_pause:
+            raise ValueError(f"method.quota={self.quota} must lie in [0, method.num_pause={self.num_pause}]")
         fill_names(self)
 
 

@@ -48,9 +48,14 @@ def register_with_hydra() -> None:
 
 
 def to_dataclass(cls: type, cfg: Any):
-    """Turn a (DictConfig or dict) node into the plain dataclass ``cls``, nested dataclasses included."""
+    """Turn a (DictConfig or dict) node into the plain dataclass ``cls``, nested dataclasses included.
+
+    A key ``cls`` lacks, or a value its ``__post_init__`` refuses, raises
+    :class:`zoomr.schemas.checks.SettingsError` with the schema's message."""
     import dataclasses
     import typing
+
+    from zoomr.schemas.checks import SettingsError
 
     if not isinstance(cfg, dict):
         from omegaconf import OmegaConf
@@ -59,7 +64,7 @@ def to_dataclass(cls: type, cfg: Any):
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = set(cfg) - set(fields)
     if unknown:
-        raise ValueError(f"{cls.__name__}: unknown keys {sorted(unknown)}; allowed: {sorted(fields)}")
+        raise SettingsError(f"{cls.__name__}: unknown keys {sorted(unknown)}; allowed: {sorted(fields)}")
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for key, value in cfg.items():
@@ -67,4 +72,9 @@ def to_dataclass(cls: type, cfg: Any):
         if dataclasses.is_dataclass(hint) and isinstance(value, dict):
             value = to_dataclass(hint, value)
         kwargs[key] = value
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except SettingsError:
+        raise
+    except ValueError as e:
+        raise SettingsError(str(e)) from e

@@ -14,6 +14,11 @@ from typing import Any
 
 Rule = tuple[Callable[[float], bool], str]
 
+
+class SettingsError(ValueError):
+    """A setting the user gave is impossible (raised through :func:`zoomr.schemas.to_dataclass`); entry points
+    print its message instead of a traceback. A ``ValueError``, so library callers catch it as before."""
+
 POSITIVE: Rule = (lambda v: v > 0, "> 0")
 NON_NEGATIVE: Rule = (lambda v: v >= 0, ">= 0")
 AT_LEAST_ONE: Rule = (lambda v: v >= 1, ">= 1")
