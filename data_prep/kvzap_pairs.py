@@ -231,7 +231,7 @@ def testbed_plan(tokenizer, p: KVzapPairsPipeline, model_dir: str | None) -> Pla
     """Testbed traces (:mod:`data_prep.kvzap_pairs_testbed`), scored on the testbed pretext."""
     from data_prep import kvzap_pairs_testbed as tb
 
-    source = p.testbed if isinstance(p.testbed, TestbedPairsSource) else TestbedPairsSource(**p.testbed)
+    source: TestbedPairsSource = p.testbed  # a schema since to_dataclass (refused there, before any run state)
     data = tb.testbed_data(source, model_dir)
     pieces = tb.testbed_pieces(source, data, tokenizer)
     docs = [Document(i, "testbed", split, origin, ids) for i, (split, origin, ids) in enumerate(pieces)]

@@ -127,6 +127,19 @@ def test_to_dataclass_raises_a_settings_error_that_is_still_a_value_error():
     assert to_dataclass(AbridgeMethod, {"quota": 16}).quota == 16  # the bounds are inclusive
 
 
+def test_an_optional_nested_schema_is_checked_when_the_config_is_read():
+    """``pipeline.testbed`` (``TestbedPairsSource | None``) stayed a dict until the pairs were planned, so
+    ``pipeline.testbed.n_train=0`` was refused only after the run directory and its config were written."""
+    from zoomr.schemas import to_dataclass
+    from zoomr.schemas.checks import SettingsError
+    from zoomr.schemas.kvzap import TestbedPairsSource
+
+    with pytest.raises(SettingsError, match="pipeline.testbed needs n_train, n_val >= 1, got 0"):
+        to_dataclass(KVzapPairsPipeline, {"testbed": {"n_train": 0}})
+    assert isinstance(to_dataclass(KVzapPairsPipeline, {"testbed": {"n_train": 3}}).testbed, TestbedPairsSource)
+    assert to_dataclass(KVzapPairsPipeline, {"testbed": None}).testbed is None
+
+
 @pytest.mark.parametrize("seed", [0, 7])
 def test_a_test_seed_equal_to_the_training_stream_is_refused(seed):
     """Problem i of a stream is the same problem wherever it is drawn: such a test set is the training set."""

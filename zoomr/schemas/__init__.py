@@ -47,6 +47,18 @@ def register_with_hydra() -> None:
             cs.store(group=f"schema/{group}", name=name, node=node)
 
 
+def optional_of(hint: Any) -> Any:
+    """``X`` for a hint ``X | None`` (an optional nested schema is converted like a required one); else ``hint``."""
+    import types
+    import typing
+
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return hint
+
+
 def to_dataclass(cls: type, cfg: Any):
     """Turn a (DictConfig or dict) node into the plain dataclass ``cls``, nested dataclasses included.
 
@@ -68,7 +80,7 @@ def to_dataclass(cls: type, cfg: Any):
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for key, value in cfg.items():
-        hint = hints.get(key)
+        hint = optional_of(hints.get(key))
         if dataclasses.is_dataclass(hint) and isinstance(value, dict):
             value = to_dataclass(hint, value)
         kwargs[key] = value
