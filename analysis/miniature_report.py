@@ -1,7 +1,7 @@
 """The miniature's outputs: ``table.md``, ``table.csv``, ``results.json`` and figures (issue 15).
 
-Figures: answer accuracy against resident rows over full KV for every arm (the papers' Pareto view) and
-recall by reference distance per arm.
+Figures: answer accuracy against resident rows over full KV for every arm (the papers' Pareto view, with the arms
+that keep most of full KV's accuracy zoomed in beside it) and recall by reference distance per arm.
 
 A rerun of some arms (``task.arms=[…]``, e.g. after one model's recipe changed) merges into a full table with
 
@@ -64,40 +64,95 @@ def label_positions(points: list[tuple[float, float]], min_dx: float, min_dy: fl
     return [out[i] for i in range(len(points))]
 
 
+ZOOM_DELTA = -0.1  # the right panel of the Pareto figure: arms within 10 points of their full KV arm
+LOSSLESS = -0.02  # "within 2 points of full KV" (the issue's bar for AbridgeKV 4:1 and KVzap), drawn there
+
+
+def pareto_front(arms: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The arms no other arm dominates (as accurate or more with fewer rows, or more accurate with as few), by
+    rows: the memory-accuracy frontier the papers draw."""
+    by_rows = sorted(arms, key=lambda a: (a["rows_over_full"], -a["answer_accuracy"]))
+    front: list[dict[str, Any]] = []
+    for a in by_rows:
+        if not front or a["answer_accuracy"] > front[-1]["answer_accuracy"]:
+            front.append(a)
+    return front
+
+
+def _draw_arms(ax, arms: list[dict[str, Any]], y_key: str, colours: dict[str, Any], main_block: Any) -> None:
+    """Markers at (rows / full, ``y_key``): squares for the summaries traces' arms, hollow for another block size
+    than the main ``abridge`` arm's; with ``y_key="delta_vs_full"`` each arm's paired 95% interval as a bar."""
+    for a in arms:
+        colour = colours[a["method"]]
+        hollow = a.get("block_size") not in (None, main_block)
+        x, y = a["rows_over_full"], a[y_key]
+        if y_key == "delta_vs_full" and a.get("paired_with"):
+            lo, hi = a["ci_vs_full"]
+            ax.errorbar(x, y, yerr=[[y - lo], [hi - y]], color=colour, lw=0.8, capsize=2, alpha=0.55, zorder=1)
+        ax.scatter(x, y, marker="s" if a["paired_with"] == "full_summaries" else "o", s=40, linewidths=1.2,
+                   facecolors="none" if hollow else colour, edgecolors=colour, zorder=2)  # fmt: skip
+
+
+def _label_arms(ax, arms: list[dict[str, Any]], y_key: str, min_dx: float, min_dy: float) -> None:
+    where = label_positions([(a["rows_over_full"], a[y_key]) for a in arms], min_dx, min_dy)
+    for a, (x, y) in zip(arms, where):
+        moved = y != a[y_key]
+        ax.annotate(a["name"], (a["rows_over_full"], a[y_key]), xytext=(x + 0.012, y), fontsize=7, va="center",
+                    arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "0.6"} if moved else None)  # fmt: skip
+
+
 def pareto_figure(results: dict[str, Any], path: Path) -> None:
-    """Answer accuracy against resident rows / full KV's: one colour per method (legend), squares for the summaries
-    traces' arms, hollow markers for arms at another block size than the arm named ``abridge`` (the method's main
-    configuration); a label for each arm that scores at least 0.05 (the arms near 0 are told apart by colour)."""
+    """Two panels against mean resident rows / full KV's. Left, the papers' Pareto view: every arm's answer accuracy
+    (labels for the arms between 0.05 and the near-lossless ones; those near 0 are told apart by colour) and the
+    Pareto front (dashed). Right, the arms within :data:`ZOOM_DELTA` of their full KV arm: Δ answer accuracy vs it
+    with the paired 95% interval, lines at 0 and :data:`LOSSLESS`. One colour per method (legend), squares for the
+    summaries traces' arms (paired with ``full_summaries``), hollow markers for arms at another block size than
+    the arm named ``abridge`` (the method's main configuration)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(10, 5.6))
+    fig, (ax, zoom) = plt.subplots(1, 2, figsize=(15, 5.8), gridspec_kw={"width_ratios": [1, 1.15]})
     arms = results["arms"]
     methods = sorted({a["method"] for a in arms})
     colours = {m: plt.cm.tab20(i % 20) for i, m in enumerate(methods)}
     main_block = next((a.get("block_size") for a in arms if a["name"] == "abridge"), None)
-    for a in arms:
-        marker = "s" if a["paired_with"] == "full_summaries" else "o"
-        hollow = a.get("block_size") not in (None, main_block)
-        ax.scatter(a["rows_over_full"], a["answer_accuracy"], marker=marker, s=40, linewidths=1.2,
-                   facecolors="none" if hollow else colours[a["method"]], edgecolors=colours[a["method"]])  # fmt: skip
-    labelled = [a for a in arms if a["answer_accuracy"] >= 0.05]
-    where = label_positions([(a["rows_over_full"], a["answer_accuracy"]) for a in labelled], 0.17, 0.028)
-    for a, (x, y) in zip(labelled, where):
-        ax.annotate(a["name"], (a["rows_over_full"], a["answer_accuracy"]), xytext=(x + 0.012, y), fontsize=7,
-                    va="center", arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "0.6"} if y != a["answer_accuracy"] else None)  # fmt: skip
-    for m in methods:
-        ax.scatter([], [], color=colours[m], marker="o", s=30, label=m)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), title="method", title_fontsize=8)
-    ax.set_xlabel("mean resident KV rows / full KV's")
-    ax.set_ylabel("answer accuracy (all 8 final recalls right)")
+    near = [a for a in arms if a.get("paired_with") and a["delta_vs_full"] >= ZOOM_DELTA]
+    _draw_arms(ax, arms, "answer_accuracy", colours, main_block)
+    far = [a for a in arms if a["answer_accuracy"] >= 0.05 and a not in near]
+    _label_arms(ax, far, "answer_accuracy", 0.17, 0.028)
+    front = pareto_front(arms)
+    ys = [a["answer_accuracy"] for a in front]
+    ax.step([a["rows_over_full"] for a in front] + [1.15], ys + ys[-1:], where="post", color="0.35", lw=0.9,
+            ls="--", zorder=0, label="Pareto front")  # fmt: skip
+    ax.legend(fontsize=7, loc="center right")
     ax.set_xlim(0, 1.15)
     ax.set_ylim(-0.03, 1.05)
-    ax.grid(alpha=0.3)
-    ax.set_title(f"Miniature: accuracy vs memory ({results['meta']['n_problems']} problems; squares: summaries traces; "
-                 "hollow: variant block size)", fontsize=10)  # fmt: skip
+    ax.set_ylabel("answer accuracy (all 8 final recalls right)")
+    ax.set_title(f"every arm (unlabelled at the top: within {-ZOOM_DELTA:.0%} of full KV, right)", fontsize=9)
+    if near:
+        _draw_arms(zoom, near, "delta_vs_full", colours, main_block)
+        low = min(min(a["ci_vs_full"][0] for a in near), ZOOM_DELTA)
+        high = max(max(a["ci_vs_full"][1] for a in near), 0.0)
+        _label_arms(zoom, near, "delta_vs_full", 0.2, (high - low) / 36)
+        zoom.set_ylim(low - 0.005, high + 0.005)
+    zoom.axhline(0, color="0.3", lw=0.8)
+    zoom.axhline(LOSSLESS, color="0.3", lw=0.8, ls=":")
+    zoom.text(0.01, LOSSLESS, f"{LOSSLESS * 100:+.0f} points", fontsize=7, color="0.3", va="bottom")
+    zoom.set_xlim(0, 1.15)
+    zoom.set_ylabel("Δ answer accuracy vs full KV (paired 95% CI)")
+    zoom.set_title(f"arms within {-ZOOM_DELTA:.0%} of their full KV arm (squares: vs full KV on summaries traces)",
+                   fontsize=9)  # fmt: skip
+    for a_ in (ax, zoom):
+        a_.set_xlabel("mean resident KV rows / full KV's")
+        a_.grid(alpha=0.3)
+    for m in methods:
+        zoom.scatter([], [], color=colours[m], marker="o", s=30, label=m)
+    zoom.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), title="method", title_fontsize=8)
+    fig.suptitle(f"Miniature: accuracy vs memory ({results['meta']['n_problems']} problems, test seed "
+                 f"{results['meta']['test_seed']}; squares: summaries traces; hollow: variant block size)",
+                 fontsize=10)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)

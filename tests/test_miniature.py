@@ -314,6 +314,27 @@ def test_pareto_labels_never_overlap_and_stay_at_their_point_when_there_is_room(
             assert abs(x - u) >= 0.17 or abs(y - v) >= 0.03 - 1e-12
 
 
+def test_the_pareto_front_holds_exactly_the_arms_no_other_arm_dominates():
+    import json
+
+    from analysis.miniature_report import pareto_front
+
+    arms = json.loads((REPO_ROOT / "analysis/results/miniature/results.json").read_text())["arms"]
+    front = pareto_front(arms)
+
+    def dominated(a):
+        return any(b["rows_over_full"] <= a["rows_over_full"] and b["answer_accuracy"] >= a["answer_accuracy"]
+                   and (b["rows_over_full"], b["answer_accuracy"]) != (a["rows_over_full"], a["answer_accuracy"])
+                   for b in arms)  # fmt: skip
+
+    def point(a):
+        return a["rows_over_full"], a["answer_accuracy"]
+
+    assert {point(a) for a in arms if not dominated(a)} == {point(a) for a in front}  # arms at one point: one of them
+    assert [a["rows_over_full"] for a in front] == sorted(a["rows_over_full"] for a in front)
+    assert front[-1]["answer_accuracy"] == max(a["answer_accuracy"] for a in arms)
+
+
 def test_without_training_the_table_is_rebuilt_from_finished_arm_dirs_and_a_missing_checkpoint_is_refused(
     tmp_path, monkeypatch
 ):
