@@ -159,6 +159,8 @@ def pareto_figure(results: dict[str, Any], path: Path) -> None:
 
 
 def recall_figure(results: dict[str, Any], path: Path) -> None:
+    """Per-fact recall by reference distance (tokens between a fact and its recall), one row per arm in the table's
+    order, as an annotated heat map: where a policy loses facts (far ones: eviction; near ones: a broken block)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -167,15 +169,18 @@ def recall_figure(results: dict[str, Any], path: Path) -> None:
 
     arms = results["arms"]
     buckets = sorted({b for a in arms for b in a["recall_by_distance"]}, key=_bucket_order)
-    fig, ax = plt.subplots(figsize=(max(7, 0.5 * len(arms)), 4))
-    width = 0.8 / max(len(buckets), 1)
-    x = np.arange(len(arms))
-    for j, b in enumerate(buckets):
-        ax.bar(x + j * width, [a["recall_by_distance"].get(b, np.nan) for a in arms], width, label=f"distance {b}")
-    ax.set_xticks(x + 0.4 - width / 2, [a["name"] for a in arms], rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel("per-fact recall")
-    ax.set_ylim(0, 1.05)
-    ax.legend(fontsize=7)
+    values = np.array([[a["recall_by_distance"].get(b, np.nan) for b in buckets] for a in arms], dtype=float)
+    fig, ax = plt.subplots(figsize=(6.5, 1.2 + 0.22 * len(arms)))
+    image = ax.imshow(values, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
+    for (i, j), v in np.ndenumerate(values):
+        if not np.isnan(v):
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="black" if 0.25 < v < 0.85 else "white")
+    ax.set_xticks(range(len(buckets)), [f"distance {b}" for b in buckets], fontsize=8)
+    ax.set_yticks(range(len(arms)), [f"{a['name']} ({a['rows_over_full']:.2f})" for a in arms], fontsize=7)
+    ax.xaxis.tick_top()
+    fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02, label="per-fact recall")
+    ax.set_title(f"Recall by reference distance (tokens; arm (rows / full)), {results['meta']['n_problems']} problems, "
+                 f"test seed {results['meta']['test_seed']}", fontsize=8, pad=22)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
