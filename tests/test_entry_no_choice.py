@@ -76,6 +76,22 @@ def test_a_run_dir_that_is_a_file_is_refused_before_the_model_loads(tmp_path):
     check_run_dir(str(tmp_path)), check_run_dir(str(tmp_path / "new")), check_run_dir(None)  # a directory, new, unset
 
 
+@pytest.mark.parametrize("entry, overrides, key", [
+    ("analysis", ["+task=paper_tables", "task.runs=[analysis/results/miniature/runs/arms/full]"], "task.out"),
+    ("data_prep", ["+pipeline=summarize", "logger=none"], "pipeline.out_dir"),
+])  # fmt: skip
+def test_an_output_directory_that_is_a_file_is_refused_by_its_key(entry, overrides, key, tmp_path):
+    """``task.out=<a file>`` (paper_tables) failed with a ``FileExistsError`` traceback after every run was read."""
+    target = tmp_path / "results"
+    target.write_text("a file the user had")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", entry, *overrides, f"{key}={target}",
+                           f"hydra.run.dir={tmp_path / 'hydra'}"], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 1 and f"{key}={target} is a file" in proc.stderr
+    assert "Traceback" not in proc.stderr and target.read_text() == "a file the user had"
+
+
 def test_an_unusable_cache_dir_is_refused_before_the_model_loads(tmp_path):
     """``cache_dir=`` under a file (or on a path that cannot exist, e.g. under /proc) failed inside the tokenizer's
     ``save_pretrained`` with a ``FileNotFoundError`` traceback."""

@@ -93,6 +93,23 @@ def test_incomplete_and_duplicate_runs_are_reported_by_name(two_arms, tmp_path):
     assert f"{dup}: arm 'full' of tiny-qwen2 on math500 already read from" in text
 
 
+def test_a_torn_run_config_is_reported_naming_the_file_and_the_rest_is_read(two_arms, tmp_path):
+    """A torn ``config.json`` was reported as a bare ``JSONDecodeError`` of the run directory."""
+    import shutil
+
+    from analysis.paper_tables.inputs import discover
+
+    torn = tmp_path / "torn"
+    shutil.copytree(two_arms / "eval" / "streaming", torn)
+    (torn / "config.json").write_text('{"run_name": "streaming",')
+    (tmp_path / "bench.json").write_bytes(b"\xff\xfe not text")
+    inputs = discover([str(two_arms / "eval" / "full"), str(torn), str(tmp_path / "bench.json")])
+    assert [a.label for a in inputs.evals] == ["full"]
+    text = "\n".join(inputs.problems)
+    assert f"{torn}: unreadable ({torn / 'config.json'}: not valid JSON (expected a JSON run config;" in text
+    assert f"{tmp_path / 'bench.json'}: not a UTF-8 text file (expected a JSON bench report)" in text
+
+
 def test_paper_tables_task_composes_and_logs_tables_to_one_wandb_run(two_arms, tmp_path, monkeypatch):
     from analysis.paper_tables import run_task
     from zoomr.entry import to_plain

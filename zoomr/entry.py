@@ -35,7 +35,8 @@ def hydra_entry(config_name: str) -> Callable:
         @functools.wraps(fn)
         def task(cfg: Any) -> Any:
             check_seed(cfg.get("seed"))
-            check_run_dir(cfg.get("run_dir"))
+            for key in OUTPUT_DIRS:
+                check_run_dir(select(cfg, key), key)
             check_device(cfg.get("device"))
             check_cache_dir(cfg.get("cache_dir"))
             try:
@@ -60,11 +61,22 @@ def check_seed(seed: Any) -> None:
         raise SystemExit(f"seed={seed}: must be in [{SEED_RANGE[0]}, 2**32 - 1]")
 
 
-def check_run_dir(run_dir: Any) -> None:
-    """Refuse a ``run_dir=`` that names an existing file before a model loads (it failed at the first write with a
-    ``FileExistsError`` traceback, after the model and data were loaded)."""
+OUTPUT_DIRS = ("run_dir", "task.out", "pipeline.out_dir")  # the directories an entry point's run writes into
+
+
+def select(cfg: Any, key: str) -> Any:
+    """``cfg``'s value at the dotted ``key`` (None where the config has no such key)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.select(cfg, key, default=None) if not isinstance(cfg, dict) else cfg.get(key)
+
+
+def check_run_dir(run_dir: Any, key: str = "run_dir") -> None:
+    """Refuse an output directory setting (``run_dir=``, ``task.out=``, ``pipeline.out_dir=``) that names an existing
+    file before a model loads (it failed at the first write with a ``FileExistsError`` traceback, after the model and
+    data were loaded, or after paper_tables had read every run)."""
     if isinstance(run_dir, str) and Path(run_dir).exists() and not Path(run_dir).is_dir():
-        raise SystemExit(f"run_dir={run_dir} is a file: a run writes its results into a directory")
+        raise SystemExit(f"{key}={run_dir} is a file: a run writes its results into a directory")
 
 
 def check_device(name: Any) -> None:

@@ -119,17 +119,22 @@ def read_jsonl(path: str | Path, check: Check | None = None, on_bad: str = "refu
     return rows
 
 
-def read_json_object(path: str | Path, what: str = "file") -> dict[str, Any]:
-    """The JSON object in ``path``; a file that is not UTF-8 JSON or not an object is refused with
-    :class:`BadRowError` naming the file, ``what`` it should be, and where the parser stopped."""
+def read_json(path: str | Path, what: str = "file") -> Any:
+    """The JSON value in ``path``; a file that is not UTF-8 JSON is refused with :class:`BadRowError` naming the
+    file, ``what`` it should be, and where the parser stopped."""
     try:
-        data = json.loads(Path(path).read_bytes().decode("utf-8"))
+        return json.loads(Path(path).read_bytes().decode("utf-8"))
     except UnicodeDecodeError:
         raise BadRowError(f"{path}: not a UTF-8 text file (expected a JSON {what})") from None
     except json.JSONDecodeError as e:
         raise BadRowError(
             f"{path}: not valid JSON (expected a JSON {what}; {e.msg} at line {e.lineno} column {e.colno})"
         ) from None
+
+
+def read_json_object(path: str | Path, what: str = "file") -> dict[str, Any]:
+    """The JSON object in ``path``, refused like :func:`read_json`, and also when it is not an object."""
+    data = read_json(path, what)
     if not isinstance(data, dict):
         raise BadRowError(f"{path}: expected a JSON object ({what}), got a {type(data).__name__}")
     return data

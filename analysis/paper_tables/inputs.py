@@ -15,7 +15,6 @@ Recognised (a directory is searched recursively, skipping ``wandb/``, ``checkpoi
 from __future__ import annotations
 
 import glob
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 
 from eval.compare import CompareError, Run, load_run
 from eval.metrics import compute_metrics
+from zoomr.jsonl import BadRowError, read_json, read_json_object
 
 PRUNE = {"wandb", "checkpoints", "final", ".hydra", "pairs", "surrogates"}
 # JSON files of run directories (read through their directory, never as benches)
@@ -78,13 +78,9 @@ class Inputs:
         return [a for a in self.evals if a.model == model and (benchmark is None or a.benchmark == benchmark)]
 
 
-def _read_json(path: Path) -> Any:
-    return json.loads(path.read_text())
-
-
 def _config(run_dir: Path) -> dict[str, Any]:
     f = run_dir / "config.json"
-    return _read_json(f) if f.exists() else {}
+    return read_json_object(f, "run config") if f.exists() else {}
 
 
 def candidates(path: Path) -> list[Path]:
@@ -105,7 +101,7 @@ def classify(path: Path, inputs: Inputs) -> bool:
         if path.is_file():
             if path.suffix != ".json" or path.name in RUN_FILES:
                 return False
-            data = _read_json(path)
+            data = read_json(path, "bench report")
             if isinstance(data, dict) and "throughput" in data and "finish" in data:
                 inputs.throughput.append(JsonInput(path, data))
             elif isinstance(data, dict) and ("formula" in data and "measured" in data or "agreeability" in data):
@@ -116,14 +112,16 @@ def classify(path: Path, inputs: Inputs) -> bool:
         if (path / "results.jsonl").exists() and (path / "config.json").exists():
             add_eval(path, inputs)
         elif (path / "schedule.json").exists():
-            inputs.allocations.append(JsonInput(path, _read_json(path / "schedule.json"), _config(path)))
+            inputs.allocations.append(JsonInput(path, read_json_object(path / "schedule.json", "quota schedule"), _config(path)))
         elif (path / "r2.json").exists():
-            inputs.kvzap_fits.append(JsonInput(path, _read_json(path / "r2.json"), _config(path)))
+            inputs.kvzap_fits.append(JsonInput(path, read_json(path / "r2.json", "KVzap fit report"), _config(path)))
         elif (path / "summary.json").exists() and (path / "config.json").exists():
             inputs.unused.append(f"{path}: training/data run ({_config(path).get('run_name', '?')}), feeds no table")
         else:
             return False
-    except (OSError, json.JSONDecodeError, KeyError) as e:
+    except BadRowError as e:  # names the file and where the parser stopped
+        inputs.problems.append(f"{path}: unreadable ({e})")
+    except (OSError, KeyError) as e:
         inputs.problems.append(f"{path}: unreadable ({type(e).__name__}: {e})")
     return True
 
