@@ -3,7 +3,8 @@ per-problem results read back (what the miniature and the AbridgeKV recipe's clo
 
 An arm is the evaluator's own command line (so it validates, resumes, fingerprints and writes
 ``results.jsonl`` / ``metrics.json`` exactly as a user's run does), run in a subprocess with its own
-threads; :func:`run_arm` skips it when its directory already holds a finished run of the same command.
+threads; :func:`run_arm` skips it when its directory already holds a finished run of the same command (wherever
+that directory was when it ran).
 """
 
 from __future__ import annotations
@@ -92,11 +93,18 @@ def run_arm(cmd: list[str], run_dir: str | Path, threads: int | None = None, qui
     ``quiet``: its console output goes to ``run_dir/arm.log`` (arms running side by side)."""
     run_dir = Path(run_dir)
     saved = run_dir / COMMAND_FILE
-    done = (run_dir / "metrics.json").exists() and saved.exists() and json.loads(saved.read_text()) == cmd[1:]
+    done = (run_dir / "metrics.json").exists() and saved.exists()
+    done = done and experiment(json.loads(saved.read_text())) == experiment(cmd[1:])
     if not done:
         run_command(cmd, threads, what=f"arm {run_dir.name}", log=run_dir / LOG_FILE if quiet else None)
         saved.write_text(json.dumps(cmd[1:]))
     return load_arm(run_dir)
+
+
+def experiment(args: list[str]) -> list[str]:
+    """An arm's command line without its ``run_dir=``: where a run lies is not part of the experiment, so a finished
+    arm directory that was moved or copied (e.g. the committed slim copies under another ``task.out``) is reused."""
+    return [a for a in args if not a.startswith("run_dir=")]
 
 
 def load_arm(run_dir: str | Path) -> ArmResult:

@@ -361,3 +361,21 @@ def test_without_training_the_table_is_rebuilt_from_finished_arm_dirs_and_a_miss
     with pytest.raises(SystemExit, match=r"kvzip \(runs/train/mini-base-T1024/final\)"):
         run_task(task)
     assert not (tmp_path / "runs/miniature/table.md").exists()
+
+
+def test_finished_arm_dirs_copied_to_another_out_are_reused(tmp_path):
+    """The slim copies ran with ``run_dir=runs/miniature/arms/<arm>``; under another ``task.out`` the same arms were
+    run again (and the evaluator then refused the copy's older config), though only the directory differed."""
+    import shutil
+
+    from analysis.miniature import run_task
+
+    out = tmp_path / "elsewhere"
+    for arm in ("full", "abridge"):
+        shutil.copytree(REPO_ROOT / "analysis/results/miniature/runs/arms" / arm, out / "arms" / arm)
+    before = (out / "arms/abridge/results.jsonl").read_bytes()
+    results = run_task({"arms": ["abridge"], "train": False, "out": str(out)})
+    committed = {a["name"]: a for a in json.loads((REPO_ROOT / "analysis/results/miniature/results.json").read_text())["arms"]}
+    assert [a["name"] for a in results["arms"]] == ["full", "abridge"]
+    assert results["arms"][1]["answer_accuracy"] == committed["abridge"]["answer_accuracy"]
+    assert (out / "arms/abridge/results.jsonl").read_bytes() == before and not (out / "arms/abridge/arm.log").exists()
