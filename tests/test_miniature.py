@@ -363,19 +363,23 @@ def test_without_training_the_table_is_rebuilt_from_finished_arm_dirs_and_a_miss
     assert not (tmp_path / "runs/miniature/table.md").exists()
 
 
-def test_finished_arm_dirs_copied_to_another_out_are_reused(tmp_path):
-    """The slim copies ran with ``run_dir=runs/miniature/arms/<arm>``; under another ``task.out`` the same arms were
-    run again (and the evaluator then refused the copy's older config), though only the directory differed."""
+def test_the_whole_committed_table_is_rebuilt_from_the_slim_copies_under_any_out(tmp_path):
+    """Every committed arm (``task.arms=[all]``, variants included) is read back from its slim copy without a
+    checkpoint or a decode, in a directory other than the one it ran in, and gives the committed figures. Before,
+    the copies under another ``task.out`` were evaluated again (the recorded command names its run_dir), and the
+    C = 64 copies, recorded before their models were renamed, never matched (runs/README.md)."""
     import shutil
 
     from analysis.miniature import run_task
 
     out = tmp_path / "elsewhere"
-    for arm in ("full", "abridge"):
-        shutil.copytree(REPO_ROOT / "analysis/results/miniature/runs/arms" / arm, out / "arms" / arm)
-    before = (out / "arms/abridge/results.jsonl").read_bytes()
-    results = run_task({"arms": ["abridge"], "train": False, "out": str(out)})
+    shutil.copytree(REPO_ROOT / "analysis/results/miniature/runs/arms", out / "arms")
+    before = {p: p.read_bytes() for p in (out / "arms").glob("*/results.jsonl")}
+    results = run_task({"arms": ["all"], "train": False, "out": str(out)})
     committed = {a["name"]: a for a in json.loads((REPO_ROOT / "analysis/results/miniature/results.json").read_text())["arms"]}
-    assert [a["name"] for a in results["arms"]] == ["full", "abridge"]
-    assert results["arms"][1]["answer_accuracy"] == committed["abridge"]["answer_accuracy"]
-    assert (out / "arms/abridge/results.jsonl").read_bytes() == before and not (out / "arms/abridge/arm.log").exists()
+    assert sorted(a["name"] for a in results["arms"]) == sorted(committed)
+    for a in results["arms"]:
+        for key in ("answer_accuracy", "rows_over_full", "recall", "delta_vs_full"):
+            assert a[key] == pytest.approx(committed[a["name"]][key], abs=1e-12), (a["name"], key)
+    assert {p: p.read_bytes() for p in (out / "arms").glob("*/results.jsonl")} == before  # nothing was decoded
+    assert not list((out / "arms").glob("*/arm.log"))
