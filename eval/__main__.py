@@ -42,12 +42,13 @@ def check_policy(method: Any | None, model: Any, tokenizer: Any) -> Any | None:
 def run(cfg: Any) -> dict[str, Any]:
     from eval.budget import resolve_budget
     from eval.grading import GraderBroken
-    from eval.results import RunLock, check_fingerprint
+    from eval.results import check_fingerprint
     from eval.settings import validate
     from eval.steps import decode_and_grade, load_problems
     from eval.tasks import get_task
     from zoomr.cache import match_budget
     from zoomr.models import load_model, load_tokenizer
+    from zoomr.runlock import RunLock
 
     # everything that can reject the settings runs before the lock, the fingerprint and config.json
     settings = validate(cfg)

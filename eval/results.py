@@ -21,7 +21,6 @@ log = logging.getLogger(__name__)
 
 RESULTS_FILE = "results.jsonl"
 FINGERPRINT_FILE = "fingerprint.json"
-LOCK_FILE = ".lock"
 
 Key = tuple[str, int]
 
@@ -91,42 +90,6 @@ class ResultStore:
             if self.fsync:
                 os.fsync(f.fileno())
         self.rows[key] = row
-
-
-class RunLock:
-    """An exclusive ``flock`` on ``run_dir/.lock`` for as long as one eval writes the directory.
-
-    A second eval on the same directory is refused at once with a clear message instead of appending
-    duplicate rows; the lock is the kernel's, so it is released when its holder exits or is killed.
-    """
-
-    def __init__(self, run_dir: str | Path):
-        self.path = Path(run_dir) / LOCK_FILE
-        self._fd: int | None = None
-
-    def __enter__(self) -> RunLock:
-        import fcntl
-
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise SystemExit(
-                f"{self.path.parent} is being written by another eval (pid {holder}); wait for it to finish, "
-                "or use another run_name / run_dir"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self._fd = fd
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing the descriptor releases the lock
-            self._fd = None
 
 
 def check_fingerprint(run_dir: str | Path, fingerprint: dict[str, Any]) -> None:

@@ -151,7 +151,8 @@ def evaluate_arm(
     per-sample decode details to the rows (``row["decode"]``; e.g. ZoomR's recompute log);
     ``stop_token_ids`` end a sample (None: the model's EOS). Writes ``results.jsonl``, ``fingerprint.json``
     and ``metrics.json``."""
-    from eval.results import RunLock, check_fingerprint
+    from eval.results import check_fingerprint
+    from zoomr.runlock import RunLock
 
     bench = benchmark if isinstance(benchmark, BenchmarkConfig) else to_dataclass(BenchmarkConfig, benchmark)
     gen = generation if isinstance(generation, GenerationConfig) else to_dataclass(GenerationConfig, generation or {})

@@ -11,9 +11,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from eval.__main__ import run
-from eval.results import FINGERPRINT_FILE, RESULTS_FILE, RunLock
+from eval.results import FINGERPRINT_FILE, RESULTS_FILE
 from zoomr.cache.registry import policy_config
 from zoomr.entry import CONF_DIR
+from zoomr.runlock import RunLock
 from zoomr.schemas import register_with_hydra
 
 register_with_hydra()
@@ -74,7 +75,7 @@ def test_corrected_rerun_after_an_invalid_one_is_accepted(tmp_path, cache_dir):
 def test_a_second_eval_on_the_same_run_directory_is_refused(tmp_path, cache_dir):
     run_dir = tmp_path / "run"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from eval.results import RunLock\n"
+        [sys.executable, "-c", "import sys, time; from zoomr.runlock import RunLock\n"
          f"with RunLock({str(run_dir)!r}):\n    print('held', flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 
 from zoomr import rundir
 from zoomr.cache.abridge import AbridgeMethod
+from zoomr.runlock import LOCK_FILE, release_run_lock
 from zoomr.schemas.sft import SFTMethod
 from zoomr.training import whole_run_loss
 
@@ -215,9 +216,34 @@ def test_a_checkpoint_put_there_by_hand_is_never_trained_over(tmp_path):
     (run_dir / "final" / "model.safetensors").write_bytes(b"weights")
     with pytest.raises(SystemExit, match=r"holds a trained model \(final\) but no record of the settings"):
         rundir.prepare_run(run_dir, config())
-    assert sorted(p.name for p in run_dir.iterdir()) == ["final"]
+    assert sorted(p.name for p in run_dir.iterdir() if p.name != LOCK_FILE) == ["final"]  # the lock is no state
     rundir.prepare_run(run_dir, config(), resume="never")
     assert (run_dir / "replaced-1" / "final" / "model.safetensors").read_bytes() == b"weights"
+
+
+def test_a_second_training_of_a_directory_being_trained_is_refused_until_the_first_exits(tmp_path):
+    """Two trainings of one directory ran side by side: the second resumed from the first one's checkpoint-20 while
+    the first went on, both wrote checkpoints 40 and 60 and ``final/`` in turn."""
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import json, sys, time; from zoomr import rundir\n"
+         f"rundir.prepare_run({str(run_dir)!r}, json.loads(sys.argv[1]))\nprint('held', flush=True); time.sleep(60)",
+         json.dumps(config())],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(SystemExit, match=rf"being written by another training \(pid {holder.pid}\)"):
+            rundir.prepare_run(run_dir, config())
+    finally:
+        holder.kill()
+        holder.wait()
+    assert rundir.prepare_run(run_dir, config()).resume_from is None  # the kernel freed the killed one's lock
+    assert rundir.prepare_run(run_dir, config()).resume_from is None  # this process holds it: taken again freely
+    release_run_lock(run_dir)
 
 
 def test_a_failed_start_that_trained_nothing_does_not_bind_the_directory(tmp_path):

@@ -11,7 +11,9 @@ Every trainer calls :func:`prepare_run` *before* it writes anything, then :meth:
 - **resume**: the newest *complete* checkpoint (``resume=auto``); an incomplete one (a kill while saving) is
   moved aside to ``incomplete-<name>`` with the reason logged. ``max_steps``/``epochs`` may grow between runs
   (the run continues); fewer steps than already trained is refused;
-- ``resume=never`` moves the previous run's state to ``replaced-<n>/`` and starts over (nothing is deleted).
+- ``resume=never`` moves the previous run's state to ``replaced-<n>/`` and starts over (nothing is deleted);
+- **one writer**: the trainer holds ``<run_dir>/.lock`` from the check on (:mod:`zoomr.runlock`), so a second
+  training of the same directory is refused while the first runs (it resumed from the first one's checkpoints).
 
 A Hugging Face ``Trainer`` checkpoint is written in this order (``Trainer._save_checkpoint``): the model
 (weights, config, tokenizer, ``training_args.bin``), ``optimizer.pt``, ``scheduler.pt``, ``rng_state*.pth``, and
@@ -31,6 +33,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from zoomr.runlock import hold_run_lock
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +101,8 @@ def prepare_run(
     the "already finished" message; ``checkpoint_prefix``: the checkpoint directories' names before the step.
     """
     run_dir = Path(run_dir)
+    if is_main_process() and run_dir.is_dir():  # another training may be writing it: refused before any check
+        hold_run_lock(run_dir)  # (rank 0 writes the directory; a second job's rank 0 is refused here)
     problems = checkpoint_problems or hf_checkpoint_problems
     settings = training_settings(config, derived, free)
     extent = {k: (config.get("method") or {}).get(k) for k in EXTENT_KEYS}
@@ -138,6 +144,8 @@ def prepare_run(
             f"{step_of(plan.resume_from)} steps, or pick another run_name=…"
         )
     run_dir.mkdir(parents=True, exist_ok=True)
+    if is_main_process():  # a new directory: two runs that both found it missing, the second is refused here
+        hold_run_lock(run_dir)
     kept = {"finished": record["finished"]} if record and "finished" in record else {}
     write_json(run_dir / SETTINGS_FILE, {"settings": settings, "extent": extent, **kept})
     return plan
