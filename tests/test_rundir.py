@@ -246,6 +246,21 @@ def test_a_second_training_of_a_directory_being_trained_is_refused_until_the_fir
     release_run_lock(run_dir)
 
 
+def test_a_file_system_without_flock_runs_unguarded_with_a_warning(tmp_path, monkeypatch, caplog):
+    import errno
+    import fcntl
+
+    from zoomr.runlock import RunLock
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with RunLock(tmp_path, "training"):
+        pass
+    assert "cannot lock" in caplog.text and "would not be refused" in caplog.text
+
+
 def test_a_failed_start_that_trained_nothing_does_not_bind_the_directory(tmp_path):
     run_dir = tmp_path / "run"
     rundir.prepare_run(run_dir, config())  # e.g. the data then failed to load

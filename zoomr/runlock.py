@@ -9,8 +9,11 @@ kernel's, so it is released when its holder exits or is killed; a stale ``.lock`
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
 
@@ -37,6 +40,8 @@ class RunLock:
                 f"{self.path.parent} is being written by another {self.what} (pid {holder}); wait for it to finish, "
                 "or use another run_name / run_dir"
             ) from None
+        except OSError as e:  # a file system without flock (e.g. Lustre mounted without it): run unguarded
+            log.warning("%s: cannot lock (%s); a second writer of this directory would not be refused", self.path, e)
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._fd = fd
