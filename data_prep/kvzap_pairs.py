@@ -32,6 +32,7 @@ from zoomr.kvzap.pretext import RepeatPretext, build_repeat_pretext
 from zoomr.kvzap.scoring import LOG_FLOOR, kvzip_scores
 from zoomr.models import DTYPES
 from zoomr.paths import MissingInput, resolve_repo_path
+from zoomr.runlock import hold_run_lock
 from zoomr.schemas.kvzap import KVzapPairsPipeline, TestbedPairsSource, TextSource
 
 log = logging.getLogger(__name__)
@@ -253,6 +254,7 @@ def make_pairs(
         testbed_plan(tokenizer, p, model_dir) if p.testbed is not None else text_plan(tokenizer, p, seed)
     )
     out_dir.mkdir(parents=True, exist_ok=True)
+    hold_run_lock(out_dir, "KVzap pairs pipeline")  # one writer of the shards and the manifest
     shards = shard_plan(docs, p.docs_per_shard)
     plan = {
         "format": FORMAT,

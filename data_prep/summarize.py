@@ -336,7 +336,10 @@ def summarize_traces(
     transport: Any = None,
 ) -> dict[str, Any]:
     """The whole pipeline on parsed rows; returns the stats it writes to ``out_dir/stats.json``."""
+    from zoomr.runlock import hold_run_lock
+
     out_dir = Path(out_dir)
+    hold_run_lock(out_dir, "summarize pipeline")  # two at once wrote summarized.jsonl.tmp together
     store_path = Path(store_path) if store_path else out_dir / "store.sqlite"
     planned, skipped = plan_rows(rows, settings)
     jobs = {k: (p.row.question, para.text) for p in planned for k, para in zip(p.keys, p.paragraphs)}
