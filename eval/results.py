@@ -101,6 +101,10 @@ def check_fingerprint(run_dir: str | Path, fingerprint: dict[str, Any]) -> None:
         path.write_text(json.dumps(current, indent=2, sort_keys=True))
         return
     previous = json.loads(path.read_text())
+    if isinstance(previous.get("method"), dict):  # written before training-only fields left the fingerprint
+        from zoomr.cache.registry import serving_settings
+
+        previous = {**previous, "method": serving_settings(previous["method"])}
     if previous != current:
         diffs = _diff(previous, current)
         if not diffs:  # only keys added since (a new setting at its null default): the same settings

@@ -36,10 +36,13 @@ class ArmRun:
 
 
 def fingerprint(model: Any, method: dict[str, Any] | None, bench: dict, gen: dict, grading: dict) -> dict[str, Any]:
-    """What decides the content of a result row (``fingerprint.json``; a rerun with others is refused)."""
+    """What decides the content of a result row (``fingerprint.json``; a rerun with others is refused): the method
+    without its training-only fields (:func:`zoomr.cache.registry.serving_settings`)."""
+    from zoomr.cache.registry import serving_settings
+
     return {
         "model": model,
-        "method": method,
+        "method": serving_settings(method),
         "benchmark": {k: bench.get(k) for k in ("name", "task", "sources", "option_seed", "options")},
         "generation": {k: gen[k] for k in CONTENT_GENERATION},
         "grading": {k: grading[k] for k in ("strip_reasoning", "math_verify")},

@@ -92,6 +92,47 @@ def test_a_second_eval_on_the_same_run_directory_is_refused(tmp_path, cache_dir)
         pass
 
 
+def test_a_changed_training_setting_does_not_refuse_resuming_a_served_run(tmp_path, cache_dir):
+    """The fingerprint held the whole ``+method=`` node, so a new training default (AbridgeKV's max_steps, its
+    optimiser) refused finishing an evaluation of the same checkpoint; a serving setting still refuses."""
+    run_dir = tmp_path / "run"
+    served = ["+method=abridge", "method.allow_untrained=true", "method.layout_from_checkpoint=false",
+              "method.block_size=4", "method.num_pause=2", "method.schedule=null"]  # fmt: skip
+    run(_cfg(run_dir, cache_dir, *served, "method.max_steps=10"))
+    fp = json.loads((run_dir / FINGERPRINT_FILE).read_text())
+    assert "max_steps" not in fp["method"] and "optim" not in fp["method"] and fp["method"]["block_size"] == 4
+    metrics = run(_cfg(run_dir, cache_dir, *served, "method.max_steps=99", "method.optim.learning_rate=0.5"))
+    assert metrics["pooled"]["samples"] == 1
+    with pytest.raises(SystemExit, match="method.block_size: was 4, now 8"):
+        run(_cfg(run_dir, cache_dir, *served, "method.block_size=8"))
+
+
+def test_a_fingerprint_written_with_training_fields_is_read_without_them(tmp_path):
+    from eval.results import check_fingerprint
+    from zoomr.cache.registry import serving_settings
+
+    method = {"name": "abridge", "policy": "abridge", "block_size": 4, "max_steps": 10, "optim": {"learning_rate": 1}}
+    (tmp_path / FINGERPRINT_FILE).write_text(json.dumps({"model": "m", "method": method}))  # as written before
+    check_fingerprint(tmp_path, {"model": "m", "method": serving_settings({**method, "max_steps": 50})})
+    with pytest.raises(SystemExit, match="method.block_size: was 4, now 5"):
+        check_fingerprint(tmp_path, {"model": "m", "method": serving_settings({**method, "block_size": 5})})
+    kvzap = {"name": "kvzap", "policy": "kvzap", "threshold": -4.0, "fit": {"epochs": 3}, "pairs_dir": "p"}
+    assert serving_settings(kvzap) == {"name": "kvzap", "policy": "kvzap", "threshold": -4.0}
+    assert serving_settings({"name": "sft", "lora": {"r": 4}}) == {"name": "sft", "lora": {"r": 4}}  # no policy: as is
+
+
+def test_every_masked_training_field_is_training_only_and_every_listed_field_exists():
+    import dataclasses
+
+    from zoomr.cache.registry import registered
+    from zoomr.schemas.abridge import MaskedTraining
+
+    assert set(MaskedTraining.TRAINING_ONLY) == {f.name for f in dataclasses.fields(MaskedTraining)}
+    for name, config in registered().items():
+        fields = {f.name for f in dataclasses.fields(config)}
+        assert set(getattr(config, "TRAINING_ONLY", ())) <= fields - {"name", "policy"}, name
+
+
 def test_rkv_similarity_threshold_is_range_checked():
     for bad in (1.01, -1.5, float("nan")):
         with pytest.raises(ValueError, match="similarity_threshold"):

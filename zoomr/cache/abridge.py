@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
@@ -70,6 +71,7 @@ class AbridgeMethod(MaskedTraining):
     # after training on the recall testbed from ``init_from``: greedy held-out accuracy of this model vs full
     # KV (the start model) vs StreamingLLM at this model's rows, through the evaluator (0 = skip)
     testbed_eval_problems: int = 64
+    TRAINING_ONLY: ClassVar[tuple[str, ...]] = (*MaskedTraining.TRAINING_ONLY, "trainer", "testbed_eval_problems")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -52,6 +52,7 @@ class KVzapMethod(PolicyConfig):
     window: int = 128
     decoding: bool = True
     fit: KVzapFit = field(default_factory=KVzapFit)
+    TRAINING_ONLY: ClassVar[tuple[str, ...]] = ("trainer", "pairs_dir", "fit")  # python -m train's surrogate fit
 
     def __post_init__(self) -> None:
         super().__post_init__()

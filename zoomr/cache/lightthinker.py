@@ -20,6 +20,7 @@ no forced-token hook).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -52,6 +53,7 @@ class LightThinkerMethod(MaskedTraining):
     allow_untrained: bool = False  # serving: run on a model without lightthinker.json (smoke tests, not results)
     num_cache_tokens: int | None = None
     min_thought_chars: int = 0
+    TRAINING_ONLY: ClassVar[tuple[str, ...]] = (*MaskedTraining.TRAINING_ONLY, "trainer")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -106,3 +106,14 @@ def match_budget(cfg: Any, rows: float) -> Any:
     return dataclasses.replace(
         config, budget_rows=max(1, round(rows)), budget_fraction=None, budget_reference=None, budget_match=None
     )
+
+
+def serving_settings(method: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """``method`` (a ``+method=`` node as plain containers) without the fields only its trainer reads (the config
+    class's ``TRAINING_ONLY``: AbridgeKV's optimiser and loop, KVzap's fit, …): what decides a served result row.
+    The evaluator fingerprints this, so a changed training default does not refuse resuming an evaluation. A node
+    without a registered policy is returned as it is."""
+    if not method or method.get("policy") not in registered():
+        return None if method is None else dict(method)
+    drop = set(getattr(policy_class(method["policy"]).config_class, "TRAINING_ONLY", ()))
+    return {k: v for k, v in method.items() if k not in drop}

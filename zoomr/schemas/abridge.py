@@ -6,6 +6,7 @@ The ``+method=abridge`` config (training and serving) lives with its policy in :
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from zoomr.schemas.checks import AT_LEAST_ONE, BETA, FRACTION, NON_NEGATIVE, POSITIVE, check_fields
 from zoomr.schemas.sft import check_length
@@ -56,6 +57,13 @@ class MaskedTraining:
     bf16: bool = False
     gradient_checkpointing: bool = False
     mask_backend: str = "auto"  # auto (flex on CUDA, chunked elsewhere) | chunked | dense | flex
+
+    # the fields only the trainer reads: they do not decide a served result row (zoomr.cache.registry.serving_settings)
+    TRAINING_ONLY: ClassVar[tuple[str, ...]] = (
+        "init_from", "max_prompt_tokens", "max_response_tokens", "heldout_examples", "optim", "max_steps",
+        "per_device_batch_size", "gradient_accumulation_steps", "logging_steps", "eval_steps", "save_steps",
+        "save_total_limit", "bf16", "gradient_checkpointing", "mask_backend",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         check_length(type(self).__name__, self.max_steps)
