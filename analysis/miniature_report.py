@@ -19,6 +19,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from zoomr.jsonl import read_json_object
+
 COLUMNS = ("name", "method", "rows_over_full", "answer_accuracy", "ci_vs_full", "recall", "paired_with")
 
 
@@ -206,7 +208,10 @@ MATCHED_META = ("test_seed", "n_problems", "trace_tokens")  # what makes two run
 
 def merge(results: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """``results`` with the arms of ``new`` in place of those of the same name (new names appended) and the
-    models ``new`` used; refused (``ValueError``) unless both ran on the same problems."""
+    models ``new`` used; refused (``ValueError``) unless both are miniature results on the same problems."""
+    for what, r in (("the table", results), ("the rerun", new)):
+        if not isinstance(r.get("meta"), dict) or not isinstance(r.get("arms"), list):
+            raise ValueError(f"{what} is not a miniature results.json (it needs a 'meta' object and an 'arms' list)")
     wrong = [f"{k}: {results['meta'].get(k)} vs {new['meta'].get(k)}" for k in MATCHED_META
              if results["meta"].get(k) != new["meta"].get(k)]  # fmt: skip
     if wrong:
@@ -225,10 +230,10 @@ def main(argv: list[str] | None = None) -> None:
     paths = [Path(args.merge), Path(args.into) / "results.json"]
     if missing := [str(x) for x in paths if not x.is_file()]:
         p.error(f"no such file: {', '.join(missing)}")
-    new, results = (json.loads(x.read_text()) for x in paths)
     try:
+        new, results = (read_json_object(x, "miniature results.json") for x in paths)
         merged = merge(results, new)
-    except ValueError as e:
+    except ValueError as e:  # a torn or foreign results.json (BadRowError), or runs on other problems
         p.error(str(e))
     write_report(merged, Path(args.into))
 

@@ -245,6 +245,13 @@ def test_a_rerun_of_some_arms_merges_into_the_full_table(tmp_path, capsys):
         main(["--merge", str(tmp_path / "other.json"), "--into", str(tmp_path)])
     assert "not on the same problems (test_seed: 2000003 vs 3000017)" in capsys.readouterr().err
     assert (tmp_path / "results.json").read_text() == before
+    (tmp_path / "torn.json").write_text('{"meta": ')  # a rerun killed while writing its results.json
+    (tmp_path / "armless.json").write_text(json.dumps({"meta": rerun["meta"]}))
+    for bad, message in (("torn.json", "torn.json: not valid JSON"), ("armless.json", "the rerun is not a miniature")):
+        with pytest.raises(SystemExit):
+            main(["--merge", str(tmp_path / bad), "--into", str(tmp_path)])
+        assert message in capsys.readouterr().err
+    assert (tmp_path / "results.json").read_text() == before
 
 
 def test_arm_lanes_start_a_matched_arm_only_after_its_match_and_never_exceed_the_lanes(tmp_path, monkeypatch):
