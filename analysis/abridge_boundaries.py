@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.cli import require_at_least
+from zoomr.paths import output_file
 
 CLASSES = ("fact_straddle", "query_straddle", "inside")
 
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", help="evaluated testbed run directories")
     ap.add_argument("--block-size", type=int, required=True, help="C of the block grid (the AbridgeKV model's)")
-    ap.add_argument("--out", default=None, help="JSON file for the reports")
+    ap.add_argument("--out", type=output_file, default=None, help="JSON file for the reports")
     args = ap.parse_args(argv)
     require_at_least(ap, args, 2, "block_size")
     reports = [boundary_report(r, args.block_size) for r in args.runs]

@@ -36,6 +36,7 @@ from zoomr.abridge.forward import abridge_attention, token_ce
 from zoomr.abridge.layout import AbridgeLayout
 from zoomr.abridge.mask import layer_masks
 from zoomr.models import ModelSpec, load_model, load_tokenizer
+from zoomr.paths import output_file
 
 TINY = {
     "hidden_size": 256,
@@ -334,7 +335,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--data", choices=["traces", "testbed"], default="traces", help="step: model and streams")
     ap.add_argument("--backends", default=None, help="comma list of mask back ends (step; default: see above)")
-    ap.add_argument("--out", type=Path, default=None, help="JSON file (default runs/bench/abridge_<part>.json)")
+    ap.add_argument("--out", type=lambda v: Path(output_file(v)), default=None, help="JSON file (default runs/bench/abridge_<part>.json)")
     args = ap.parse_args(argv)
     require_at_least(ap, args, 1, "new_tokens", "block_size", "num_pause", "batch", "response_tokens", "repeats")
     require_at_least(ap, args, 0, "quota")

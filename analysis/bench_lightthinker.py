@@ -30,6 +30,7 @@ from zoomr import tokens
 from zoomr.cache.lightthinker import LightThinkerCache, LightThinkerMethod, resolve_cache_tokens
 from zoomr.engine import DecodeSettings, generate
 from zoomr.models import load_model_and_tokenizer
+from zoomr.paths import output_file
 
 
 def trace_script(length: int, thought: int, splitter: int, seed: int) -> list[int]:
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--cache-dir", default=None)
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", type=output_file, default=None)
     args = p.parse_args(argv)
     if args.thought_tokens < 2:
         p.error("--thought-tokens must be >= 2 (a thought needs a token besides its splitter)")

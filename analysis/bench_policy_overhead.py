@@ -52,7 +52,7 @@ from zoomr.attention import _lookup
 from zoomr.cache import build_policy
 from zoomr.cache.kvzap import KVzapCache
 from zoomr.kvzap.surrogate import KVzapConfig, KVzapModel
-from zoomr.paths import REPO_ROOT
+from zoomr.paths import REPO_ROOT, output_dir
 
 POLICIES = ["full", "streaming", "h2o", "snapkv", "rkv", "rkv_serving", "evict_recency", "evict_random",
             "evict_attention", "kvzap"]  # fmt: skip
@@ -318,7 +318,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--launch-us", type=float, default=5.0, help="GPU cost of one eager op (dispatch + launch)"
     )
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", type=output_dir, default=None)
     args = p.parse_args(argv)
     require_at_least(p, args, 1, "batch", "context", "kv_heads", "q_heads", "head_dim", "layers", "budget", "steps")
     if args.q_heads % args.kv_heads:

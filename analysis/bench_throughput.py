@@ -35,6 +35,7 @@ from analysis.bench_decode import method_config, model_spec
 from analysis.slim_runs import evaluated_checkpoint, evaluated_config
 from zoomr.engine import DecodeSettings, generate
 from zoomr.models import load_model, load_model_and_tokenizer, load_tokenizer, spec_from_dict
+from zoomr.paths import output_dir
 
 DEFAULT_POLICIES = ["full", "streaming", "h2o", "snapkv"]
 
@@ -163,7 +164,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="concurrency caps tried per eval run (a doubling grid); the fastest is its time")  # fmt: skip
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--quick", action="store_true", help="batch 1 and 8, 32 new tokens, 1 repeat, 8 requests")
-    p.add_argument("--out", default="runs/bench_throughput", help="output directory (relative to the cwd)")
+    p.add_argument("--out", type=output_dir, default="runs/bench_throughput", help="output directory (relative to the cwd)")
     p.add_argument("--logger", choices=["wandb", "none"], default="none", help="wandb: offline without a key")
     args = p.parse_args(argv)
     if args.quick:

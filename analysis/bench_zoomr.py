@@ -26,6 +26,7 @@ from zoomr import tokens
 from zoomr.cache import build_policy
 from zoomr.memory_model import ZoomRFootprint, memory_saving
 from zoomr.models import load_model_and_tokenizer
+from zoomr.paths import output_file
 from zoomr.segments import boundary_table
 
 
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--top-k", type=int, default=2)
     p.add_argument("--consensus", type=int, default=2)
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--out", default="runs/bench/zoomr_rows.json")
+    p.add_argument("--out", type=output_file, default="runs/bench/zoomr_rows.json")
     args = p.parse_args(argv)
     require_at_least(p, args, 1, "prompt", "generate", "para", "summary", "top_k", "layers")
     require_at_least(p, args, 0, "window", "consensus")

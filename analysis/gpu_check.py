@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from zoomr.paths import REPO_ROOT
+from zoomr.paths import REPO_ROOT, output_dir
 
 R1_QWEN_7B = {  # deepseek-ai/DeepSeek-R1-Distill-Qwen-7B config.json (Qwen2ForCausalLM)
     "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
@@ -271,7 +271,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--dry-run", action="store_true", help="tiny shapes and lengths (any device): checks the code"
     )
     p.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
-    p.add_argument("--out", default=str(REPO_ROOT / "analysis" / "results" / "gpu"))
+    p.add_argument("--out", type=output_dir, default=str(REPO_ROOT / "analysis" / "results" / "gpu"))
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--flex-blocks", type=int, nargs="+", default=[512, 1024])

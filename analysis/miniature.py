@@ -29,6 +29,7 @@ from typing import Any
 
 from analysis.miniature_plan import ARMS, MODELS, Arm, full_arm, plan, training_seeds
 from eval.arms import load_arm, run_arm, run_command, testbed_command
+from zoomr.paths import output_dir
 from zoomr.schemas.checks import SettingsError
 
 
@@ -316,7 +317,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--n", type=int, default=256)
     p.add_argument("--test-seed", type=int, default=2_000_003)
     p.add_argument("--trace-tokens", type=int, default=1024)
-    p.add_argument("--out", default="runs/miniature")
+    p.add_argument("--out", type=output_dir, default="runs/miniature")
     p.add_argument("--dry-run", action="store_true")
     a = p.parse_args(argv)
     run_task({"arms": a.arms, "n": a.n, "test_seed": a.test_seed, "trace_tokens": a.trace_tokens, "out": a.out,

@@ -34,6 +34,7 @@ import numpy as np
 from analysis.miniature_plan import ARMS
 from eval.arms import load_arm
 from eval.bootstrap import paired_bootstrap, stratified_paired_bootstrap
+from zoomr.paths import output_dir
 
 DEFAULT_VS = (
     "abridge_perlayer_1500steps:abridge",  # per-layer vs uniform at the same steps and mean quota
@@ -277,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="an earlier miniature_seeds results.json whose arms --vs may name as committed/<arm>")
     ap.add_argument("--keep-committed", nargs="*", default=[], metavar="ARM",
                     help="arms (vs full KV) or pairs A:B whose rows are taken unchanged from --committed")
-    ap.add_argument("--out", type=Path, default=Path("runs/miniature_seeds"))
+    ap.add_argument("--out", type=lambda v: Path(output_dir(v)), default=Path("runs/miniature_seeds"))
     args = ap.parse_args(argv)
     bad = [p for p in args.vs if p.count(":") != 1 or "" in p.split(":")]
     if bad:

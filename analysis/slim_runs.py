@@ -24,6 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from zoomr.paths import output_dir
+
 DROPPED = ("text", "gold", "extracted", "recall")  # large per-row fields no table reads
 KEPT_FILES = ("config.json", "fingerprint.json", "summary.json", "metrics.json", "schedule.json", "r2.json",
               "scope.json", "arm_command.json")  # fmt: skip
@@ -144,7 +146,7 @@ def main(argv: list[str] | None = None) -> dict[str, int]:
     p.add_argument(
         "sources", nargs="+", type=Path, help="run directories, folders of them, or bench JSON files"
     )
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=lambda v: Path(output_dir(v)), required=True)
     a = p.parse_args(argv)
     written = slim_runs(a.sources, a.out)
     for name, size in written.items():

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from analysis.cli import require_at_least, require_checkpoint
+from zoomr.paths import output_dir
 
 
 @torch.no_grad()
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--consensus", type=int, default=2)
     p.add_argument("--window", type=int, default=64)
     p.add_argument("--cue-view", action="store_true", help="cue rows see only the prompt and the window (decoding)")
-    p.add_argument("--out", default="runs/testbed_pointer")
+    p.add_argument("--out", type=output_dir, default="runs/testbed_pointer")
     args = p.parse_args(argv)
     require_at_least(p, args, 1, "n", "top_k")
     require_at_least(p, args, 0, "window", "consensus")

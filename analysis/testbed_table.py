@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from analysis.cli import require_at_least, require_checkpoint, require_testbed_data
+from zoomr.paths import output_dir
 from zoomr.testbed.grading import BUCKETS as DISTANCE_BUCKETS
 
 BUCKETS = tuple(name for *_, name in DISTANCE_BUCKETS)  # recall columns, nearest first
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--test-seed", type=int, default=None, help="default: the data's test seed")
     p.add_argument("--n-sink", type=int, default=4)
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--out", default="runs/testbed_table")
+    p.add_argument("--out", type=output_dir, default="runs/testbed_table")
     args = p.parse_args(argv)
     require_at_least(p, args, 1, "n", "batch", "trace_tokens")
     require_at_least(p, args, 0, "n_sink")

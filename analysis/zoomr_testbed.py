@@ -35,6 +35,7 @@ import torch
 
 from analysis.cli import require_at_least, require_checkpoint, require_testbed_data
 from zoomr import tokens
+from zoomr.paths import output_dir
 from zoomr.testbed.grading import load_test_problems
 
 BASE_ARMS = ("full", "zoomr", "sumr", "zoomr_writes", "sumr_writes", "zoomr_every")
@@ -249,7 +250,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--consensus", type=int, default=2)
     p.add_argument("--arms", nargs="+", default=None, choices=[*BASE_ARMS, *MATCHED],
                    help="run only these arms (default: all but zoomr_every; *_writes only for a model trained to write summaries)")  # fmt: skip
-    p.add_argument("--out", default="runs/zoomr_testbed")
+    p.add_argument("--out", type=output_dir, default="runs/zoomr_testbed")
     args = p.parse_args(argv)
     require_at_least(p, args, 1, "n", "batch", "top_k", "trace_tokens")
     require_at_least(p, args, 0, "window", "consensus")

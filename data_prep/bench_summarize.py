@@ -25,6 +25,7 @@ from data_prep.fake_llm_server import FakeServer, FaultPlan, free_port
 from data_prep.llm_client import EndpointSettings
 from data_prep.summarize import SummarizeSettings, summarize_traces
 from data_prep.traces import load_trace_rows
+from zoomr.paths import output_file
 
 TRACES = "data_prep/data/traces/sky-t1-math-correct-5k-32b-ckpt140_aime24.jsonl"
 
@@ -89,7 +90,7 @@ def main() -> None:
     p.add_argument("--min-chars", type=int, default=300)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--latency", type=float, default=0.2, help="fake server: seconds per request")
-    p.add_argument("--out", default="runs/bench/summarize.json")
+    p.add_argument("--out", type=output_file, default="runs/bench/summarize.json")
     args = p.parse_args()
 
     from zoomr.models import build_tiny, tiny_spec  # the tiny model the tests serve

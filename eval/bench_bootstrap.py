@@ -16,6 +16,7 @@ import numpy as np
 import scipy.stats
 
 from eval.bootstrap import index_matrix, paired_bootstrap
+from zoomr.paths import output_file
 
 
 def _best(fn, repeats: int) -> tuple[float, object]:
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arms", type=int, default=12)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--out", default="runs/bench/bootstrap.json")
+    ap.add_argument("--out", type=output_file, default="runs/bench/bootstrap.json")
     args = ap.parse_args(argv)
     floors = {"problems": 2, "resamples": 1, "arms": 1, "repeats": 1}
     low = [f"--{k}" for k, floor in floors.items() if getattr(args, k) < floor]

@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from eval.benchmarks import load_source
 from eval.grading import PRELOAD, Grader, exact_match, last_boxed
+from zoomr.paths import output_dir
 
 KINDS = ["correct", "correct", "correct", "unboxed", "wrong", "long_wrong", "truncated", "wrong"]
 
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pathological", type=int, default=3, help="200 KB nested answers for the timeout check")
     ap.add_argument("--timeout", type=float, default=10.0)
     ap.add_argument("--start-method", default="forkserver")
-    ap.add_argument("--out", default="runs/bench", help="directory for bench_grading.json")
+    ap.add_argument("--out", type=output_dir, default="runs/bench", help="directory for bench_grading.json")
     args = ap.parse_args(argv)
     if args.samples < 1 or args.repeats < 1 or args.pathological < 0:
         ap.error("--samples and --repeats must be >= 1, --pathological >= 0")

@@ -29,6 +29,7 @@ from eval.bootstrap import check_bootstrap_settings, index_matrix, paired_bootst
 from eval.metrics import per_problem_accuracy, summarize
 from eval.results import FINGERPRINT_FILE, ResultStore, _diff
 from zoomr.jsonl import read_json_object
+from zoomr.paths import output_dir
 
 ARM_FIELDS = ("model", "method")  # what arms are meant to differ in
 
@@ -286,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--labels", nargs="+", help="arm label per run directory (default model/run_name)")
     ap.add_argument(
         "--out",
+        type=output_dir,
         default=None,
         help="output directory (default runs/compare/<arm>_vs_<arm>... in the working directory)",
     )

@@ -136,3 +136,25 @@ def test_cuda_is_refused_exactly_when_the_machine_has_none(monkeypatch):
     check_device("cuda"), check_device("cuda:1")
     with pytest.raises(SystemExit, match="device=cuda:2: this machine has 2 CUDA device"):
         check_device("cuda:2")
+
+
+def test_an_out_option_that_cannot_be_written_is_refused_when_the_command_line_is_read(tmp_path, capsys):
+    """``--out`` naming a file (a directory tool) or a directory (a JSON report), or lying under a file, failed at
+    the first write, after the tool's work (``python -m analysis.slim_runs … --out <file>``: NotADirectoryError)."""
+    from analysis import slim_runs
+    from eval import bench_bootstrap
+    from zoomr.paths import output_problem
+
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("kept")
+    assert output_problem(a_file, directory=True) == f"{a_file} is a file; give a directory"
+    assert output_problem(tmp_path, directory=False) == f"{tmp_path} is a directory; give a file path"
+    assert "is a file, so nothing can be written under it" in output_problem(a_file / "x" / "y.json", directory=False)
+    assert output_problem(tmp_path / "new" / "dir", directory=True) is None  # created when written
+    assert output_problem(tmp_path / "new.json", directory=False) is None
+    for main, argv in ((slim_runs.main, [str(REPO_ROOT / "analysis/results/miniature/runs/arms/full")]),
+                       (bench_bootstrap.main, [])):  # fmt: skip
+        with pytest.raises(SystemExit) as e:
+            main([*argv, "--out", str(a_file / "out")])
+        assert e.value.code == 2 and "is a file, so nothing can be written under it" in capsys.readouterr().err
+    assert a_file.read_text() == "kept"

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from zoomr.paths import output_dir
+
 from . import abridge_paper, kvzap_paper, zoomr_paper
 from .inputs import Inputs, discover
 from .report import Report
@@ -84,7 +86,7 @@ def run_task(task: dict[str, Any], logger: dict[str, Any]) -> Report:
 def main(argv: list[str] | None = None) -> Report:
     p = argparse.ArgumentParser(prog="python -m analysis.paper_tables", description=__doc__.split("\n")[0])
     p.add_argument("runs", nargs="+", help="run directories, bench JSONs or globs (quote them; ** recurses)")
-    p.add_argument("--out", default="runs/analysis/paper_tables")
+    p.add_argument("--out", type=output_dir, default="runs/analysis/paper_tables")
     p.add_argument("--memory-gib", type=float, default=8.0, help="Figure 3c's KV memory")
     p.add_argument("--n-resamples", type=int, default=2000)
     p.add_argument("--seed", type=int, default=1234)
