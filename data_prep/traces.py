@@ -157,7 +157,8 @@ def load_trace_rows(
             break
     report.kept = len(rows)
     if not rows:
-        raise ValueError(f"no usable trace rows ({report.summary()})")
+        where = path if source == "local" else f"{hub_id} [{split}]"
+        raise MissingInput(f"{where}: no usable trace rows in format {format!r} ({report.summary()})")
     log.info("traces: %s", report.summary())
     return rows, report
 

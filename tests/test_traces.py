@@ -7,6 +7,7 @@ import json
 import pytest
 
 from data_prep.traces import load_trace_rows, sft_dataset
+from zoomr.paths import MissingInput
 
 
 def test_vendored_traces_load_with_defects_counted():
@@ -36,8 +37,8 @@ def test_errors_name_the_problem(tmp_path):
     with pytest.raises(ValueError, match="data.format"):
         load_trace_rows(path="x", format="csv")
     (tmp_path / "empty.jsonl").write_text("{bad\n")
-    with pytest.raises(ValueError, match="no usable trace rows"):
-        load_trace_rows(path=str(tmp_path / "empty.jsonl"))
+    with pytest.raises(MissingInput, match=rf"{tmp_path / 'empty.jsonl'}: no usable trace rows in format 'skythought_eval'"):
+        load_trace_rows(path=str(tmp_path / "empty.jsonl"))  # named: the trainer prints it without a traceback
 
 
 def test_sft_dataset_is_chat_messages():
