@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -231,5 +232,22 @@ def test_data_a_trainer_cannot_use_is_refused_before_any_run_state(overrides, me
         [sys.executable, "-m", "train", *overrides, "logger=none", f"hydra.run.dir={run_dir}"],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-1500:]
+    assert proc.returncode == 1 and message in proc.stderr, proc.stderr[-1500:]
+    assert "Traceback" not in proc.stderr  # a message (SettingsError / SystemExit), not a crash
+    assert not [p.name for p in run_dir.iterdir() if p.name not in (".hydra", "__main__.log")]
+
+
+def test_a_schedule_for_another_depth_is_refused_by_name_before_any_run_state(tmp_path):
+    """The quota schedule is checked against the loaded model's layers: ``quota schedule has 2 entries for a model
+    with 3 layers`` came as a ValueError traceback."""
+    schedule = tmp_path / "schedule.json"
+    schedule.write_text(json.dumps({"quotas": [64, 64]}))
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", "+method=abridge", f"method.schedule={schedule}", "logger=none",
+         f"hydra.run.dir={run_dir}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"invalid settings: method.schedule={schedule} / method.quota=None: quota schedule has 2 entries" in proc.stderr
     assert not [p.name for p in run_dir.iterdir() if p.name not in (".hydra", "__main__.log")]

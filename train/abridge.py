@@ -34,6 +34,7 @@ from zoomr.models import DTYPES
 from zoomr.paths import resolve_repo_path
 from zoomr.rundir import finish_run, prepare_run, started_from
 from zoomr.schemas import to_dataclass
+from zoomr.schemas.checks import SettingsError
 from zoomr.training import check_data_source, train_or_restore
 
 log = logging.getLogger(__name__)
@@ -47,13 +48,16 @@ def run(cfg) -> dict[str, Any]:
     layout = AbridgeLayout(m.block_size, m.num_pause, m.code_positions)
     device = pick_device(cfg.device)  # checked at the entry: auto, cpu, cuda or cuda:N this machine has
     model, tokenizer = load_start_model(spec, m, cfg.cache_dir, device)
-    quotas = resolve_quotas(model.config.num_hidden_layers, layout.num_pause, m.quota, m.schedule)
+    try:  # a schedule for another depth, or quotas above K: the user's settings, refused by name
+        quotas = resolve_quotas(model.config.num_hidden_layers, layout.num_pause, m.quota, m.schedule)
+    except ValueError as e:
+        raise SettingsError(f"method.schedule={m.schedule} / method.quota={m.quota}: {e}") from None
     added = add_pause_tokens(model, tokenizer, layout.num_pause)
     streams = load_streams(  # data that cannot train (responses over max_response_tokens, too few rows): refused here
         to_plain(cfg.data), tokenizer, layout, m.max_prompt_tokens, m.max_response_tokens, m.heldout_examples
     )
     if layout.block_size > m.max_response_tokens:  # every block would stay open: no pause rows, nothing learned
-        raise ValueError(
+        raise SettingsError(
             f"method.block_size={layout.block_size} exceeds method.max_response_tokens={m.max_response_tokens}: no "
             "response completes a block, so no pause token is ever inserted and the model would train as full KV"
         )

@@ -17,6 +17,7 @@ import torch
 
 from zoomr.abridge.layout import IGNORE, PAD, AbridgeLayout, Stream, interleave, pause_token_ids
 from zoomr.abridge.mask import TokenMeta
+from zoomr.schemas.checks import SettingsError
 from zoomr.tokens import IM_END
 
 
@@ -142,7 +143,7 @@ def lazy_streams(
     examples = loader.token_examples(data, tokenizer)
     longest = max(len(examples[i][1]) for i in range(min(len(examples), 16)))
     if longest > max_response:
-        raise ValueError(
+        raise SettingsError(
             f"data {data.get('name')!r}: responses of up to {longest} tokens, max_response_tokens="
             f"{max_response} would cut them; raise method.max_response_tokens"
         )

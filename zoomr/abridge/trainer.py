@@ -27,6 +27,7 @@ from zoomr.cache.abridge import AbridgeMethod
 from zoomr.models import ModelSpec, load_model, load_tokenizer
 from zoomr.paths import MissingInput, resolve_repo_path
 from zoomr.schemas.abridge import AbridgeOptim
+from zoomr.schemas.checks import SettingsError
 from zoomr.training import LogAtSave, load_sft_dataset, trainer_arguments
 
 
@@ -124,7 +125,7 @@ def load_streams(
     else:
         streams = build_streams(load_sft_dataset(data, tokenizer), tokenizer, layout, max_prompt, max_response)
     if len(streams.streams) <= heldout:
-        raise ValueError(f"{streams.describe()}: need more than heldout_examples={heldout} to train on")
+        raise SettingsError(f"{streams.describe()}: need more than heldout_examples={heldout} to train on")
     return streams
 
 

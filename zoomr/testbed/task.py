@@ -56,6 +56,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from zoomr import tokens
+from zoomr.schemas.checks import SettingsError
 from zoomr.schemas.testbed import TestbedData
 from zoomr.testbed import vocab as tt
 
@@ -167,31 +168,31 @@ def paragraph_cost(
 
 def _range(r: list[int], what: str) -> tuple[int, int]:
     if len(r) != 2 or r[0] > r[1] or r[0] < 0:
-        raise ValueError(f"testbed.{what} must be [lo, hi] with 0 <= lo <= hi, got {list(r)}")
+        raise SettingsError(f"testbed.{what} must be [lo, hi] with 0 <= lo <= hi, got {list(r)}")
     return int(r[0]), int(r[1])
 
 
 def validate(cfg: TestbedData) -> None:
     lo, hi = _range(cfg.facts_per_paragraph, "facts_per_paragraph")
     if lo < 1:
-        raise ValueError("testbed.facts_per_paragraph: every paragraph defines at least one fact")
+        raise SettingsError("testbed.facts_per_paragraph: every paragraph defines at least one fact")
     _range(cfg.queries_per_paragraph, "queries_per_paragraph")
     _range(cfg.filler_before, "filler_before")
     _range(cfg.filler_after, "filler_after")
     if cfg.final_queries < 1:
-        raise ValueError("testbed.final_queries must be >= 1")
+        raise SettingsError("testbed.final_queries must be >= 1")
     if not 1 <= cfg.n_keys <= tt.N_KEYS:
-        raise ValueError(f"testbed.n_keys must be in [1, {tt.N_KEYS}] (the tokenizer's keys), got {cfg.n_keys}")
+        raise SettingsError(f"testbed.n_keys must be in [1, {tt.N_KEYS}] (the tokenizer's keys), got {cfg.n_keys}")
     if cfg.query_form not in QUERY_FORMS:
-        raise ValueError(f"testbed.query_form must be one of {QUERY_FORMS}, got {cfg.query_form!r}")
+        raise SettingsError(f"testbed.query_form must be one of {QUERY_FORMS}, got {cfg.query_form!r}")
     if cfg.model_writes_summaries and not cfg.summaries:
-        raise ValueError("testbed.model_writes_summaries needs testbed.summaries=true")
+        raise SettingsError("testbed.model_writes_summaries needs testbed.summaries=true")
     if cfg.paragraph_topics and cfg.query_form != "cue":
-        raise ValueError("testbed.paragraph_topics needs testbed.query_form=cue (a query names the topic, then the key)")
+        raise SettingsError("testbed.paragraph_topics needs testbed.query_form=cue (a query names the topic, then the key)")
     topics = cfg.paragraph_topics
     need = paragraph_cost(hi, 0, 0, cfg.summaries, topics=topics) + 2 + query_cost(cfg.query_form, topics) * cfg.final_queries
     if cfg.trace_tokens < need:
-        raise ValueError(f"testbed.trace_tokens={cfg.trace_tokens} is too short for one paragraph and the answer")
+        raise SettingsError(f"testbed.trace_tokens={cfg.trace_tokens} is too short for one paragraph and the answer")
 
 
 def _pick(rng: random.Random, eligible: list[Fact], bias: float) -> Fact:
