@@ -158,3 +158,14 @@ def test_an_out_option_that_cannot_be_written_is_refused_when_the_command_line_i
             main([*argv, "--out", str(a_file / "out")])
         assert e.value.code == 2 and "is a file, so nothing can be written under it" in capsys.readouterr().err
     assert a_file.read_text() == "kept"
+
+
+def test_select_reads_a_dotted_key_from_a_config_or_plain_dicts():
+    from omegaconf import OmegaConf
+
+    from zoomr.entry import select
+
+    plain = {"task": {"out": "runs/x"}, "run_dir": "r", "pipeline": None}
+    for cfg in (plain, OmegaConf.create(plain)):
+        assert select(cfg, "task.out") == "runs/x" and select(cfg, "run_dir") == "r"
+        assert select(cfg, "pipeline.out_dir") is None and select(cfg, "task.missing") is None

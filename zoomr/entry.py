@@ -65,10 +65,14 @@ OUTPUT_DIRS = ("run_dir", "task.out", "pipeline.out_dir")  # the directories an 
 
 
 def select(cfg: Any, key: str) -> Any:
-    """``cfg``'s value at the dotted ``key`` (None where the config has no such key)."""
+    """``cfg``'s value at the dotted ``key`` (None where the config has no such key); a DictConfig or plain dicts."""
+    if isinstance(cfg, dict):
+        for part in key.split("."):
+            cfg = cfg.get(part) if isinstance(cfg, dict) else None
+        return cfg
     from omegaconf import OmegaConf
 
-    return OmegaConf.select(cfg, key, default=None) if not isinstance(cfg, dict) else cfg.get(key)
+    return OmegaConf.select(cfg, key, default=None)
 
 
 def check_run_dir(run_dir: Any, key: str = "run_dir") -> None:
