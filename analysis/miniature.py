@@ -29,7 +29,7 @@ from typing import Any
 
 from analysis.miniature_plan import ARMS, MODELS, Arm, full_arm, plan, training_seeds
 from eval.arms import load_arm, run_arm, run_command, testbed_command
-from zoomr.paths import output_dir
+from zoomr.paths import output_dir, output_problem
 from zoomr.schemas.checks import SettingsError
 
 
@@ -280,8 +280,8 @@ def run_task(task_cfg: dict[str, Any], logger: dict[str, Any] | None = None) -> 
     if task.test_seed in trained_on:
         raise SettingsError(f"task.test_seed={task.test_seed} is the training stream of {trained_on[task.test_seed]}: "
                          f"the test problems would be training problems; use a seed outside {sorted(trained_on)}")  # fmt: skip
-    if Path(task.out).exists() and not Path(task.out).is_dir():  # else found only after every model trained
-        raise SettingsError(f"task.out={task.out} is a file: the arms' run directories and the table go in a directory")
+    if problem := output_problem(task.out, directory=True):  # else found only after every model trained
+        raise SettingsError(f"task.out={problem}")
     t0 = time.perf_counter()
     print(f"miniature: {len(models)} models ({', '.join(models)}), {len(arms)} arms, {task.n} problems, "
           f"test seed {task.test_seed}, {task.trace_tokens}-token traces -> {task.out}", flush=True)  # fmt: skip

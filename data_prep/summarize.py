@@ -26,6 +26,7 @@ from data_prep.llm_client import ChatClient, FatalRequestError, RequestFailed, V
 from data_prep.summary_store import StoredSummary, SummaryStore, paragraph_hash
 from data_prep.traces import TraceRow
 from zoomr import tokens
+from zoomr.runlock import hold_run_lock
 from zoomr.schemas.endpoint import EndpointSettings
 from zoomr.schemas.zoomr import SummarizePipeline
 from zoomr.segments import Paragraph, ThoughtSplit, insert_summaries, split_paragraphs, split_thought
@@ -336,8 +337,6 @@ def summarize_traces(
     transport: Any = None,
 ) -> dict[str, Any]:
     """The whole pipeline on parsed rows; returns the stats it writes to ``out_dir/stats.json``."""
-    from zoomr.runlock import hold_run_lock
-
     out_dir = Path(out_dir)
     hold_run_lock(out_dir, "summarize pipeline")  # two at once wrote summarized.jsonl.tmp together
     store_path = Path(store_path) if store_path else out_dir / "store.sqlite"

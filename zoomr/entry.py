@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from zoomr.models import ModelSpec, spec_from_dict
-from zoomr.paths import MissingInput
+from zoomr.paths import MissingInput, output_problem
 from zoomr.schemas import register_with_hydra
 from zoomr.schemas.checks import SettingsError
 from zoomr.tracking import RunLogger, init_run, run_identity
@@ -79,8 +79,8 @@ def check_run_dir(run_dir: Any, key: str = "run_dir") -> None:
     """Refuse an output directory setting (``run_dir=``, ``task.out=``, ``pipeline.out_dir=``) that names an existing
     file before a model loads (it failed at the first write with a ``FileExistsError`` traceback, after the model and
     data were loaded, or after paper_tables had read every run)."""
-    if isinstance(run_dir, str) and Path(run_dir).exists() and not Path(run_dir).is_dir():
-        raise SystemExit(f"{key}={run_dir} is a file: a run writes its results into a directory")
+    if isinstance(run_dir, str) and (problem := output_problem(run_dir, directory=True)):
+        raise SystemExit(f"{key}={problem}")
 
 
 def check_device(name: Any) -> None:

@@ -113,7 +113,8 @@ def serving_settings(method: Mapping[str, Any] | None) -> dict[str, Any] | None:
     class's ``TRAINING_ONLY``: AbridgeKV's optimiser and loop, KVzap's fit, …): what decides a served result row.
     The evaluator fingerprints this, so a changed training default does not refuse resuming an evaluation. A node
     without a registered policy is returned as it is."""
-    if not method or method.get("policy") not in registered():
-        return None if method is None else dict(method)
-    drop = set(getattr(policy_class(method["policy"]).config_class, "TRAINING_ONLY", ()))
+    if method is None:
+        return None
+    config = registered().get(method.get("policy"))
+    drop = set(getattr(config, "TRAINING_ONLY", ()))
     return {k: v for k, v in method.items() if k not in drop}
