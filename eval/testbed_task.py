@@ -64,6 +64,10 @@ class TestbedTask(Task):
     def load(self, bench: Any, tokenizer: Any = None, gen: Any = None) -> list[Problem]:
         if list(bench.sources) != ["testbed"]:
             raise ValueError(f"benchmark.sources of the testbed must be [testbed], got {list(bench.sources)}")
+        if tokenizer is not None:
+            from zoomr.testbed.vocab import check_tokenizer
+
+            check_tokenizer(tokenizer)  # the scripts are written in the testbed's words
         problems = testbed_problems(dict(bench.options or {}))
         return problems[: bench.problem_limit] if bench.problem_limit is not None else problems
 

@@ -39,6 +39,9 @@ def _cfg(run_dir, cache_dir, *overrides):
         (["grading.max_error_rate=2"], "grading.max_error_rate must lie in"),
         (["+method=rkv", "method.similarity_threshold=1.5"], "similarity_threshold is a cosine similarity"),
         (["+method=streaming", "method.budget_rows=2"], "budget_rows > n_sink"),
+        (["+method=kvzip", "method.chunk_size=0"], "method.chunk_size=0"),  # was a traceback after config.json
+        (["+method=kvzip", "method.threshold=nan"], "threshold is NaN"),  # was accepted: log s < nan keeps all
+        (["+method=lightthinker", "method.page_size=0"], "method.page_size=0"),  # was a traceback after config.json
     ],
 )
 def test_an_invalid_setting_writes_nothing(tmp_path, cache_dir, overrides, message):
@@ -47,6 +50,16 @@ def test_an_invalid_setting_writes_nothing(tmp_path, cache_dir, overrides, messa
         run(_cfg(run_dir, cache_dir, *overrides))
     assert "nothing was written" in str(e.value)
     assert not run_dir.exists()  # no fingerprint, no config.json, no lock: the corrected rerun is accepted
+
+
+def test_the_testbed_on_a_model_without_its_words_is_refused_before_any_run_state(tmp_path, cache_dir):
+    """``benchmark=testbed`` on the default tiny-qwen2 (a BPE tokenizer) wrote ``config.json`` and the fingerprint,
+    then died building the first script: ``word 'w8' is not in the tokenizer``."""
+    run_dir = tmp_path / "run"
+    with pytest.raises(SystemExit, match="benchmark 'testbed': the model's tokenizer lacks 359 testbed words") as e:
+        run(_cfg(run_dir, cache_dir, "benchmark=testbed", "generation.max_new_tokens=1100"))
+    assert "use model=tiny-testbed" in str(e.value)
+    assert not run_dir.exists()
 
 
 def test_a_length_problem_is_not_reported_as_a_sampling_one(tmp_path, cache_dir):

@@ -11,9 +11,12 @@ from pathlib import Path
 import pytest
 
 from zoomr.cache.abridge import AbridgeMethod
+from zoomr.cache.kvzip import KVzipConfig
+from zoomr.cache.lightthinker import LightThinkerMethod
+from zoomr.models import ModelSpec
 from zoomr.schemas.abridge import AbridgeAllocateMethod, AbridgeOptim
 from zoomr.schemas.analysis import MiniatureTask
-from zoomr.schemas.checks import BETA, POSITIVE, check_fields
+from zoomr.schemas.checks import BETA, POSITIVE, SettingsError, check_fields
 from zoomr.schemas.kvzap import KVzapFit, KVzapPairsPipeline, TextSource
 from zoomr.schemas.sft import LoraSettings, SFTMethod, TracesData
 from zoomr.schemas.testbed import CurriculumSettings, TestbedData, TestbedTrainMethod
@@ -73,6 +76,15 @@ BAD = [
     (KVzapFit, "epochs", 0, "method.fit.epochs=0"),
     (KVzapFit, "models", ["ridge"], "give one or both of linear, mlp"),
     (KVzapFit, "target", "kvzip+", "kvzip_plus|kvzip"),
+    (AbridgeMethod, "page_size", 0, "method.page_size=0 (must be >= 1)"),
+    (AbridgeMethod, "testbed_eval_problems", -1, "method.testbed_eval_problems=-1 (must be >= 0)"),
+    (LightThinkerMethod, "page_size", 0, "method.page_size=0 (must be >= 1)"),
+    (LightThinkerMethod, "num_cache_tokens", 0, "method.num_cache_tokens=0 (must be >= 1)"),
+    (LightThinkerMethod, "min_thought_chars", -1, "method.min_thought_chars=-1 (must be >= 0)"),
+    (KVzipConfig, "chunk_size", 0, "method.chunk_size=0 (must be >= 1)"),
+    (KVzipConfig, "window", -1, "method.window=-1 (must be >= 0)"),
+    (KVzipConfig, "n_sink", -1, "method.n_sink=-1 (must be >= 0)"),
+    (KVzipConfig, "threshold", math.nan, "threshold is NaN"),
 ]
 
 
@@ -85,6 +97,16 @@ def test_an_out_of_range_setting_is_refused_naming_the_field(schema, name, value
 @pytest.mark.parametrize("schema", sorted({s for s, *_ in BAD}, key=lambda s: s.__name__))
 def test_the_defaults_pass(schema):
     schema()
+
+
+def test_a_model_naming_its_own_tokenizer_or_checkpoint_needs_no_bpe_vocabulary_size():
+    """``vocab_size`` sizes the BPE a tiny model trains; it is not read for a checkpoint or a named tokenizer."""
+    assert ModelSpec(name="m", hf_id="some/checkpoint", vocab_size=0).vocab_size == 0
+    ModelSpec(name="m", tiny={}, vocab_size=0, extra={"tokenizer": "zoomr.testbed.vocab:build_tokenizer"})
+    with pytest.raises(SettingsError, match="vocab_size=100 must be >= 256"):  # printed as "invalid settings: …"
+        ModelSpec(name="m", tiny={}, vocab_size=100)
+    with pytest.raises(SettingsError, match="dtype 'float99' not in"):
+        ModelSpec(name="m", tiny={}, dtype="float99")
 
 
 def test_zero_held_out_evaluation_steps_means_none():
@@ -216,7 +238,8 @@ def test_a_missing_local_data_file_is_named_before_any_run_state(method, tmp_pat
     ("overrides", "message"),
     [
         (["+method=sft_testbed", "data=testbed", "model=tiny-testbed", "data.trace_tokens=10"], "too short for one paragraph"),
-        (["+method=sft_testbed", "data=testbed", "model=tiny-qwen2"], "model tokenizer lacks testbed words"),
+        (["+method=sft_testbed", "data=testbed", "model=tiny-qwen2"], "the model's tokenizer lacks 359 testbed words"),
+        (["+method=abridge", "model=tiny-qwen2"], "the model's tokenizer lacks 359 testbed words"),  # KeyError: 'user'
         (["+method=abridge", "method.max_response_tokens=100"], "max_response_tokens=100 would cut them"),
         (["+method=abridge", "method.block_size=4096"], "no response completes a block"),  # trained as full KV
         (["+method=lightthinker", "data=testbed", "method.init_from=analysis/results/miniature/base_model",

@@ -21,11 +21,13 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from zoomr.named_tokenizer import builder_version, named_tokenizer_dir, tokenizer_builder
 from zoomr.paths import MissingInput
+from zoomr.schemas.checks import SettingsError
 from zoomr.tokenizer import TOKENIZER_VERSION, train_bpe_tokenizer
 
 log = logging.getLogger(__name__)
 
 ARCHITECTURES = ("qwen2", "llama", "qwen3", "phi3")  # phi3: partial RoPE (``partial_rotary_factor``)
+BYTE_ALPHABET = 256  # byte-level BPE: the smallest vocabulary a tiny model's tokenizer can have
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -51,16 +53,20 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         if self.hf_id is None and self.tiny is None:
-            raise ValueError(
+            raise SettingsError(
                 f"model {self.name!r}: set model.hf_id (a hub id or a checkpoint directory) or model.tiny "
                 "(the overrides of a tiny model, e.g. model=tiny-qwen2)"
             )
         if self.hf_id is not None and self.tiny is not None:
             self.tiny = None  # a checkpoint given on top of a tiny model config: load the checkpoint
         if self.arch not in ARCHITECTURES:
-            raise ValueError(f"model {self.name!r}: arch {self.arch!r} not in {ARCHITECTURES}")
+            raise SettingsError(f"model {self.name!r}: arch {self.arch!r} not in {ARCHITECTURES}")
         if self.dtype not in DTYPES:
-            raise ValueError(f"model {self.name!r}: dtype {self.dtype!r} not in {sorted(DTYPES)}")
+            raise SettingsError(f"model {self.name!r}: dtype {self.dtype!r} not in {sorted(DTYPES)}")
+        bpe = self.hf_id is None and not (self.extra or {}).get("tokenizer")  # a locally trained BPE tokenizer
+        if bpe and not (isinstance(self.vocab_size, int) and self.vocab_size >= BYTE_ALPHABET):
+            raise SettingsError(f"model {self.name!r}: vocab_size={self.vocab_size} must be >= {BYTE_ALPHABET} "
+                                "(the byte-level BPE's alphabet; the tokenizer is trained to this size)")  # fmt: skip
 
     @property
     def is_tiny(self) -> bool:

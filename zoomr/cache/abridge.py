@@ -43,6 +43,7 @@ from zoomr.cache.base import ForcedInput, PolicyCache, PolicyLayer
 from zoomr.cache.config import fill_names
 from zoomr.cache.registry import register_policy
 from zoomr.schemas.abridge import MaskedTraining
+from zoomr.schemas.checks import AT_LEAST_ONE, NON_NEGATIVE, check_fields
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ class AbridgeMethod(MaskedTraining):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_fields(self, "method", page_size=AT_LEAST_ONE, testbed_eval_problems=NON_NEGATIVE)
         if self.schedule and self.quota is not None:  # the schedule would silently win over the quota asked for
             raise ValueError(
                 f"method.quota={self.quota} and method.schedule={self.schedule}: give one of them "

@@ -17,6 +17,7 @@ import torch
 from zoomr.cache.base import PolicyCache
 from zoomr.cache.config import PolicyConfig
 from zoomr.cache.registry import register_policy
+from zoomr.schemas.checks import AT_LEAST_ONE, NON_NEGATIVE, check_fields
 
 
 @dataclass
@@ -48,6 +49,9 @@ class KVzipConfig(PolicyConfig):
             raise ValueError(f"KVzipConfig: mode must be ratio|threshold, got {self.mode!r}")
         if not 0 <= self.ratio < 1:
             raise ValueError(f"KVzipConfig: ratio must be in [0, 1), got {self.ratio}")
+        check_fields(self, "method", n_sink=NON_NEGATIVE, window=NON_NEGATIVE, chunk_size=AT_LEAST_ONE)
+        if math.isnan(self.threshold):
+            raise ValueError("KVzipConfig: threshold is NaN (give a number; -.inf keeps every row)")
 
 
 @register_policy("kvzip", KVzipConfig)

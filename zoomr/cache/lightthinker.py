@@ -30,6 +30,7 @@ from zoomr.cache.registry import register_policy
 from zoomr.lightthinker.layout import FILENAME, ThoughtTokens, checkpoint_cache_tokens, paper_cache_tokens
 from zoomr.paths import MissingInput
 from zoomr.schemas.abridge import MaskedTraining
+from zoomr.schemas.checks import AT_LEAST_ONE, NON_NEGATIVE, check_fields
 
 
 @dataclass
@@ -57,6 +58,8 @@ class LightThinkerMethod(MaskedTraining):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_fields(self, "method", page_size=AT_LEAST_ONE, num_cache_tokens=AT_LEAST_ONE,
+                     min_thought_chars=NON_NEGATIVE)  # fmt: skip
         fill_names(self)
 
 

@@ -20,6 +20,7 @@ from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from zoomr import tokens
+from zoomr.schemas.checks import SettingsError
 from zoomr.tokenizer import wrap_tokenizer
 
 # Bump when the vocabulary changes: tiny models built on the tokenizer are keyed on it.
@@ -82,6 +83,8 @@ class FastEncoder:
     """
 
     def __init__(self, tokenizer=None):
+        if tokenizer is not None:
+            check_tokenizer(tokenizer)
         vocab = (tokenizer or build_tokenizer()).get_vocab()
         self.ids = vocab
         self.im_start = vocab[tokens.IM_START]
@@ -106,10 +109,14 @@ class FastEncoder:
 
 
 def check_tokenizer(tokenizer) -> None:
-    vocab = tokenizer.get_vocab()
-    missing = [w for w in (key(0), value(0), QUERY, BOXED, tokens.BEGIN_SUMMARY) if w not in vocab]
+    """Refuse (:class:`SettingsError`) a tokenizer that lacks any word of :func:`vocabulary`: the testbed's
+    problems and scripts cannot be written with it (e.g. the default ``model=tiny-qwen2``'s BPE)."""
+    have = tokenizer.get_vocab()
+    missing = [w for w in vocabulary() if w not in have]
     if missing:
-        raise SystemExit(
-            f"model tokenizer lacks testbed words {missing}: use model=tiny-testbed (or a model config with "
-            "extra.tokenizer: zoomr.testbed.vocab:build_tokenizer)"
+        shown = ", ".join(repr(w) for w in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise SettingsError(
+            f"the model's tokenizer lacks {len(missing)} testbed words ({shown}): use model=tiny-testbed, a checkpoint "
+            "trained on the testbed (model.hf_id=runs/train/<run>/final), or a model config with extra.tokenizer: "
+            "zoomr.testbed.vocab:build_tokenizer"
         )
