@@ -4,6 +4,7 @@ and every absent or broken input named in the skip list / problems (never silent
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,15 @@ def test_a_torn_run_config_is_reported_naming_the_file_and_the_rest_is_read(two_
     assert f"{tmp_path / 'bench.json'}: not a UTF-8 text file (expected a JSON bench report)" in text
 
 
+def test_inputs_none_of_which_is_usable_fail_the_run_naming_them(tmp_path):
+    """Every input missing or unreadable ended with exit status 0 and "0 tables"."""
+    from analysis.paper_tables import build_all
+
+    with pytest.raises(SystemExit, match="none of the 1 inputs is a run directory or bench JSON it can read"):
+        build_all([str(tmp_path / "typo")], tmp_path / "out")
+    assert "typo: matches no file or directory" in (tmp_path / "out" / "README.md").read_text()
+
+
 def test_paper_tables_task_composes_and_logs_tables_to_one_wandb_run(two_arms, tmp_path, monkeypatch):
     from analysis.paper_tables import run_task
     from zoomr.entry import to_plain
@@ -117,8 +127,9 @@ def test_paper_tables_task_composes_and_logs_tables_to_one_wandb_run(two_arms, t
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("analysis", overrides=["+task=paper_tables", f"task.runs=[{two_arms}/eval/*]",
                                              f"task.out={tmp_path / 'out'}", "task.memory_gib=1", "logger=wandb"])  # fmt: skip
-    with pytest.raises(SystemExit, match="memory_gib"):
-        run_task({**to_plain(cfg.task), "memory_gib": 0}, {"mode": "disabled"})
+    for bad in (0, math.nan):  # NaN passed `memory_gib <= 0` and died in Figure 3c after writing Figure 3a
+        with pytest.raises(SystemExit, match="memory_gib"):
+            run_task({**to_plain(cfg.task), "memory_gib": bad}, {"mode": "disabled"})
     assert not (tmp_path / "out").exists()  # refused before writing anything
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)

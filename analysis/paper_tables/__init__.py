@@ -13,6 +13,7 @@ and every figure an image of one ``analysis`` run. Also ``python -m analysis.pap
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -44,8 +45,8 @@ def build_all(runs: list[str], out: str | Path, memory_gib: float = 8.0, n_resam
     """Read the inputs, write every table and figure (or its skip reason) under ``out``, log to W&B."""
     if not runs:
         raise SystemExit("paper_tables: no inputs; pass task.runs=[<run dir or glob>,...]")
-    if memory_gib <= 0:
-        raise SystemExit(f"paper_tables: memory_gib must be > 0, got {memory_gib}")
+    if not (math.isfinite(memory_gib) and memory_gib > 0) or n_resamples < 1:
+        raise SystemExit(f"paper_tables: need memory_gib > 0 and n_resamples >= 1, got {memory_gib}, {n_resamples}")
     t0 = time.time()
     inputs = discover([str(r) for r in runs])
     report = Report(Path(out))
@@ -68,6 +69,9 @@ def build_all(runs: list[str], out: str | Path, memory_gib: float = 8.0, n_resam
     print(index)
     print(f"paper_tables: {len(report.tables)} tables, {len(report.figures)} figures, {len(report.skipped)} skipped, "
           f"{len(inputs.problems)} unusable inputs in {time.time() - t0:.1f} s -> {out}")  # fmt: skip
+    if not any(inputs_summary(inputs)["counts"].values()):
+        raise SystemExit(f"paper_tables: none of the {len(runs)} inputs is a run directory or bench JSON it can read "
+                         f"(listed above and in {Path(out) / 'README.md'})")  # fmt: skip
     return report
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from zoomr.schemas.checks import AT_LEAST_ONE, POSITIVE, check_fields
+
 
 @dataclass
 class AnalysisTask:
@@ -26,9 +28,7 @@ class PaperTablesTask(AnalysisTask):
     allow_different_settings: bool = False  # tabulate arms whose fingerprints differ (eval.compare lists how)
 
     def __post_init__(self) -> None:
-        if self.memory_gib <= 0 or self.n_resamples < 1:
-            raise ValueError(f"PaperTablesTask: need memory_gib > 0 and n_resamples >= 1, got {self.memory_gib}, "
-                             f"{self.n_resamples}")  # fmt: skip
+        check_fields(self, "task", memory_gib=POSITIVE, n_resamples=AT_LEAST_ONE)
 
 
 @dataclass
