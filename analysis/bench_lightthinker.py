@@ -16,16 +16,14 @@ end (prompt + thoughts × (n + 1) + the open thought). Prints a table and writes
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from analysis.bench_decode import model_spec
-from analysis.cli import require_at_least
+from analysis.cli import require_at_least, write_bench_json
 from zoomr import tokens
 from zoomr.cache.lightthinker import LightThinkerCache, LightThinkerMethod, resolve_cache_tokens
 from zoomr.engine import DecodeSettings, generate
@@ -140,13 +138,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         p.error("--thought-tokens must be >= 2 (a thought needs a token besides its splitter)")
     require_at_least(p, args, 1, "lengths", "num_cache_tokens", "prompt_tokens", "batch", "repeats", "threads")
     report = run(args)
-    text = table(report)
-    print("\n" + text)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = Path(args.out or Path.cwd() / "runs" / "bench_lightthinker" / f"bench-{args.model}-{stamp}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    print(f"\nwrote {out}")
+    write_bench_json(args.out, "bench_lightthinker", args.model, report, table(report))
     return report
 
 

@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from analysis.bench_decode import model_spec
-from analysis.cli import require_at_least
+from analysis.cli import require_at_least, write_bench_json
 from zoomr.models import load_model
 from zoomr.paths import output_file
 
@@ -116,12 +114,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     require_at_least(p, args, 1, "batch", "seq", "steps", "threads")
     require_at_least(p, args, 0, "warmup", "seed")
     report = run(args)
-    print("\n" + table(report))
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = Path(args.out or Path.cwd() / "runs" / "bench_train_step" / f"bench-{args.model}-{stamp}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    print(f"\nwrote {out}")
+    write_bench_json(args.out, "bench_train_step", args.model, report, table(report))
     return report
 
 

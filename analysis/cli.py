@@ -56,3 +56,14 @@ def write_bench_report(out: Path, stem: str, report: dict[str, Any], table: str)
     (out / f"{stem}.md").write_text(table + "\n")
     print(f"\nwrote {out / f'{stem}.json'}")
     return out / f"{stem}.json"
+
+
+def write_bench_json(out: str | Path | None, name: str, tag: str, report: dict[str, Any], table: str) -> Path:
+    """Print ``table``; write ``report`` to ``out``, else ``runs/<name>/bench-<tag>-<time>.json`` under the working
+    directory; the path written."""
+    print("\n" + table)
+    path = Path(out) if out else Path.cwd() / "runs" / name / f"bench-{tag}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2))
+    print(f"\nwrote {path}")
+    return path
