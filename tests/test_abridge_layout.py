@@ -67,6 +67,31 @@ def test_layout_rejects_bad_settings():
         AbridgeLayout(64, 16, "middle")
 
 
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d["layout"].update(block_size="big"), "block_size must be an integer, got 'big'"),
+        (lambda d: d.pop("layout"), "KeyError: 'layout'"),
+        (lambda d: d.update(quotas=[8, 8.5]), r"quotas must be a list of integers, got \[8, 8.5\]"),
+        (lambda d: d["layout"].update(extra=1), "unexpected keyword argument 'extra'"),
+    ],
+)
+def test_an_edited_abridge_json_is_refused_naming_the_file(tmp_path, edit, message):
+    """A layout field of the wrong type reached the serving policy as "'<' not supported between instances of
+    'str' and 'int'"; a float quota was silently truncated."""
+    import json
+
+    from zoomr.abridge.artifacts import load_abridge_config, save_abridge_config
+
+    path = save_abridge_config(tmp_path, AbridgeLayout(8, 4), [2, 4], data="testbed")
+    assert load_abridge_config(tmp_path) == (AbridgeLayout(8, 4), [2, 4], {"data": "testbed"})
+    record = json.loads(path.read_text())
+    edit(record)
+    path.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match=f"{path}: not the record \\+method=abridge writes .*{message}"):
+        load_abridge_config(tmp_path)
+
+
 def test_paper_three_level_schedule_preserves_the_mean():
     costs = [float((7 * i) % 36) for i in range(36)]
     sched = three_level_schedule(costs, base=128)
@@ -95,6 +120,9 @@ def test_quotas_uniform_default_and_schedule_file(tmp_path):
         resolve_quotas(3, 16, None, str(path))
     with pytest.raises(ValueError, match=r"\[0, K=8\]"):
         resolve_quotas(4, 8, None, str(path))
+    path.write_text('{"quotas": [4, 4, 16, 8.5]}')  # was truncated to 8 without a word
+    with pytest.raises(ValueError, match=r"s.json: expected a JSON object with a 'quotas' list of integers, got \[4, 4, 16, 8.5\]"):
+        resolve_quotas(4, 16, None, str(path))
 
 
 def test_lr_schedule_warmup_constant_decay():

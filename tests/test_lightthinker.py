@@ -222,6 +222,9 @@ def test_policy_builds_from_the_method_config_and_reads_checkpoints(model_tok, t
     config = model.config.__class__.from_dict(model.config.to_dict())
     config._name_or_path = str(tmp_path)
     assert build_policy({"name": "lightthinker", "num_cache_tokens": 5}, config, tok).tt.n == 6
+    (tmp_path / "lightthinker.json").write_text('{"num_cache_tokens": "6"}')  # was int("6"); a typo: a traceback
+    with pytest.raises(ValueError, match="lightthinker.json: num_cache_tokens must be an integer >= 1, got '6'"):
+        build_policy({"name": "lightthinker"}, config, tok)
     with pytest.raises(ValueError, match="tokenizer"):
         build_policy(untrained, model.config, None)
 

@@ -88,6 +88,29 @@ def test_a_local_model_path_that_is_not_a_checkpoint_is_named(tmp_path, monkeypa
         resolve_model_path(ModelSpec(name="b", hf_id="runs/broken"))
 
 
+def test_weights_that_do_not_fit_the_config_are_refused_naming_the_keys(tmp_path, caplog):
+    """A ``config.json`` with fewer layers than the weights (edited, or copied from another run) loaded with only
+    transformers' load report: the evaluator ran a two-layer model and scored it as the checkpoint."""
+    import json
+    import re
+    import shutil
+
+    from zoomr.models import load_matching_weights, load_model
+
+    shipped = REPO_ROOT / "analysis/results/miniature/base_model"
+    assert load_matching_weights(shipped).config.num_hidden_layers == 3  # a whole checkpoint loads
+    for layers, kind in ((2, "unexpected (model.layers.2."), (4, "missing (model.layers.3.")):
+        ckpt = tmp_path / f"layers{layers}"
+        shutil.copytree(shipped, ckpt)
+        config = json.loads((ckpt / "config.json").read_text())
+        (ckpt / "config.json").write_text(json.dumps({**config, "num_hidden_layers": layers}))
+        with pytest.raises(ModelPathError, match=f"its weights do not match its config.json: 9 {re.escape(kind)}"):
+            load_model(ModelSpec(name="x", hf_id=str(ckpt)))
+    with caplog.at_level("WARNING", logger="zoomr.models"):  # a hub model is loaded, the report logged
+        model = load_matching_weights(tmp_path / "layers2", strict=False)
+    assert model.config.num_hidden_layers == 2 and "9 unexpected" in caplog.text
+
+
 def test_eval_and_train_print_the_bad_model_path_alone(tmp_path):
     """Through the real entry points: the message, exit status 1, no traceback, and the trainer writes no run state
     (``+method=abridge`` used to ignore ``model.hf_id`` and fine-tune the shipped testbed model under its name)."""

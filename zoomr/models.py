@@ -236,10 +236,30 @@ def load_model(
         if adapter_base(path) is not None:
             model = load_adapter_merged(path, **kwargs)
         else:
-            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+            model = load_matching_weights(path, strict=spec.is_tiny or is_local_path(str(spec.hf_id)), **kwargs)
+    except ModelPathError:
+        raise
     except OSError as e:
         raise _hub_error(spec, e) from e
     return model.to(device).eval()
+
+
+def load_matching_weights(path: str | Path, strict: bool = True, **kwargs: Any):
+    """``AutoModelForCausalLM.from_pretrained(path)``, refusing (:class:`ModelPathError`) a checkpoint whose weights
+    do not fit its ``config.json``: missing (randomly initialised), unexpected (ignored) or of another shape.
+    transformers only prints a load report and runs the wrong model (e.g. a config with fewer layers than the
+    weights). ``strict=False`` (a hub model) logs the report as a warning instead."""
+    model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True, **kwargs)
+    kinds = {"missing": info.get("missing_keys"), "unexpected": info.get("unexpected_keys"),
+             "of another shape": info.get("mismatched_keys")}  # fmt: skip
+    wrong = [f"{len(keys)} {kind} ({', '.join(str(k) for k in sorted(keys, key=str)[:3])}{', …' if len(keys) > 3 else ''})"
+             for kind, keys in kinds.items() if keys]  # fmt: skip
+    if wrong:
+        message = f"{path}: its weights do not match its config.json: {'; '.join(wrong)}"
+        if strict:
+            raise ModelPathError(message + " (a config.json edited or copied from another model?)")
+        log.warning(message)
+    return model
 
 
 def adapter_base(path: str | Path) -> str | None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from zoomr.abridge.layout import AbridgeLayout
+from zoomr.abridge.quotas import is_int_list
 from zoomr.jsonl import read_json_object
 from zoomr.paths import MissingInput, resolve_repo_path
 
@@ -33,6 +34,14 @@ def load_abridge_config(directory: str | Path) -> tuple[AbridgeLayout, list[int]
             f"{p} not found: {directory} is not an AbridgeKV checkpoint (train one with `python -m train +method=abridge`)"
         )
     data = read_json_object(p, "AbridgeKV layout")
-    layout = AbridgeLayout(**data.pop("layout"))
-    quotas = [int(q) for q in data.pop("quotas")]
+    try:
+        layout = AbridgeLayout(**data.pop("layout"))
+        quotas = data.pop("quotas")
+        if not is_int_list(quotas):
+            raise ValueError(f"quotas must be a list of integers, got {quotas!r}")
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(
+            f"{p}: not the record +method=abridge writes ({type(e).__name__}: {e}); expected "
+            '{"layout": {"block_size": int, "num_pause": int, "code_positions": str}, "quotas": [int, ...], ...}'
+        ) from None
     return layout, quotas, data

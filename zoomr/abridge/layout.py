@@ -44,6 +44,9 @@ class AbridgeLayout:
     code_positions: str = "spread"
 
     def __post_init__(self) -> None:
+        for name in ("block_size", "num_pause"):
+            if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if not 1 <= self.num_pause <= tokens.ABRIDGE_MAX_PAUSE:

@@ -33,9 +33,14 @@ def load_schedule(path: str | Path) -> list[int]:
     if not p.exists():
         raise MissingInput(f"quota schedule not found: {path} (looked at {p})")
     data = read_json_object(p, "quota schedule")
-    if not isinstance(data.get("quotas"), list):
-        raise ValueError(f"{p}: expected a JSON object with a 'quotas' list")
-    return [int(q) for q in data["quotas"]]
+    if not is_int_list(data.get("quotas")):
+        raise ValueError(f"{p}: expected a JSON object with a 'quotas' list of integers, got {data.get('quotas')!r}")
+    return data["quotas"]
+
+
+def is_int_list(value: Any) -> bool:
+    """A JSON list of integers (a float quota would be truncated, a bool taken as 0/1)."""
+    return isinstance(value, list) and all(isinstance(q, int) and not isinstance(q, bool) for q in value)
 
 
 def save_schedule(path: str | Path, quotas: Sequence[int], **info: Any) -> Path:

@@ -23,14 +23,14 @@ DATA_FILE = "testbed_data.json"  # the TestbedData a checkpoint was trained on (
 
 def load_testbed_model(path: str | Path, attn_implementation: str | None = None):
     """(model in eval mode, tokenizer) of a checkpoint saved by ``+method=sft_testbed``."""
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
-    from zoomr.models import ModelPathError, checkpoint_dir_problem
+    from zoomr.models import ModelPathError, checkpoint_dir_problem, load_matching_weights
 
     if problem := checkpoint_dir_problem(path):  # never sent to the hub as a repo id
         raise ModelPathError(f"testbed checkpoint {path}: {problem}")
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs)
+    model = load_matching_weights(path, dtype=torch.float32, **kwargs)
     return model.eval(), PreTrainedTokenizerFast.from_pretrained(path)
 
 
