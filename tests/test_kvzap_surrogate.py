@@ -77,6 +77,26 @@ def test_loads_a_checkpoint_written_like_nvidias(tmp_path):
         load_surrogate(tmp_path / "missing")
 
 
+def test_a_torn_or_mismatched_surrogate_is_refused_naming_the_file(tmp_path):
+    """A truncated ``model.safetensors`` or a torn ``config.json`` ended in a safetensors / OSError traceback; a
+    config with more layers than the weights loaded with random surrogate layers and only a load report."""
+    from zoomr.models import ModelPathError
+
+    new_surrogate(32, 2, 2, 8).save_pretrained(tmp_path)
+    load_surrogate(tmp_path)
+    whole, config = (tmp_path / "model.safetensors").read_bytes(), (tmp_path / "config.json").read_text()
+    (tmp_path / "model.safetensors").write_bytes(whole[:100])
+    with pytest.raises(FileNotFoundError, match=f"KVzap checkpoint {tmp_path}: truncated weights: model.safetensors"):
+        load_surrogate(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(whole)
+    (tmp_path / "config.json").write_text(config[:20])
+    with pytest.raises(ValueError, match="config.json: not valid JSON"):
+        load_surrogate(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**json.loads(config), "n_modules": 3}))
+    with pytest.raises(ModelPathError, match=r"weights do not match its config.json: 4 missing \(layers.2."):
+        load_surrogate(tmp_path)
+
+
 def test_ridge_matches_normal_equations_and_metrics():
     gen = torch.Generator().manual_seed(0)
     X = torch.randn(500, 10, generator=gen) + 3.0

@@ -244,12 +244,12 @@ def load_model(
     return model.to(device).eval()
 
 
-def load_matching_weights(path: str | Path, strict: bool = True, **kwargs: Any):
-    """``AutoModelForCausalLM.from_pretrained(path)``, refusing (:class:`ModelPathError`) a checkpoint whose weights
-    do not fit its ``config.json``: missing (randomly initialised), unexpected (ignored) or of another shape.
-    transformers only prints a load report and runs the wrong model (e.g. a config with fewer layers than the
-    weights). ``strict=False`` (a hub model) logs the report as a warning instead."""
-    model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True, **kwargs)
+def load_matching_weights(path: str | Path, strict: bool = True, model_class: Any = AutoModelForCausalLM, **kwargs: Any):
+    """``model_class.from_pretrained(path)``, refusing (:class:`ModelPathError`) a checkpoint whose weights do not
+    fit its ``config.json``: missing (randomly initialised), unexpected (ignored) or of another shape. transformers
+    only prints a load report and runs the wrong model (e.g. a config with fewer layers than the weights).
+    ``strict=False`` (a hub model) logs the report as a warning instead."""
+    model, info = model_class.from_pretrained(path, output_loading_info=True, **kwargs)
     kinds = {"missing": info.get("missing_keys"), "unexpected": info.get("unexpected_keys"),
              "of another shape": info.get("mismatched_keys")}  # fmt: skip
     wrong = [f"{len(keys)} {kind} ({', '.join(str(k) for k in sorted(keys, key=str)[:3])}{', …' if len(keys) > 3 else ''})"

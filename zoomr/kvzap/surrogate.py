@@ -18,7 +18,9 @@ import torch
 from torch import nn
 from transformers import PreTrainedConfig, PreTrainedModel
 
+from zoomr.jsonl import read_json_object
 from zoomr.paths import MissingInput
+from zoomr.rundir import weights_problems
 
 
 class KVzapConfig(PreTrainedConfig):
@@ -107,7 +109,12 @@ def load_surrogate(
             f"no KVzap checkpoint at {path} (expected config.json + model.safetensors, as written by "
             "`python -m train +method=kvzap` or published as nvidia/KVzap-*)"
         )
-    model = KVzapModel.from_pretrained(str(path), dtype=dtype or torch.float32)
+    read_json_object(path / "config.json", "KVzap surrogate config")  # a torn or edited file, named
+    if wrong := weights_problems(path):
+        raise MissingInput(f"KVzap checkpoint {path}: {'; '.join(wrong)} (fit it again: `python -m train +method=kvzap`)")
+    from zoomr.models import load_matching_weights
+
+    model = load_matching_weights(path, model_class=KVzapModel, dtype=dtype or torch.float32)
     return model.to(device).eval()
 
 
