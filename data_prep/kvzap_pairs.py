@@ -32,6 +32,7 @@ from zoomr.kvzap.pretext import RepeatPretext, build_repeat_pretext
 from zoomr.kvzap.scoring import LOG_FLOOR, kvzip_scores
 from zoomr.models import DTYPES
 from zoomr.paths import MissingInput, resolve_repo_path
+from zoomr.rundir import safetensors_whole
 from zoomr.runlock import hold_run_lock
 from zoomr.schemas.kvzap import KVzapPairsPipeline, TestbedPairsSource, TextSource
 
@@ -172,11 +173,12 @@ def write_shards(
     model, pretext_of: Callable[[Document], RepeatPretext], docs, shards, p: KVzapPairsPipeline, out_dir: Path,
     seed: int,
 ) -> dict[str, Any]:
-    """Score (on ``pretext_of(doc)``) and write every missing shard; returns pair counts and target statistics."""
+    """Score (on ``pretext_of(doc)``) and write every missing or truncated shard; returns pair counts and target
+    statistics."""
     from tqdm.auto import tqdm
 
     store_dtype = DTYPES[p.store_dtype]
-    todo = [s for s in shards if not (out_dir / s["file"]).exists()]
+    todo = [s for s in shards if not safetensors_whole(out_dir / s["file"])]
     stats = {"pairs": {"train": 0, "val": 0}, "floored": 0, "skipped_shards": len(shards) - len(todo)}
     bar = tqdm(total=sum(len(s["docs"]) for s in todo), desc="kvzap pairs", unit="doc")
     for shard in todo:

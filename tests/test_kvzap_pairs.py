@@ -118,6 +118,13 @@ def test_pairs_deterministic_resumable_and_correct(model_tok, sources, tmp_path)
     assert again["skipped_shards"] == len(files) - 1
     assert victim.read_bytes() == (tmp_path / "a" / files[0]).read_bytes()
 
+    # a truncated shard is named to the trainer, and the rerun rebuilds it identically
+    victim.write_bytes(victim.read_bytes()[:500])
+    with pytest.raises(FileNotFoundError, match=f"1 shard\\(s\\) listed in manifest.json missing or truncated \\({files[0]}\\)"):
+        read_manifest(tmp_path / "b")  # was a SafetensorError traceback in +method=kvzap, after its run state
+    make_pairs(model, tok, replace(p, out_dir=str(tmp_path / "b")), seed=5, model_info=info)
+    assert victim.read_bytes() == (tmp_path / "a" / files[0]).read_bytes()
+
     # a different plan in the same directory is refused
     with pytest.raises(SystemExit, match="different plan"):
         make_pairs(model, tok, replace(p, out_dir=str(tmp_path / "b")), seed=6, model_info=info)

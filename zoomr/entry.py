@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from zoomr.jsonl import BadRowError
 from zoomr.models import ModelSpec, spec_from_dict
 from zoomr.paths import MissingInput, output_problem
 from zoomr.schemas import register_with_hydra
@@ -41,7 +42,7 @@ def hydra_entry(config_name: str) -> Callable:
             check_cache_dir(cfg.get("cache_dir"))
             try:
                 return fn(cfg)
-            except MissingInput as e:  # a path the user gave is wrong: the message, not a traceback
+            except (MissingInput, BadRowError) as e:  # a path or file the user gave is wrong: the message alone
                 raise SystemExit(str(e)) from None
             except SettingsError as e:  # a value a schema refuses (range, choice, unknown key): the same
                 raise SystemExit(f"invalid settings: {e}") from None

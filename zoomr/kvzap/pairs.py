@@ -28,6 +28,7 @@ from safetensors.torch import save_file
 
 from zoomr.jsonl import read_json_object
 from zoomr.paths import MissingInput
+from zoomr.rundir import safetensors_whole
 
 FORMAT = "zoomr-kvzap-pairs/1"
 TARGETS = {"kvzip_plus": "y", "kvzip": "y_kvzip"}
@@ -63,6 +64,13 @@ def read_manifest(pairs_dir: str | Path) -> dict[str, Any]:
     manifest = read_json_object(path, "KVzap pairs manifest")
     if manifest.get("format") != FORMAT:
         raise ValueError(f"{path}: format {manifest.get('format')!r}, expected {FORMAT!r}")
+    bad = [s["file"] for s in manifest.get("shards", []) if not safetensors_whole(Path(pairs_dir) / s["file"])]
+    if bad:
+        raise MissingInput(
+            f"KVzap pairs in {pairs_dir}: {len(bad)} shard(s) listed in manifest.json missing or truncated "
+            f"({', '.join(bad[:3])}{', …' if len(bad) > 3 else ''}); rerun the pairs pipeline that made them with "
+            f"pipeline.out_dir={pairs_dir} and the same settings: it rebuilds only those"
+        )
     return manifest
 
 
