@@ -13,7 +13,7 @@ from typing import Any
 
 from zoomr.abridge.layout import AbridgeLayout
 from zoomr.abridge.quotas import is_int_list
-from zoomr.jsonl import read_json_object
+from zoomr.jsonl import BadRowError, read_json_object
 from zoomr.paths import MissingInput, resolve_repo_path
 
 FILENAME = "abridge.json"
@@ -40,7 +40,7 @@ def load_abridge_config(directory: str | Path) -> tuple[AbridgeLayout, list[int]
         if not is_int_list(quotas):
             raise ValueError(f"quotas must be a list of integers, got {quotas!r}")
     except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(
+        raise BadRowError(
             f"{p}: not the record +method=abridge writes ({type(e).__name__}: {e}); expected "
             '{"layout": {"block_size": int, "num_pause": int, "code_positions": str}, "quotas": [int, ...], ...}'
         ) from None

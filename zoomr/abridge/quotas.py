@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from zoomr.jsonl import read_json_object
+from zoomr.jsonl import BadRowError, read_json_object
 from zoomr.paths import MissingInput, resolve_repo_path
 
 
@@ -34,7 +34,7 @@ def load_schedule(path: str | Path) -> list[int]:
         raise MissingInput(f"quota schedule not found: {path} (looked at {p})")
     data = read_json_object(p, "quota schedule")
     if not is_int_list(data.get("quotas")):
-        raise ValueError(f"{p}: expected a JSON object with a 'quotas' list of integers, got {data.get('quotas')!r}")
+        raise BadRowError(f"{p}: expected a JSON object with a 'quotas' list of integers, got {data.get('quotas')!r}")
     return data["quotas"]
 
 

@@ -38,7 +38,7 @@ from zoomr.abridge.layout import (
     next_token_labels,
     special_token_ids,
 )
-from zoomr.jsonl import read_json_object
+from zoomr.jsonl import BadRowError, read_json_object
 from zoomr.segments import split_paragraphs, split_thought
 
 CACHE = PAUSE  # the same role as an AbridgeKV pause token: a learned compression token, no loss
@@ -167,6 +167,6 @@ def checkpoint_cache_tokens(model_config) -> int | None:
     if path and (Path(path) / FILENAME).exists():
         n = read_json_object(Path(path) / FILENAME, "LightThinker layout").get("num_cache_tokens")
         if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
-            raise ValueError(f"{Path(path) / FILENAME}: num_cache_tokens must be an integer >= 1, got {n!r}")
+            raise BadRowError(f"{Path(path) / FILENAME}: num_cache_tokens must be an integer >= 1, got {n!r}")
         return n
     return None
