@@ -432,3 +432,16 @@ def test_eval_refuses_a_test_seed_the_model_or_its_ancestors_trained_on(tmp_path
     # a cycle in the records (a run directory pointing at itself) ends the walk instead of looping
     (base.parent / "config.json").write_text(json.dumps({"method": {"init_from": str(stage2)}}))
     assert training_streams(stage2) == {1: str(stage2), 7: str(base)}
+    # a fine-tune on other data (data=traces) records no testbed stream: its data.json raised TypeError in TestbedData
+    traces = tmp_path / "traces" / "final"
+    traces.mkdir(parents=True)
+    (traces / DATA_CONFIG_FILE).write_text(json.dumps({"name": "traces", "loader": "data_prep.traces", "path": "x"}))
+    assert training_streams(traces) == {}
+    task.check_model(SimpleNamespace(options={"test_seed": 1_000_003}), str(traces))
+    # a torn or edited record is named
+    (base / DATA_FILE).write_text('{"seed": 7,')
+    with pytest.raises(ValueError, match=f"{base / DATA_FILE}: not valid JSON"):
+        training_streams(base)
+    (base / DATA_FILE).write_text(json.dumps({"seed": 7, "colour": "red"}))
+    with pytest.raises(ValueError, match="not the testbed data config the trainer writes .*colour"):
+        training_streams(base)

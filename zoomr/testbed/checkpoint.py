@@ -8,7 +8,7 @@ form): :func:`finalize` writes it, :func:`trained_data` reads it. Arms run throu
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from zoomr import tokens
+from zoomr.jsonl import BadRowError, read_json_object
 from zoomr.schemas.testbed import TestbedData
 
 DATA_FILE = "testbed_data.json"  # the TestbedData a checkpoint was trained on (written by the trainer)
@@ -34,16 +35,31 @@ def load_testbed_model(path: str | Path, attn_implementation: str | None = None)
     return model.eval(), PreTrainedTokenizerFast.from_pretrained(path)
 
 
-def trained_data(path: str | Path, **overrides: Any) -> TestbedData:
-    """The checkpoint's training data config (summaries or not, …) with ``overrides`` (None values ignored)."""
+def testbed_record(path: str | Path) -> Path | None:
+    """The file recording the testbed data ``path`` was trained on: a base model's ``testbed_data.json``, or the
+    ``data.json`` of a fine-tune (AbridgeKV, LightThinker) whose data was the testbed; None when there is none
+    (a hub model, or a fine-tune on other data, e.g. ``data=traces``)."""
     from zoomr.abridge.trainer import DATA_CONFIG_FILE
 
-    # a base model's testbed_data.json, else the data.json of a fine-tune (AbridgeKV, LightThinker)
-    file = next((Path(path) / f for f in (DATA_FILE, DATA_CONFIG_FILE) if (Path(path) / f).exists()), None)
-    base = json.loads(file.read_text()) if file else {}
+    if (Path(path) / DATA_FILE).exists():
+        return Path(path) / DATA_FILE
+    file = Path(path) / DATA_CONFIG_FILE
+    if file.exists() and read_json_object(file, "data config").get("loader", TestbedData.loader) == TestbedData.loader:
+        return file
+    return None
+
+
+def trained_data(path: str | Path, **overrides: Any) -> TestbedData:
+    """The checkpoint's training data config (summaries or not, …) with ``overrides`` (None values ignored)."""
+    file = testbed_record(path)
+    base = read_json_object(file, "testbed data config") if file else {}
     if base and "query_form" not in base:  # trained before issue 13: the "? k v" format
         base["query_form"] = "inline"
-    return TestbedData(**{**base, **{k: v for k, v in overrides.items() if v is not None}})
+    try:
+        recorded = TestbedData(**base)
+    except (TypeError, ValueError) as e:
+        raise BadRowError(f"{file}: not the testbed data config the trainer writes ({e})") from None
+    return replace(recorded, **{k: v for k, v in overrides.items() if v is not None})
 
 
 QUERY_FORMAT_FIELDS = ("query_form", "paragraph_topics")  # how a query reads: a model trained on one cannot read another
@@ -52,10 +68,8 @@ QUERY_FORMAT_FIELDS = ("query_form", "paragraph_topics")  # how a query reads: a
 def format_differences(path: str | Path, data: TestbedData, fields: tuple[str, ...] = QUERY_FORMAT_FIELDS) -> dict[str, tuple[Any, Any]]:
     """``field -> (trained, given)`` for each of ``fields`` in which the traces of ``data`` differ from those the
     checkpoint at ``path`` was trained on; empty when they match or ``path`` holds no testbed data config."""
-    from zoomr.abridge.trainer import DATA_CONFIG_FILE
-
-    if not any((Path(path) / f).exists() for f in (DATA_FILE, DATA_CONFIG_FILE)):
-        return {}  # a hub model or a checkpoint from elsewhere: nothing recorded to compare with
+    if testbed_record(path) is None:
+        return {}  # a hub model, a checkpoint from elsewhere or trained on other data: nothing to compare with
     trained = trained_data(path)
     return {f: (getattr(trained, f), getattr(data, f)) for f in fields if getattr(trained, f) != getattr(data, f)}
 
@@ -65,7 +79,6 @@ def training_streams(path: str | Path, max_depth: int = 16) -> dict[int, str]:
     from (``method.init_from`` in each run directory's ``config.json``, followed back to a model trained from
     scratch). Problem ``i`` of a stream is the same problem wherever it is drawn, so a test seed in this map
     would test the model on problems it trained on. Empty for a checkpoint with no recorded testbed data."""
-    from zoomr.abridge.trainer import DATA_CONFIG_FILE
     from zoomr.rundir import started_from
 
     streams: dict[int, str] = {}
@@ -73,7 +86,7 @@ def training_streams(path: str | Path, max_depth: int = 16) -> dict[int, str]:
     current: Path | None = Path(path)
     while current is not None and len(seen) < max_depth and current.resolve() not in seen:
         seen.add(current.resolve())
-        if any((current / f).exists() for f in (DATA_FILE, DATA_CONFIG_FILE)):
+        if testbed_record(current) is not None:
             streams.setdefault(trained_data(current).seed, str(current))
         current = started_from(current)
     return streams
