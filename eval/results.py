@@ -15,7 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from zoomr.jsonl import JsonlReader
+from zoomr.jsonl import BadRowError, JsonlReader, read_json_object
+from zoomr.rundir import write_json
 
 log = logging.getLogger(__name__)
 
@@ -98,9 +99,15 @@ def check_fingerprint(run_dir: str | Path, fingerprint: dict[str, Any]) -> None:
     current = json.loads(json.dumps(fingerprint, default=str))
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(current, indent=2, sort_keys=True))
+        write_json(path, current)  # a kill leaves no fingerprint or the whole one
         return
-    previous = json.loads(path.read_text())
+    try:
+        previous = read_json_object(path, "eval fingerprint")
+    except BadRowError as e:
+        raise BadRowError(
+            f"{e}: the rows in {run_dir} cannot be matched to their settings; move the directory aside, or delete "
+            f"{FINGERPRINT_FILE} if they came from this same command"
+        ) from None
     if isinstance(previous.get("method"), dict):  # written before training-only fields left the fingerprint
         from zoomr.cache.registry import serving_settings
 
@@ -108,7 +115,7 @@ def check_fingerprint(run_dir: str | Path, fingerprint: dict[str, Any]) -> None:
     if previous != current:
         diffs = _diff(previous, current)
         if not diffs:  # only keys added since (a new setting at its null default): the same settings
-            path.write_text(json.dumps(current, indent=2, sort_keys=True))
+            write_json(path, current)
             return
         raise SystemExit(
             f"{run_dir} holds results of different settings:\n  "

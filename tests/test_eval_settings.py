@@ -134,6 +134,20 @@ def test_a_fingerprint_written_with_training_fields_is_read_without_them(tmp_pat
     assert serving_settings({"name": "sft", "lora": {"r": 4}}) == {"name": "sft", "lora": {"r": 4}}  # no policy: as is
 
 
+def test_a_torn_fingerprint_is_named_with_what_to_do(tmp_path):
+    """``fingerprint.json`` was written in place, so a kill could tear it, and the next run died in a
+    JSONDecodeError traceback on every rerun of the directory."""
+    from eval.results import check_fingerprint
+    from zoomr.jsonl import BadRowError
+
+    check_fingerprint(tmp_path, {"model": "m"})  # written through a temporary file and a rename
+    assert json.loads((tmp_path / FINGERPRINT_FILE).read_text()) == {"model": "m"}
+    assert [p.name for p in tmp_path.iterdir()] == [FINGERPRINT_FILE]
+    (tmp_path / FINGERPRINT_FILE).write_text('{"model": ')
+    with pytest.raises(BadRowError, match=f"{FINGERPRINT_FILE}: not valid JSON .* cannot be matched to their settings"):
+        check_fingerprint(tmp_path, {"model": "m"})
+
+
 def test_every_masked_training_field_is_training_only_and_every_listed_field_exists():
     import dataclasses
 
