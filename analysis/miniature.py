@@ -29,7 +29,9 @@ from typing import Any
 
 from analysis.miniature_plan import ARMS, MODELS, Arm, full_arm, plan, training_seeds
 from eval.arms import load_arm, run_arm, run_command, testbed_command
+from zoomr.jsonl import read_json_object
 from zoomr.paths import output_dir, output_problem
+from zoomr.rundir import write_json
 from zoomr.schemas.checks import SettingsError
 
 
@@ -119,7 +121,7 @@ def ensure_model(name: str, task: Any) -> Path:
     record_path = done.parent / MODEL_RECORD
     record = model_record(name, task.trace_tokens)
     if done.exists() and record_path.exists():
-        old = json.loads(record_path.read_text())
+        old = read_json_object(record_path, "miniature model record")
         stale = [d for d, h in old.get("needs", {}).items() if record["needs"].get(d) != h]
         if stale:
             raise SystemExit(
@@ -132,7 +134,7 @@ def ensure_model(name: str, task: Any) -> Path:
     run_command(cmd, task.threads, what=f"{MODELS[name].entry} {name}")
     if not done.exists():
         raise SystemExit(f"miniature: {MODELS[name].entry} {name} exited without writing {done}")
-    record_path.write_text(json.dumps(record, indent=1))
+    write_json(record_path, record)
     return checkpoint(name, task.trace_tokens)
 
 
@@ -162,14 +164,14 @@ def ensure_arm(name: str, task: Any, threads: int | None = None, quiet: bool = F
     directory, model_done = arm_dir(task, name), done_file(arm.model, task.trace_tokens)
     digest = _digest(model_done) if model_done.exists() else None  # None: no model here (slim copies)
     record, finished = directory / ARM_RECORD, (directory / "metrics.json").exists()
-    if digest and finished and record.exists() and json.loads(record.read_text()).get("model_digest") != digest:
+    if digest and finished and record.exists() and read_json_object(record, "miniature arm record").get("model_digest") != digest:
         raise SystemExit(
             f"miniature: arm {name} ({directory}) was evaluated on an earlier {arm.model} than the one now in runs/ "
             f"({model_done.parent}); move {directory} aside to evaluate the new one"
         )
     run_arm(cmd, directory, threads or task.threads, quiet)
     if digest and not finished and (directory / "metrics.json").exists():
-        record.write_text(json.dumps({"model": arm.model, "model_digest": digest}))
+        write_json(record, {"model": arm.model, "model_digest": digest})
 
 
 def ensure_arms(arms: list[str], task: Any) -> None:
@@ -255,7 +257,6 @@ def selection(task: Any) -> dict[str, Any]:
     ``analysis.zoomr_testbed`` on the same model and problems (it reads the policy's recompute log), if run:
     ``python -m analysis.zoomr_testbed --model <base_sum> --n <n> --test-seed <seed> --window 64
     --arms zoomr_writes --out <out>/zoomr_selection``."""
-    import json
 
     path = Path(task.out) / SELECTION_DIR / "results.json"
     if not path.exists():

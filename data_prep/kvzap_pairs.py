@@ -27,12 +27,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from zoomr.jsonl import read_json_object
 from zoomr.kvzap.pairs import FORMAT, shard_name, write_shard
 from zoomr.kvzap.pretext import RepeatPretext, build_repeat_pretext
 from zoomr.kvzap.scoring import LOG_FLOOR, kvzip_scores
 from zoomr.models import DTYPES
 from zoomr.paths import MissingInput, resolve_repo_path
-from zoomr.rundir import safetensors_whole
+from zoomr.rundir import safetensors_whole, write_json
 from zoomr.runlock import hold_run_lock
 from zoomr.schemas.kvzap import KVzapPairsPipeline, TestbedPairsSource, TextSource
 
@@ -274,7 +275,7 @@ def make_pairs(
     manifest["n_pairs"] = {
         sp: sum(s["n_pairs"] for s in shards if s["split"] == sp) for sp in ("train", "val")
     }
-    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    write_json(out_dir / "manifest.json", manifest)
     manifest["skipped_shards"] = stats["skipped_shards"]
     return manifest
 
@@ -282,7 +283,7 @@ def make_pairs(
 def _check_plan(out_dir: Path, plan: dict, overwrite: bool) -> None:
     path = out_dir / "plan.json"
     if path.exists():
-        old = json.loads(path.read_text())
+        old = read_json_object(path, "KVzap pairs plan")
         if old != json.loads(json.dumps(plan)):
             if not overwrite:
                 raise SystemExit(
@@ -292,7 +293,7 @@ def _check_plan(out_dir: Path, plan: dict, overwrite: bool) -> None:
             for f in out_dir.glob("shard-*.safetensors"):
                 f.unlink()
             (out_dir / "manifest.json").unlink(missing_ok=True)
-    path.write_text(json.dumps(plan, indent=1))
+    write_json(path, plan)
 
 
 def run(cfg) -> dict[str, Any]:

@@ -21,6 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from zoomr.jsonl import read_json, read_json_object
+from zoomr.rundir import write_json
+
 COMMAND_FILE = "arm_command.json"
 
 
@@ -94,10 +97,10 @@ def run_arm(cmd: list[str], run_dir: str | Path, threads: int | None = None, qui
     run_dir = Path(run_dir)
     saved = run_dir / COMMAND_FILE
     done = (run_dir / "metrics.json").exists() and saved.exists()
-    done = done and experiment(json.loads(saved.read_text())) == experiment(cmd[1:])
+    done = done and experiment(read_json(saved, "arm command")) == experiment(cmd[1:])
     if not done:
         run_command(cmd, threads, what=f"arm {run_dir.name}", log=run_dir / LOG_FILE if quiet else None)
-        saved.write_text(json.dumps(cmd[1:]))
+        write_json(saved, cmd[1:])
     return load_arm(run_dir)
 
 
@@ -118,7 +121,7 @@ def load_arm(run_dir: str | Path) -> ArmResult:
         correct=np.array([float(r["correct"]) for r in ordered]),
         recall=np.array([r.get("recall_accuracy", np.nan) for r in ordered], dtype=float),
         rows=np.array([r["kv"]["rows_mean"] for r in ordered], dtype=float),
-        metrics=json.loads((run_dir / "metrics.json").read_text()),
+        metrics=read_json_object(run_dir / "metrics.json", "eval metrics"),
     )
 
 

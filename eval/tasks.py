@@ -28,7 +28,6 @@ definition). Its problems carry their rendered prompt in ``meta["prompt"]``.
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 from collections import defaultdict
 from collections.abc import Callable
@@ -40,7 +39,9 @@ import numpy as np
 from eval.benchmarks import Problem
 from eval.generation import Generation
 from eval.grading import Grade
+from zoomr.jsonl import read_json
 from zoomr.paths import MissingInput
+from zoomr.rundir import write_json
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +147,7 @@ def render(
 def write_scope(run_dir: str | Path, problems: list[Problem]) -> None:
     """Record the run's problem ids: generated / hub problems cannot be listed again without the model's
     tokenizer or the hub, so :func:`eval.compare.load_run` reads the scope from here."""
-    (Path(run_dir) / SCOPE_FILE).write_text(json.dumps([p.id for p in problems]))
+    write_json(Path(run_dir) / SCOPE_FILE, [p.id for p in problems])
 
 
 def read_scope(run_dir: str | Path) -> list[str]:
@@ -155,7 +156,7 @@ def read_scope(run_dir: str | Path) -> list[str]:
         raise MissingInput(
             f"{run_dir}: no {SCOPE_FILE} (a RULER / LongBench run writes it when it starts)"
         )
-    return json.loads(path.read_text())
+    return read_json(path, "problem scope")
 
 
 def limit_per_subset(problem_limit: int | None, available: int) -> int:

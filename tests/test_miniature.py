@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -390,3 +391,21 @@ def test_the_whole_committed_table_is_rebuilt_from_the_slim_copies_under_any_out
             assert a[key] == pytest.approx(committed[a["name"]][key], abs=1e-12), (a["name"], key)
     assert {p: p.read_bytes() for p in (out / "arms").glob("*/results.jsonl")} == before  # nothing was decoded
     assert not list((out / "arms").glob("*/arm.log"))
+
+
+def test_a_damaged_arm_record_is_named_instead_of_a_traceback(tmp_path):
+    """The recorded command of a finished arm was parsed with ``json.loads`` (a torn file: a JSONDecodeError
+    traceback) and written in place (a kill could tear it); it is written through a rename now and a damaged one
+    is named."""
+    import shutil
+
+    from eval.arms import COMMAND_FILE, run_arm
+    from zoomr.jsonl import BadRowError
+
+    arm = tmp_path / "full"
+    shutil.copytree(REPO_ROOT / "analysis/results/miniature/runs/arms/full", arm)
+    cmd = [sys.executable, *json.loads((arm / COMMAND_FILE).read_text())]
+    assert run_arm(cmd, arm).correct.mean() > 0.9  # reused: nothing runs
+    (arm / COMMAND_FILE).write_text('["-m", "eval",')
+    with pytest.raises(BadRowError, match=f"{COMMAND_FILE}: not valid JSON \\(expected a JSON arm command"):
+        run_arm(cmd, arm)

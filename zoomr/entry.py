@@ -6,7 +6,6 @@ Only entry points import this; the rest of the library takes plain arguments.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import shutil
@@ -19,6 +18,7 @@ import torch
 from zoomr.jsonl import BadRowError
 from zoomr.models import ModelSpec, spec_from_dict
 from zoomr.paths import MissingInput, output_problem
+from zoomr.rundir import write_json
 from zoomr.schemas import register_with_hydra
 from zoomr.schemas.checks import SettingsError
 from zoomr.tracking import RunLogger, init_run, run_identity
@@ -167,7 +167,7 @@ def start_run(cfg: Any, job_type: str) -> tuple[Path, RunLogger]:
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     plain = to_plain(cfg)
-    (run_dir / "config.json").write_text(json.dumps(plain, indent=2, default=str))
+    write_json(run_dir / "config.json", plain)
     ident = run_identity(plain, job_type)
     logger = init_run(
         project=cfg.logger.project,

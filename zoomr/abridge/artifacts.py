@@ -6,7 +6,6 @@ trained for.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -15,13 +14,14 @@ from zoomr.abridge.layout import AbridgeLayout
 from zoomr.abridge.quotas import is_int_list
 from zoomr.jsonl import BadRowError, read_json_object
 from zoomr.paths import MissingInput, resolve_repo_path
+from zoomr.rundir import write_json
 
 FILENAME = "abridge.json"
 
 
 def save_abridge_config(directory: str | Path, layout: AbridgeLayout, quotas: list[int], **info: Any) -> Path:
     p = Path(directory) / FILENAME
-    p.write_text(json.dumps({"layout": asdict(layout), "quotas": list(quotas), **info}, indent=2))
+    write_json(p, {"layout": asdict(layout), "quotas": list(quotas), **info})
     return p
 
 

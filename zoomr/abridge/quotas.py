@@ -8,13 +8,13 @@ the rest q, so the mean stays q (paper: 6·256 + 18·128 + 12·64 = 36·128).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from zoomr.jsonl import BadRowError, read_json_object
 from zoomr.paths import MissingInput, resolve_repo_path
+from zoomr.rundir import write_json
 
 
 def check_quotas(quotas: Sequence[int], num_layers: int, num_pause: int) -> list[int]:
@@ -46,7 +46,7 @@ def is_int_list(value: Any) -> bool:
 def save_schedule(path: str | Path, quotas: Sequence[int], **info: Any) -> Path:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps({"quotas": [int(q) for q in quotas], **info}, indent=2))
+    write_json(p, {"quotas": [int(q) for q in quotas], **info})
     return p
 
 

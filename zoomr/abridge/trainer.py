@@ -10,7 +10,6 @@ recipe, its data and start model, and the final save. Recipes (``train/abridge.p
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from zoomr.abridge.optim import lr_factor
 from zoomr.cache.abridge import AbridgeMethod
 from zoomr.models import ModelSpec, load_model, load_tokenizer
 from zoomr.paths import MissingInput, resolve_repo_path
+from zoomr.rundir import write_json
 from zoomr.schemas.abridge import AbridgeOptim
 from zoomr.schemas.checks import SettingsError
 from zoomr.training import LogAtSave, load_sft_dataset, trainer_arguments
@@ -152,7 +152,7 @@ def save_final(trainer: Trainer, spec: ModelSpec, tokenizer, run_dir: Path, data
     trainer.save_model(str(final_dir))
     tokenizer.save_pretrained(str(final_dir))
     if data is not None:
-        (final_dir / DATA_CONFIG_FILE).write_text(json.dumps(data, indent=2, default=str))
+        write_json(final_dir / DATA_CONFIG_FILE, data)
     return model, final_dir
 
 

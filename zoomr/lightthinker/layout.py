@@ -23,7 +23,6 @@ The stream the model reads, in training and serving alike::
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +38,7 @@ from zoomr.abridge.layout import (
     special_token_ids,
 )
 from zoomr.jsonl import BadRowError, read_json_object
+from zoomr.rundir import write_json
 from zoomr.segments import split_paragraphs, split_thought
 
 CACHE = PAUSE  # the same role as an AbridgeKV pause token: a learned compression token, no loss
@@ -157,7 +157,7 @@ def save_config(directory: str | Path, num_cache_tokens: int, **extra) -> Path:
     """Write ``lightthinker.json`` (n and how the run segmented its data) next to a checkpoint."""
     path = Path(directory) / FILENAME
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"num_cache_tokens": num_cache_tokens, **extra}, indent=2, default=str))
+    write_json(path, {"num_cache_tokens": num_cache_tokens, **extra})
     return path
 
 

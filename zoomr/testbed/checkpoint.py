@@ -7,7 +7,6 @@ form): :func:`finalize` writes it, :func:`trained_data` reads it. Arms run throu
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import torch
 
 from zoomr import tokens
 from zoomr.jsonl import BadRowError, read_json_object
+from zoomr.rundir import write_json
 from zoomr.schemas.testbed import TestbedData
 
 DATA_FILE = "testbed_data.json"  # the TestbedData a checkpoint was trained on (written by the trainer)
@@ -108,4 +108,4 @@ def finalize(model, tokenizer, data: TestbedData, out: Path) -> None:
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    (out / DATA_FILE).write_text(json.dumps(asdict(data), indent=2))
+    write_json(out / DATA_FILE, asdict(data))
