@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.cli import require_at_least
+from zoomr.jsonl import read_json_object
 from zoomr.paths import output_file
 
 CLASSES = ("fact_straddle", "query_straddle", "inside")
@@ -56,7 +57,7 @@ def boundary_report(run_dir: str | Path, block_size: int) -> dict[str, Any]:
     config = run / "config.json"
     if not config.is_file():
         raise SystemExit(f"{run}: no config.json (not an evaluator run directory)")
-    options = json.loads(config.read_text())["benchmark"].get("options") or {}
+    options = (read_json_object(config, "run config").get("benchmark") or {}).get("options") or {}
     rows = {pid: row for (pid, sample), row in ResultStore(run).load().items() if sample == 0}
     if not rows:
         raise SystemExit(f"{run}: no finished samples in results.jsonl")

@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from analysis.bench_decode import method_config, model_spec
 from analysis.slim_runs import evaluated_checkpoint, evaluated_config
 from zoomr.engine import DecodeSettings, generate
+from zoomr.jsonl import read_json_object
 from zoomr.models import load_model, load_model_and_tokenizer, load_tokenizer, spec_from_dict
 from zoomr.paths import output_dir
 
@@ -84,7 +85,7 @@ def eval_requests(run_dir: Path, n: int) -> tuple[dict[str, Any], list[tuple[int
     config_file, results = run_dir / "config.json", run_dir / "results.jsonl"
     if not config_file.exists() or not results.exists():
         raise SystemExit(f"{run_dir}: not an evaluation run directory (needs config.json and results.jsonl)")
-    config = json.loads(config_file.read_text())
+    config = read_json_object(config_file, "run config")
     ckpt = evaluated_checkpoint(config)  # a slim copy (analysis/slim_runs.py) names the checkpoint it was run on
     if ckpt is not None and not Path(ckpt).is_dir():
         raise SystemExit(f"{run_dir}: a slim copy whose checkpoint {ckpt} is not here; "

@@ -22,13 +22,13 @@ the layout of the model's copy warm-up), a labelled variant.
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
+from zoomr.jsonl import read_json_object
 from zoomr.kvzap.pretext import RepeatPretext
 from zoomr.schemas.kvzap import TestbedPairsSource
 from zoomr.schemas.testbed import TestbedData
@@ -53,7 +53,7 @@ def testbed_data(source: TestbedPairsSource, model_dir: str | None = None) -> Te
     testbed.validate(data)
     path = Path(model_dir) / "testbed_data.json" if model_dir else None
     if path is not None and path.exists():
-        trained = json.loads(path.read_text())
+        trained = read_json_object(path, "testbed data config")
         if differ := format_differences(model_dir, data, FORMAT_FIELDS):
             raise ValueError(
                 f"pipeline.testbed.data disagrees with the model's trace format ({path}): "

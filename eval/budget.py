@@ -14,10 +14,11 @@ fingerprint as plain ``budget_rows``, so a rerun resumes only while the referenc
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
+
+from zoomr.jsonl import read_json_object
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +30,11 @@ def _reference(run_dir: Path, what: str, fix: str) -> tuple[dict[str, Any], dict
     metrics_file = run_dir / "metrics.json"
     if not metrics_file.is_file():
         raise SystemExit(f"{what} needs the measured rows of {run_dir}, which has no metrics.json: {fix}")
-    pooled = json.loads(metrics_file.read_text())["pooled"]
+    pooled = read_json_object(metrics_file, "eval metrics").get("pooled")
+    if not isinstance(pooled, dict) or not {"rows_mean", "rows_peak_mean"} <= set(pooled):
+        raise SystemExit(f"{what}: {metrics_file} has no pooled rows_mean / rows_peak_mean (not an eval run's metrics)")
     config_file = run_dir / "config.json"
-    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    config = read_json_object(config_file, "run config") if config_file.is_file() else {}
     return pooled, config
 
 

@@ -87,6 +87,13 @@ def test_relative_budget_errors_say_what_to_do(tmp_path):
     with pytest.raises(ValueError, match="match_budget"):  # the library never silently ignores a fraction
         build_policy(H2OConfig(budget_fraction=0.5), None)
     assert match_budget(H2OConfig(budget_fraction=0.5), 33.4).budget_rows == 33
+    # a reference whose metrics are torn or not an eval run's: named (were a JSONDecodeError / KeyError traceback)
+    (tmp_path / "snap" / "metrics.json").write_text('{"pooled": ')
+    with pytest.raises(ValueError, match="snap/metrics.json: not valid JSON"):
+        resolve_budget(_cfg(tmp_path / "h2o", "+method=h2o", f"method.budget_match={tmp_path / 'snap'}"))
+    (tmp_path / "snap" / "metrics.json").write_text('{"accuracy": 0.5}')
+    with pytest.raises(SystemExit, match="has no pooled rows_mean / rows_peak_mean"):
+        resolve_budget(_cfg(tmp_path / "h2o", "+method=h2o", f"method.budget_match={tmp_path / 'snap'}"))
 
 
 def test_tiny_run_says_it_never_evicted_then_a_fraction_does(tmp_path, cache_dir, capsys):
