@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from zoomr.jsonl import read_json_object
+from zoomr.jsonl import BadRowError, read_json_object
 from zoomr.kvzap.pairs import FORMAT, shard_name, write_shard
 from zoomr.kvzap.pretext import RepeatPretext, build_repeat_pretext
 from zoomr.kvzap.scoring import LOG_FLOOR, kvzip_scores
@@ -57,33 +57,34 @@ class Document:
 
 
 def load_texts(source: TextSource) -> list[str]:
-    """The documents of one subset as strings (empty ones dropped)."""
+    """The documents of one subset as strings (empty ones dropped); a line that cannot be read is refused
+    (:class:`BadRowError`, printed alone by the entry point) naming the file and the line."""
     path = resolve_repo_path(source.path)
     if not path.exists():
         raise MissingInput(f"source {source.name!r}: no file {path}")
-    texts = []
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            if source.format == "lines":
-                texts.append(line.rstrip("\n"))
-            elif source.format == "jsonl":
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"source {source.name!r}: {path} line {n} is not JSON ({e.msg})") from None
-                if not isinstance(row, dict):
-                    raise ValueError(f"source {source.name!r}: {path} line {n} is not a JSON object")
-                missing = [k for k in source.fields if k not in row]
-                if missing:
-                    raise KeyError(
-                        f"source {source.name!r} line {n}: missing fields {missing} (has {sorted(row)})"
-                    )
-                texts.append(source.joiner.join(str(row[k]) for k in source.fields))
-            else:
-                raise ValueError(f"source {source.name!r}: format must be jsonl|lines, got {source.format!r}")
+    texts, n = [], 0
+    try:
+        with path.open(encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    texts.append(line.rstrip("\n") if source.format == "lines" else row_text(source, line, f"{path} line {n}"))
+    except UnicodeDecodeError:
+        raise BadRowError(f"source {source.name!r}: {path} is not UTF-8 text (at or after line {n + 1})") from None
     return [t for t in texts if t.strip()]
+
+
+def row_text(source: TextSource, line: str, where: str) -> str:
+    """The text of one JSONL row: ``source.fields`` joined with ``source.joiner``."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise BadRowError(f"source {source.name!r}: {where} is not JSON ({e.msg})") from None
+    if not isinstance(row, dict):
+        raise BadRowError(f"source {source.name!r}: {where} is not a JSON object")
+    if missing := [k for k in source.fields if k not in row]:
+        raise BadRowError(f"source {source.name!r}: {where}: missing fields {missing} (has {sorted(row)}); "
+                          "set the source's fields")  # fmt: skip
+    return source.joiner.join(str(row[k]) for k in source.fields)
 
 
 def cut_documents(

@@ -194,7 +194,8 @@ def test_the_miniature_refuses_an_out_path_that_is_a_file_before_any_model_train
     assert "miniature:" not in capsys.readouterr().out and out.read_text() == "not a directory"
 
 
-@pytest.mark.parametrize("line,message", [("{not json", "line 2 is not JSON"), ("[1, 2]", "line 2 is not a JSON object")])
+@pytest.mark.parametrize("line,message", [("{not json", "line 2 is not JSON"), ("[1, 2]", "line 2 is not a JSON object"),
+                                          ('{"txt": "x"}', r"line 2: missing fields \['text'\] \(has \['txt'\]\)")])
 def test_a_kvzap_text_source_names_its_unreadable_line(tmp_path, line, message):
     from data_prep.kvzap_pairs import load_texts
 
@@ -204,6 +205,17 @@ def test_a_kvzap_text_source_names_its_unreadable_line(tmp_path, line, message):
         load_texts(TextSource(path=str(path)))
     path.write_text('{"text": "fine"}\n\n{"text": "also fine"}\n')
     assert load_texts(TextSource(path=str(path))) == ["fine", "also fine"]
+
+
+def test_a_kvzap_text_source_that_is_not_utf8_is_named_and_printed_alone(tmp_path):
+    """A missing field was a KeyError traceback, a non-UTF-8 file a UnicodeDecodeError one."""
+    from data_prep.kvzap_pairs import load_texts
+    from zoomr.jsonl import BadRowError
+
+    path = tmp_path / "docs.jsonl"
+    path.write_bytes(b'{"text": "fine"}\n{"text": "\xff\xfe"}\n')
+    with pytest.raises(BadRowError, match=r"docs.jsonl is not UTF-8 text \(at or after line"):
+        load_texts(TextSource(path=str(path)))
 
 
 @pytest.mark.parametrize("method", ["abridge", "lightthinker"])
