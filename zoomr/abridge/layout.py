@@ -29,6 +29,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from zoomr import tokens
+from zoomr.schemas.checks import is_integer
 
 PAD, PROMPT, RAW, PAUSE = 0, 1, 2, 3
 CODE_POSITIONS = ("spread", "tail", "appended")
@@ -45,7 +46,7 @@ class AbridgeLayout:
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_pause"):
-            if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool):
+            if not is_integer(getattr(self, name)):
                 raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")

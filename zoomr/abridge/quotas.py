@@ -15,6 +15,7 @@ from typing import Any
 from zoomr.jsonl import BadRowError, read_json_object
 from zoomr.paths import MissingInput, resolve_repo_path
 from zoomr.rundir import write_json
+from zoomr.schemas.checks import is_integer
 
 
 def check_quotas(quotas: Sequence[int], num_layers: int, num_pause: int) -> list[int]:
@@ -40,7 +41,7 @@ def load_schedule(path: str | Path) -> list[int]:
 
 def is_int_list(value: Any) -> bool:
     """A JSON list of integers (a float quota would be truncated, a bool taken as 0/1)."""
-    return isinstance(value, list) and all(isinstance(q, int) and not isinstance(q, bool) for q in value)
+    return isinstance(value, list) and all(is_integer(q) for q in value)
 
 
 def save_schedule(path: str | Path, quotas: Sequence[int], **info: Any) -> Path:

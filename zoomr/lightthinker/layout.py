@@ -39,6 +39,7 @@ from zoomr.abridge.layout import (
 )
 from zoomr.jsonl import BadRowError, read_json_object
 from zoomr.rundir import write_json
+from zoomr.schemas.checks import is_integer
 from zoomr.segments import split_paragraphs, split_thought
 
 CACHE = PAUSE  # the same role as an AbridgeKV pause token: a learned compression token, no loss
@@ -166,7 +167,7 @@ def checkpoint_cache_tokens(model_config) -> int | None:
     path = getattr(model_config, "_name_or_path", None)
     if path and (Path(path) / FILENAME).exists():
         n = read_json_object(Path(path) / FILENAME, "LightThinker layout").get("num_cache_tokens")
-        if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
+        if not (is_integer(n) and n >= 1):
             raise BadRowError(f"{Path(path) / FILENAME}: num_cache_tokens must be an integer >= 1, got {n!r}")
         return n
     return None

@@ -26,6 +26,11 @@ FRACTION: Rule = (lambda v: 0 <= v <= 1, "in [0, 1]")
 BETA: Rule = (lambda v: 0 <= v < 1, "in [0, 1)")  # Adam's betas, a dropout probability
 
 
+def is_integer(value: Any) -> bool:
+    """An ``int`` that is not a ``bool`` (JSON ``true`` would pass as 1; a float would be truncated)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def check_fields(obj: Any, prefix: str, **rules: Rule) -> None:
     """Raise ``ValueError`` naming each ``prefix.<field>=<value>`` of ``obj`` that breaks its rule."""
     bad = []
