@@ -262,14 +262,27 @@ def test_data_a_trainer_cannot_use_is_refused_before_any_run_state(overrides, me
     """These failed only after ``settings.json`` and ``config.json`` (LightThinker: also ``lightthinker.json``) were
     written: the testbed trainer checked its tokenizer and trace length, AbridgeKV and LightThinker their data,
     after the run directory guard."""
-    run_dir = tmp_path / "run"
+    assert message in train_refused(overrides, tmp_path / "run")
+
+
+def train_refused(overrides: list[str], run_dir: Path) -> str:
+    """``python -m train <overrides>`` in ``run_dir``: asserts it exits 1 with a message, no traceback and no run
+    state (only Hydra's own log); returns its stderr."""
     proc = subprocess.run(
         [sys.executable, "-m", "train", *overrides, "logger=none", f"hydra.run.dir={run_dir}"],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    assert proc.returncode == 1 and message in proc.stderr, proc.stderr[-1500:]
-    assert "Traceback" not in proc.stderr  # a message (SettingsError / SystemExit), not a crash
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-1500:]  # a message, not a crash
     assert not [p.name for p in run_dir.iterdir() if p.name not in (".hydra", "__main__.log")]
+    return proc.stderr
+
+
+def test_a_torn_pairs_manifest_is_printed_alone_before_any_run_state(tmp_path):
+    """A malformed input file (:class:`zoomr.jsonl.BadRowError`) came out of every entry point as a traceback."""
+    (tmp_path / "pairs").mkdir()
+    (tmp_path / "pairs" / "manifest.json").write_text('{"format":')
+    stderr = train_refused(["+method=kvzap", f"method.pairs_dir={tmp_path / 'pairs'}"], tmp_path / "run")
+    assert "manifest.json: not valid JSON (expected a JSON KVzap pairs manifest" in stderr
 
 
 def test_a_schedule_for_another_depth_is_refused_by_name_before_any_run_state(tmp_path):
@@ -277,12 +290,5 @@ def test_a_schedule_for_another_depth_is_refused_by_name_before_any_run_state(tm
     with 3 layers`` came as a ValueError traceback."""
     schedule = tmp_path / "schedule.json"
     schedule.write_text(json.dumps({"quotas": [64, 64]}))
-    run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "train", "+method=abridge", f"method.schedule={schedule}", "logger=none",
-         f"hydra.run.dir={run_dir}"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert f"invalid settings: method.schedule={schedule} / method.quota=None: quota schedule has 2 entries" in proc.stderr
-    assert not [p.name for p in run_dir.iterdir() if p.name not in (".hydra", "__main__.log")]
+    stderr = train_refused(["+method=abridge", f"method.schedule={schedule}"], tmp_path / "run")
+    assert f"invalid settings: method.schedule={schedule} / method.quota=None: quota schedule has 2 entries" in stderr
