@@ -252,6 +252,10 @@ def test_a_missing_local_data_file_is_named_before_any_run_state(method, tmp_pat
         (["+method=sft_testbed", "data=testbed", "model=tiny-testbed", "data.trace_tokens=10"], "too short for one paragraph"),
         (["+method=sft_testbed", "data=testbed", "model=tiny-qwen2"], "the model's tokenizer lacks 359 testbed words"),
         (["+method=abridge", "model=tiny-qwen2"], "the model's tokenizer lacks 359 testbed words"),  # KeyError: 'user'
+        (["+method=sft_testbed", "data=testbed", "model=tiny-testbed", "method.init_from=/nonexistent/final"],
+         "method.init_from=/nonexistent/final: no such directory"),  # a ValueError traceback
+        (["+method=sft_testbed", "data=testbed", "model=tiny-testbed", "method.value_read_weight=1"],
+         "invalid settings: method.value_read_weight=1.0: > 0 needs data with summaries"),  # a ValueError traceback
         (["+method=abridge", "method.max_response_tokens=100"], "max_response_tokens=100 would cut them"),
         (["+method=abridge", "method.block_size=4096"], "no response completes a block"),  # trained as full KV
         (["+method=lightthinker", "data=testbed", "method.init_from=analysis/results/miniature/base_model",

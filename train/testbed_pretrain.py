@@ -39,10 +39,11 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from zoomr.entry import model_spec, start_run, to_plain
-from zoomr.models import describe, load_model, load_tokenizer
+from zoomr.models import ModelPathError, checkpoint_dir_problem, describe, load_model, load_tokenizer
 from zoomr.paths import resolve_repo_path
 from zoomr.rundir import finish_run, prepare_run, torch_archive_whole, weights_problems, write_summary
 from zoomr.schemas import to_dataclass
+from zoomr.schemas.checks import SettingsError
 from zoomr.schemas.testbed import TestbedData, TestbedTrainMethod
 from zoomr.summary_pointer import capture_qk, key_spread_penalty, pointer_loss, value_read_loss, with_key_cues
 from zoomr.testbed import vocab as tt
@@ -146,15 +147,15 @@ def check_method(method: TestbedTrainMethod, data: TestbedData) -> None:
     """Refuse settings that cannot work with this data, before any state is written (ranges: the schema)."""
     validate_data(data)  # the task's own ranges (e.g. traces too short for a paragraph and the answer)
     if method.summary_pointer_at_key and (not data.summaries or data.query_form != "cue"):
-        raise ValueError("method.summary_pointer_at_key needs data with summaries and query_form=cue (a key before ':')")
+        raise SettingsError("method.summary_pointer_at_key needs data with summaries and query_form=cue (a key before ':')")
     if method.cue_view_previous_selection_from is not None and method.cue_view_window is None:
-        raise ValueError("method.cue_view_previous_selection_from needs method.cue_view_window")
+        raise SettingsError("method.cue_view_previous_selection_from needs method.cue_view_window")
     if method.cue_view_window is not None and (not data.summaries or data.query_form != "cue"):
-        raise ValueError(f"method.cue_view_window={method.cue_view_window}: needs data with summaries and query_form=cue")
+        raise SettingsError(f"method.cue_view_window={method.cue_view_window}: needs data with summaries and query_form=cue")
     if method.value_read_weight > 0 and (not data.summaries or data.query_form != "cue"):
-        raise ValueError(f"method.value_read_weight={method.value_read_weight}: > 0 needs data with summaries and query_form=cue")
-    if method.init_from and not (resolve_repo_path(method.init_from) / "config.json").is_file():
-        raise ValueError(f"method.init_from={method.init_from}: not a checkpoint directory (no config.json)")
+        raise SettingsError(f"method.value_read_weight={method.value_read_weight}: > 0 needs data with summaries and query_form=cue")
+    if method.init_from and (problem := checkpoint_dir_problem(resolve_repo_path(method.init_from))):
+        raise ModelPathError(f"method.init_from={method.init_from}: {problem}")
 
 
 def run(cfg) -> dict[str, Any]:
