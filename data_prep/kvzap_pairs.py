@@ -35,6 +35,7 @@ from zoomr.models import DTYPES
 from zoomr.paths import MissingInput, resolve_repo_path
 from zoomr.rundir import safetensors_whole, write_json
 from zoomr.runlock import hold_run_lock
+from zoomr.schemas.checks import SettingsError
 from zoomr.schemas.kvzap import KVzapPairsPipeline, TestbedPairsSource, TextSource
 
 log = logging.getLogger(__name__)
@@ -219,13 +220,13 @@ Plan = tuple[list[Document], dict[str, Any], Callable[[Document], RepeatPretext]
 def text_plan(tokenizer, p: KVzapPairsPipeline, seed: int) -> Plan:
     """Documents cut from ``p.sources``, scored on KVzip's repeat pretext (the paper's setting)."""
     if p.tokens_per_doc > p.min_tokens:
-        raise ValueError(f"tokens_per_doc ({p.tokens_per_doc}) must be <= min_tokens ({p.min_tokens})")
+        raise SettingsError(f"tokens_per_doc ({p.tokens_per_doc}) must be <= min_tokens ({p.min_tokens})")
     if not p.sources:
-        raise ValueError("pipeline.sources is empty")
+        raise SettingsError("pipeline.sources is empty")
     sources = [s if isinstance(s, TextSource) else TextSource(**s) for s in p.sources]
     docs = plan_documents(sources, tokenizer, p, seed)
     if not docs:
-        raise ValueError("no documents: every source is shorter than min_tokens")
+        raise SettingsError("no documents: every source is shorter than min_tokens")
     skip = ("out_dir", "overwrite", "name", "module", "testbed")
     settings = {k: v for k, v in asdict(p).items() if k not in skip}
     settings["sources"] = [asdict(s) for s in sources]

@@ -30,6 +30,7 @@ import torch
 
 from zoomr.jsonl import read_json_object
 from zoomr.kvzap.pretext import RepeatPretext
+from zoomr.schemas.checks import SettingsError
 from zoomr.schemas.kvzap import TestbedPairsSource
 from zoomr.schemas.testbed import TestbedData
 from zoomr.testbed import task as testbed
@@ -48,20 +49,20 @@ def testbed_data(source: TestbedPairsSource, model_dir: str | None = None) -> Te
     """
     unknown = sorted(set(source.data) - set(TestbedData.__dataclass_fields__))
     if unknown:
-        raise ValueError(f"pipeline.testbed.data: unknown TestbedData fields {unknown}")
+        raise SettingsError(f"pipeline.testbed.data: unknown TestbedData fields {unknown}")
     data = TestbedData(**{**source.data, "seed": source.seed})
     testbed.validate(data)
     path = Path(model_dir) / "testbed_data.json" if model_dir else None
     if path is not None and path.exists():
         trained = read_json_object(path, "testbed data config")
         if differ := format_differences(model_dir, data, FORMAT_FIELDS):
-            raise ValueError(
+            raise SettingsError(
                 f"pipeline.testbed.data disagrees with the model's trace format ({path}): "
                 + ", ".join(f"{k}: model {a!r}, pairs {b!r}" for k, (a, b) in differ.items())
             )
         used = {trained.get("seed"), trained.get("test_seed")}
         if source.seed in used:
-            raise ValueError(
+            raise SettingsError(
                 f"pipeline.testbed.seed={source.seed} is a seed the model was trained or tested on ({path}): "
                 "choose another"
             )

@@ -254,6 +254,8 @@ def test_a_missing_local_data_file_is_named_before_any_run_state(method, tmp_pat
         (["+method=abridge", "model=tiny-qwen2"], "the model's tokenizer lacks 359 testbed words"),  # KeyError: 'user'
         (["+method=sft_testbed", "data=testbed", "model=tiny-testbed", "method.init_from=/nonexistent/final"],
          "method.init_from=/nonexistent/final: no such directory"),  # a ValueError traceback
+        (["+method=sft_testbed", "data=testbed_summaries", "model=tiny-testbed", "method.summary_pointer_layers=[7]"],
+         "invalid settings: method.summary_pointer_layers=[7]: the model has layers 0..2"),  # after config.json
         (["+method=sft_testbed", "data=testbed", "model=tiny-testbed", "method.value_read_weight=1"],
          "invalid settings: method.value_read_weight=1.0: > 0 needs data with summaries"),  # a ValueError traceback
         (["+method=abridge", "method.max_response_tokens=100"], "max_response_tokens=100 would cut them"),

@@ -234,7 +234,7 @@ def test_key_cues_sit_on_the_key_before_each_boundary_and_bad_settings_are_refus
         check_method(TestbedTrainMethod(summary_pointer_at_key=True), TestbedData(summaries=False))
     with pytest.raises(ValueError, match="summary_pointer_at_key"):
         check_method(TestbedTrainMethod(summary_pointer_at_key=True), TestbedData(summaries=True, query_form="inline"))
-    with pytest.raises(ValueError, match="not a checkpoint"):
+    with pytest.raises(FileNotFoundError, match="not a checkpoint directory"):  # printed alone (ModelPathError)
         check_method(TestbedTrainMethod(init_from=str(tmp_path)), data)
 
 
@@ -245,10 +245,11 @@ def test_trainer_pointer_layers(layers):
 
     model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=3,
                                          num_attention_heads=2, num_key_value_heads=1))  # fmt: skip
-    got = pointer_layers(model, TestbedTrainMethod(summary_pointer_layers=layers))
+    n = model.config.num_hidden_layers
+    got = pointer_layers(n, TestbedTrainMethod(summary_pointer_layers=layers))
     assert got == ([1] if layers else [1, 2])
     with pytest.raises(ValueError, match="summary_pointer_layers"):
-        pointer_layers(model, TestbedTrainMethod(summary_pointer_layers=[3]))
+        pointer_layers(n, TestbedTrainMethod(summary_pointer_layers=[3]))
 
 
 def test_online_hit_rate_reads_the_recompute_at_each_cue():

@@ -37,6 +37,7 @@ from zoomr.lightthinker.mask import splitter_accuracy, thought_masks
 from zoomr.models import DTYPES
 from zoomr.rundir import finish_run, prepare_run
 from zoomr.schemas import to_dataclass
+from zoomr.schemas.checks import SettingsError
 from zoomr.training import check_data_source, load_sft_dataset, train_or_restore
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ def load_streams(data: dict[str, Any], tokenizer, tt: ThoughtTokens, m: LightThi
     )
     if lazy is not None:
         if not any(tt.splitter in lazy.example(i)[1] for i in range(min(len(lazy), 4))):
-            raise ValueError(
+            raise SettingsError(
                 f"data {data.get('name')!r}: its responses hold no {tokens.SPLITTER}, so no thought would ever "
                 "end; on the testbed set data.thought_splitter=true (the model writes a splitter after each "
                 "paragraph break)"
@@ -84,7 +85,7 @@ def load_streams(data: dict[str, Any], tokenizer, tt: ThoughtTokens, m: LightThi
             dataset, tokenizer, tt, m.max_prompt_tokens, m.max_response_tokens, m.min_thought_chars
         )
     if len(streams.streams) <= m.heldout_examples:
-        raise ValueError(
+        raise SettingsError(
             f"{streams.describe()}: need more than heldout_examples={m.heldout_examples} to train on"
         )
     return streams

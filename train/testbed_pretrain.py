@@ -37,9 +37,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
+from transformers import AutoConfig
 
 from zoomr.entry import model_spec, start_run, to_plain
-from zoomr.models import ModelPathError, checkpoint_dir_problem, describe, load_model, load_tokenizer
+from zoomr.models import (
+    ModelPathError,
+    checkpoint_dir_problem,
+    describe,
+    load_model,
+    load_tokenizer,
+    resolve_model_path,
+)
 from zoomr.paths import resolve_repo_path
 from zoomr.rundir import finish_run, prepare_run, torch_archive_whole, weights_problems, write_summary
 from zoomr.schemas import to_dataclass
@@ -107,12 +115,11 @@ def batch_loss(model, batch: Batch, mask: torch.Tensor | None = None) -> tuple[t
     return F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(), ignore_index=-100), logits
 
 
-def pointer_layers(model, method: TestbedTrainMethod) -> list[int]:
-    """The layers the summary-pointer loss trains (default: all but the first)."""
-    n = model.config.num_hidden_layers
+def pointer_layers(n: int, method: TestbedTrainMethod) -> list[int]:
+    """The layers (of ``n``) the summary-pointer loss trains (default: all but the first)."""
     layers = list(range(1, n)) if method.summary_pointer_layers is None else list(method.summary_pointer_layers)
     if any(not 0 <= i < n for i in layers):
-        raise ValueError(f"method.summary_pointer_layers={layers}: the model has layers 0..{n - 1}")
+        raise SettingsError(f"method.summary_pointer_layers={layers}: the model has layers 0..{n - 1}")
     return layers
 
 
@@ -169,6 +176,7 @@ def run(cfg) -> dict[str, Any]:
         spec = replace(spec, hf_id=str(resolve_repo_path(method.init_from)))
     tokenizer = load_tokenizer(spec, cfg.cache_dir)
     check_tokenizer(tokenizer)  # a model without the testbed's words is refused before any state is written
+    layers = pointer_layers(AutoConfig.from_pretrained(resolve_model_path(spec, cfg.cache_dir)).num_hidden_layers, method)
     plan = prepare_run(cfg.run_dir, to_plain(cfg), cfg.resume, free=FREE_KEYS, checkpoint_problems=checkpoint_problems,
                        title="testbed training", checkpoint_prefix=CHECKPOINT_PREFIX)  # fmt: skip
     if plan.finished:
@@ -199,7 +207,6 @@ def run(cfg) -> dict[str, Any]:
     t0, seen, history = time.time(), 0, []
     steps_done, stopped_early = start, False
     use_pointer = data.summaries and method.summary_pointer_weight > 0
-    layers = pointer_layers(model, method)
     key_ids = [tokenizer.convert_tokens_to_ids(tt.key(i)) for i in range(tt.N_KEYS)]
     capture = capture_qk(model) if data.summaries else nullcontext()
     qk = capture.__enter__()
