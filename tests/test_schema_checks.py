@@ -44,6 +44,7 @@ BAD = [
     (MiniatureTask, "n_resamples", 0, "n_resamples=0"),
     (TestbedData, "n_test", 0, "data.n_test=0 (must be >= 1)"),
     (TestbedData, "n_train", -1, "data.n_train=-1 (must be >= 1)"),
+    (TestbedData, "query_age_bias", math.nan, "data.query_age_bias=nan (must be a finite number)"),
     (SFTMethod, "learning_rate", 0.0, "method.learning_rate=0.0 (must be > 0)"),
     (SFTMethod, "warmup_ratio", 2.0, "warmup_ratio=2.0 (must be in [0, 1])"),
     (SFTMethod, "max_length", 0, "max_length=0"),

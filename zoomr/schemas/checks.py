@@ -24,6 +24,7 @@ NON_NEGATIVE: Rule = (lambda v: v >= 0, ">= 0")
 AT_LEAST_ONE: Rule = (lambda v: v >= 1, ">= 1")
 FRACTION: Rule = (lambda v: 0 <= v <= 1, "in [0, 1]")
 BETA: Rule = (lambda v: 0 <= v < 1, "in [0, 1)")  # Adam's betas, a dropout probability
+FINITE: Rule = (lambda v: True, "a finite number")  # any sign (check_fields refuses NaN and infinities first)
 
 
 def is_integer(value: Any) -> bool:

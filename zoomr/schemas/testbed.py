@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from zoomr.schemas.checks import AT_LEAST_ONE, BETA, FRACTION, NON_NEGATIVE, POSITIVE, check_fields
+from zoomr.schemas.checks import AT_LEAST_ONE, BETA, FINITE, FRACTION, NON_NEGATIVE, POSITIVE, check_fields
 from zoomr.schemas.sft import check_length
 
 
@@ -64,7 +64,8 @@ class TestbedData:
 
     def __post_init__(self) -> None:
         check_fields(
-            self, "data", boundary_period=NON_NEGATIVE, boundary_rate=FRACTION, n_train=AT_LEAST_ONE, n_test=AT_LEAST_ONE
+            self, "data", boundary_period=NON_NEGATIVE, boundary_rate=FRACTION, n_train=AT_LEAST_ONE, n_test=AT_LEAST_ONE,
+            query_age_bias=FINITE,
         )
         if self.boundary_rate > 0 and self.boundary_period < 2:
             raise ValueError(
