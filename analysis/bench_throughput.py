@@ -227,4 +227,6 @@ def log_to_wandb(report: dict[str, Any], model: str, out: Path) -> dict[str, Any
 
 
 if __name__ == "__main__":
-    main()
+    from zoomr.script import run_script
+
+    run_script(main)

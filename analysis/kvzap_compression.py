@@ -131,10 +131,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         p.error(f"--thresholds {args.thresholds}: not a comma-separated list of numbers")
     if any(math.isnan(t) for t in thresholds):  # the policy refuses it, but only after the full-KV arm ran
         p.error(f"--thresholds {args.thresholds}: NaN is not a threshold (-inf keeps every row)")
+    try:  # before the model loads: a path that is not a surrogate is named, without a traceback
+        surrogate = load_surrogate(args.surrogate)
+    except (FileNotFoundError, ValueError) as e:
+        p.error(f"--surrogate {args.surrogate}: {e}")
     torch.manual_seed(0)
     spec = model_config(args.model)
     model, tok = load_model_and_tokenizer(spec)  # the engine switches to the policy attention
-    surrogate = load_surrogate(args.surrogate)
     prompts = math500_prompts(tok, args.prompts)
     report = sweep(
         model, tok, prompts, surrogate, thresholds, window=args.window,
@@ -152,4 +155,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    from zoomr.script import run_script
+
+    run_script(main)

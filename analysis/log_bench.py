@@ -65,4 +65,6 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    main()
+    from zoomr.script import run_script
+
+    run_script(main)

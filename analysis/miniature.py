@@ -326,4 +326,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from zoomr.script import run_script
+
+    run_script(main)

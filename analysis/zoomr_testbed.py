@@ -402,4 +402,6 @@ def plot_rows(rv: dict[str, Any], path: Path) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from zoomr.script import run_script
+
+    run_script(main)

@@ -137,4 +137,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from zoomr.script import run_script
+
+    run_script(main)

@@ -320,4 +320,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from zoomr.script import run_script
+
+    run_script(main)

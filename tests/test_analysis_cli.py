@@ -116,3 +116,52 @@ def test_bench_abridge_testbed_step_uses_the_shipped_model_on_interleaved_testbe
     assert len(streams) == 2 and model.config.hidden_size == 128 and model.config.num_hidden_layers == 3
     for s in streams:  # K = 4 pauses after every completed block that more response follows
         assert s.kind.count(PAUSE) == 4 * ((s.kind.count(RAW) - 1) // 16) > 0
+
+
+def test_a_script_prints_what_the_user_gave_wrong_alone_and_keeps_a_bugs_traceback(monkeypatch):
+    """``python -m analysis.<script>`` showed a traceback for a missing or malformed input (the Hydra entry points
+    printed the message alone); :func:`zoomr.script.run_script` ends every script the same way."""
+    from zoomr.jsonl import BadRowError
+    from zoomr.paths import MissingInput
+    from zoomr.schemas.checks import SettingsError
+    from zoomr.script import run_script
+
+    def raising(error):
+        def main():
+            raise error
+
+        return main
+
+    monkeypatch.setattr("sys.argv", ["/repo/analysis/bench_abridge.py"])
+    for error, text in ((MissingInput("no file x"), "bench_abridge: no file x"),
+                        (BadRowError("x.json: not valid JSON"), "bench_abridge: x.json: not valid JSON"),
+                        (SettingsError("n must be >= 1"), "bench_abridge: invalid settings: n must be >= 1")):  # fmt: skip
+        with pytest.raises(SystemExit) as e:
+            run_script(raising(error))
+        assert e.value.code == text
+    monkeypatch.setattr("sys.argv", ["/repo/analysis/paper_tables/__main__.py"])
+    with pytest.raises(SystemExit, match="^paper_tables: no file"):
+        run_script(raising(MissingInput("no file")))
+    with pytest.raises(RuntimeError):  # a bug is not the user's: its traceback stays
+        run_script(raising(RuntimeError("bug")))
+    with pytest.raises(SystemExit) as e:
+        run_script(lambda: 3)  # an int is the exit status (eval.compare returns one)
+    assert e.value.code == 3
+    run_script(lambda: {"report": 1})  # a report is not
+
+
+def test_a_malformed_checkpoint_record_ends_a_script_with_its_message(tmp_path):
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(repo / "analysis/results/miniature/runs/mini-abridge_c256_alloc-T1024", ckpt, dirs_exist_ok=True)
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (ckpt / "abridge.json").write_text('{"layout": {"block_size": "big"}, "quotas": [1]}')
+    proc = subprocess.run([sys.executable, "-m", "analysis.bench_abridge", "parity", "--checkpoint", str(ckpt)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-1500:]
+    assert "bench_abridge: " in proc.stderr and "abridge.json: not the record +method=abridge writes" in proc.stderr

@@ -21,6 +21,7 @@ from zoomr.paths import MissingInput, output_problem
 from zoomr.rundir import write_json
 from zoomr.schemas import register_with_hydra
 from zoomr.schemas.checks import SettingsError
+from zoomr.script import user_error_message
 from zoomr.tracking import RunLogger, init_run, run_identity
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -42,10 +43,8 @@ def hydra_entry(config_name: str) -> Callable:
             check_cache_dir(cfg.get("cache_dir"))
             try:
                 return fn(cfg)
-            except (MissingInput, BadRowError) as e:  # a path or file the user gave is wrong: the message alone
-                raise SystemExit(str(e)) from None
-            except SettingsError as e:  # a value a schema refuses (range, choice, unknown key): the same
-                raise SystemExit(f"invalid settings: {e}") from None
+            except (MissingInput, BadRowError, SettingsError) as e:  # what the user gave is wrong: the message alone
+                raise SystemExit(user_error_message(e)) from None
 
         return hydra.main(config_path=CONF_DIR, config_name=config_name, version_base="1.3")(task)
 

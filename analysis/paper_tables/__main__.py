@@ -1,3 +1,4 @@
 from analysis.paper_tables import main
+from zoomr.script import run_script
 
-main()
+run_script(main)

@@ -75,4 +75,6 @@ def main(argv: list[str] | None = None) -> list[FlopRatio]:
 
 
 if __name__ == "__main__":
-    main()
+    from zoomr.script import run_script
+
+    run_script(main)
