@@ -86,6 +86,14 @@ def test_a_local_model_path_that_is_not_a_checkpoint_is_named(tmp_path, monkeypa
     assert "truncated weights: model.safetensors" in local_checkpoint_problem("runs/broken")
     with pytest.raises(ModelPathError, match=r"model.hf_id=runs/broken: incomplete checkpoint"):
         resolve_model_path(ModelSpec(name="b", hf_id="runs/broken"))
+    no_tokenizer = tmp_path / "no_tokenizer"  # weights but no tokenizer: "You need to have sentencepiece or …"
+    no_tokenizer.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (no_tokenizer / name).write_bytes((Path(shipped) / name).read_bytes())
+    from zoomr.models import load_tokenizer
+
+    with pytest.raises(ModelPathError, match=r"no_tokenizer: no tokenizer in the checkpoint \(none of tokenizer.json"):
+        load_tokenizer(ModelSpec(name="n", hf_id=str(no_tokenizer)))
 
 
 def test_weights_that_do_not_fit_the_config_are_refused_naming_the_keys(tmp_path, caplog):

@@ -206,8 +206,17 @@ def checkpoint_dir_problem(path: str | Path) -> str | None:
     return f"incomplete checkpoint: {'; '.join(wrong)}" if wrong else None
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 def load_tokenizer(spec: ModelSpec, cache_dir: Path | None = None):
     path = resolve_model_path(spec, cache_dir)
+    local = Path(path)
+    if local.is_dir() and not any((local / f).exists() for f in TOKENIZER_FILES):
+        raise ModelPathError(
+            f"model.hf_id={spec.hf_id}: no tokenizer in the checkpoint (none of {', '.join(TOKENIZER_FILES)}); "
+            "save it beside the weights (tokenizer.save_pretrained(<dir>))"
+        )
     try:
         return AutoTokenizer.from_pretrained(path, trust_remote_code=spec.trust_remote_code)
     except OSError as e:
