@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from zoomr.jsonl import BadRowError
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS summaries (
     paragraph_hash TEXT NOT NULL,
@@ -51,10 +53,14 @@ class SummaryStore:
         self.model = model
         self.prompt_version = prompt_version
         self._db = sqlite3.connect(str(self.path))
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute(SCHEMA)
-        self._db.commit()
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute(SCHEMA)
+            self._db.commit()
+        except sqlite3.DatabaseError as e:  # another file at the store's path
+            self._db.close()
+            raise BadRowError(f"{self.path}: not a summary store ({e}); give pipeline.store another path") from None
 
     def close(self) -> None:
         self._db.close()

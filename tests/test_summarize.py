@@ -225,6 +225,21 @@ def test_validation_and_cleaning():
     assert clean_summary("  **Summary:** We find\n x = 3. ") == "We find x = 3."
     with pytest.raises(ValueError):
         EndpointSettings(base_url="localhost:8000")
+    for field, bad in (("temperature", -1.0), ("max_tokens", 0), ("backoff_base_s", -1.0), ("timeout_s", float("nan"))):
+        with pytest.raises(ValueError, match=f"pipeline.endpoint.{field}="):  # temperature=-1 went to the server
+            EndpointSettings(**{field: bad})
+
+
+def test_a_store_path_holding_another_file_is_named(tmp_path):
+    """``pipeline.store=<a file that is not SQLite>`` ended in a sqlite3.DatabaseError traceback."""
+    from data_prep.summary_store import SummaryStore
+    from zoomr.jsonl import BadRowError
+
+    (tmp_path / "notes.txt").write_text("not a database, and long enough for sqlite to read a header " * 4)
+    with pytest.raises(BadRowError, match="notes.txt: not a summary store .*give pipeline.store another path"):
+        SummaryStore(tmp_path / "notes.txt", "m", "v1")
+    with SummaryStore(tmp_path / "store.sqlite", "m", "v1") as store:  # a new path is created
+        assert store.get("k") is None
 
 
 def test_plan_counts_messy_rows():

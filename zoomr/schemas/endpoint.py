@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from zoomr.schemas.checks import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, check_fields
+
 
 @dataclass
 class EndpointSettings:
@@ -30,10 +32,9 @@ class EndpointSettings:
     extra_body: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.concurrency < 1 or self.max_retries < 0 or self.timeout_s <= 0 or self.stall_timeout_s <= 0:
-            raise ValueError(
-                "endpoint: concurrency >= 1, max_retries >= 0, timeout_s > 0, stall_timeout_s > 0 required"
-            )
+        check_fields(self, "pipeline.endpoint", concurrency=AT_LEAST_ONE, max_retries=NON_NEGATIVE, timeout_s=POSITIVE,
+                     stall_timeout_s=POSITIVE, backoff_base_s=NON_NEGATIVE, backoff_max_s=NON_NEGATIVE,
+                     max_tokens=AT_LEAST_ONE, temperature=NON_NEGATIVE)  # fmt: skip
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"endpoint.base_url must be an http(s) URL, got {self.base_url!r}")
 
