@@ -589,6 +589,9 @@ def to_json(example: Example) -> str:
 def settings_of(bench: Any) -> RulerSettings:
     """:class:`RulerSettings` from a ``benchmark=ruler`` config (``sources`` = the subsets)."""
     options = dict(bench.options or {})
+    for key, where in (("subsets", "benchmark.sources"), ("length", "benchmark.length")):
+        if key in options:  # a field the benchmark config carries elsewhere
+            raise ValueError(f"benchmark.options.{key}: RULER's {key} is {where} (e.g. {where}=...)")
     try:
         return RulerSettings(length=bench.length or 4096, subsets=list(bench.sources), **options)
     except TypeError as e:

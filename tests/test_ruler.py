@@ -135,6 +135,8 @@ def test_bad_settings_fail_with_a_clear_message(tokenizer):
         ruler.settings_of(bench(4096, 1, sources=["niah_single_9"]))
     with pytest.raises(ValueError, match="benchmark.options for RULER"):
         ruler.settings_of(bench(4096, 1, colour="red"))
+    with pytest.raises(ValueError, match="RULER's subsets is benchmark.sources"):  # was "got multiple values for …"
+        ruler.settings_of(bench(4096, 1, subsets=["vt"]))
     with pytest.raises(ValueError, match="cwe at benchmark.length=512"):
         ruler.load(bench(512, 1, sources=["cwe"]), tokenizer, GEN)
 
