@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from zoomr.jsonl import JsonlReader, read_json
 from zoomr.paths import output_dir
 
 DROPPED = ("text", "gold", "extracted", "recall")  # large per-row fields no table reads
@@ -83,15 +84,13 @@ def slim_run(src: Path, dst: Path) -> int:
     dst.mkdir(parents=True, exist_ok=True)
     for name in KEPT_FILES:
         if (src / name).is_file():
-            data = json.loads((src / name).read_text())
+            data = read_json(src / name, name)
             if name == "config.json" and (src / "results.jsonl").is_file():
                 data = slim_config(data)
             (dst / name).write_text(json.dumps(relative(data, root), indent=1) + "\n")
-    if (src / "results.jsonl").is_file():
-        with (src / "results.jsonl").open() as f, (dst / "results.jsonl").open("w") as g:
-            for line in f:
-                if line.strip():
-                    g.write(json.dumps(slim_row(json.loads(line))) + "\n")
+    if (src / "results.jsonl").is_file():  # a copy of every row, so an unreadable one is refused, not dropped
+        rows = [slim_row(row) for _, row in JsonlReader(src / "results.jsonl", on_bad="refuse")]
+        (dst / "results.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     return sum(p.stat().st_size for p in dst.iterdir() if p.is_file())
 
 
@@ -115,25 +114,41 @@ def slim_runs(sources: list[Path], out: Path) -> dict[str, int]:
     missing = [str(s) for s in sources if not s.exists()]
     if missing:
         raise SystemExit(f"slim_runs: {', '.join(missing)} does not exist")
-    written: dict[str, int] = {}
-    moved: dict[str, str] = {}  # each copied run directory, as a bench JSON may name it -> its copy
+    plan: list[tuple[Path, Path]] = []  # (run directory, its copy relative to out)
     for src in [s for s in sources if s.is_dir()]:
         found = run_dirs(src)
         if not found:
             raise SystemExit(
                 f"slim_runs: {src} holds no run directory (config.json with results.jsonl, r2.json or schedule.json)"
             )
-        for run in found:
-            rel = Path(src.name) / run.relative_to(src)
-            written[str(rel)] = slim_run(run, out / rel)
-            for name in {str(run), str(run.resolve()), os.path.relpath(run)}:
-                moved[name] = str(out / rel)
+        plan += [(run, Path(src.name) / run.relative_to(src)) for run in found]
+    check_apart(sources, out, [(run, out / rel) for run, rel in plan])
+    written: dict[str, int] = {}
+    moved: dict[str, str] = {}  # each copied run directory, as a bench JSON may name it -> its copy
+    for run, rel in plan:
+        written[str(rel)] = slim_run(run, out / rel)
+        for name in {str(run), str(run.resolve()), os.path.relpath(run)}:
+            moved[name] = str(out / rel)
     for src in [s for s in sources if s.is_file()]:
         out.mkdir(parents=True, exist_ok=True)
         data = relative(retarget(json.loads(src.read_text()), moved), f"{Path.cwd()}/")
         (out / src.name).write_text(json.dumps(data, indent=1) + "\n")
         written[src.name] = (out / src.name).stat().st_size
     return written
+
+
+def check_apart(sources: list[Path], out: Path, copies: list[tuple[Path, Path]]) -> None:
+    """Refuse, before anything is written, an ``out`` that would write into what it copies: inside a source folder,
+    or a copy landing on its own run directory or bench JSON (``--out`` = the sources' parent slimmed them in place,
+    emptying their results)."""
+    target = out.resolve()
+    inside = [str(s) for s in sources if s.is_dir() and (target == s.resolve() or s.resolve() in target.parents)]
+    onto = [str(run) for run, dst in copies if dst.resolve() == run.resolve()]
+    onto += [str(f) for f in sources if f.is_file() and (out / f.name).resolve() == f.resolve()]
+    if inside or onto:
+        raise SystemExit(
+            f"slim_runs: --out {out} would write into its sources ({', '.join(inside + onto)}); give a folder outside them"
+        )
 
 
 def retarget(data: Any, moved: dict[str, str]) -> Any:

@@ -88,6 +88,23 @@ def test_slim_runs_refuses_a_folder_without_runs(tmp_path):
         slim_runs([tmp_path / "missing"], tmp_path / "out")
 
 
+def test_slim_runs_never_writes_into_what_it_copies(tmp_path):
+    """``--out`` = the runs' parent slimmed each run in place: its results.jsonl was emptied (read while rewritten)."""
+    from zoomr.jsonl import BadRowError
+
+    runs = tmp_path / "runs"
+    run = _eval_run(runs / "abridge", None)
+    before = (run / "results.jsonl").read_bytes()
+    for sources, out in (([run], runs), ([runs], runs), ([runs], runs / "inner"), ([runs], tmp_path)):
+        with pytest.raises(SystemExit, match="would write into its sources"):
+            slim_runs(sources, out)
+    assert (run / "results.jsonl").read_bytes() == before and not (runs / "inner").exists()
+    with (run / "results.jsonl").open("a") as f:
+        f.write('{"problem_id": ')  # a torn row: refused by name, not copied without it
+    with pytest.raises(BadRowError, match="results.jsonl line .*: bad_json"):
+        slim_runs([run], tmp_path / "out")
+
+
 def _table_lines(path: Path) -> list[str]:
     return [line for line in path.read_text().splitlines() if not re.search(r"UTC|\(\d+(\.\d+)? s\)", line)]
 
