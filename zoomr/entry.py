@@ -15,13 +15,11 @@ from typing import Any
 
 import torch
 
-from zoomr.jsonl import BadRowError
 from zoomr.models import ModelSpec, spec_from_dict
-from zoomr.paths import MissingInput, output_problem
+from zoomr.paths import output_problem
 from zoomr.rundir import write_json
 from zoomr.schemas import register_with_hydra
-from zoomr.schemas.checks import SettingsError
-from zoomr.script import user_error_message
+from zoomr.script import USER_ERRORS, user_error_message
 from zoomr.tracking import RunLogger, init_run, run_identity
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -43,7 +41,7 @@ def hydra_entry(config_name: str) -> Callable:
             check_cache_dir(cfg.get("cache_dir"))
             try:
                 return fn(cfg)
-            except (MissingInput, BadRowError, SettingsError) as e:  # what the user gave is wrong: the message alone
+            except USER_ERRORS as e:  # what the user gave is wrong: the message alone
                 raise SystemExit(user_error_message(e)) from None
 
         return hydra.main(config_path=CONF_DIR, config_name=config_name, version_base="1.3")(task)

@@ -17,6 +17,8 @@ from zoomr.jsonl import BadRowError
 from zoomr.paths import MissingInput
 from zoomr.schemas.checks import SettingsError
 
+USER_ERRORS = (MissingInput, BadRowError, SettingsError)  # what the user gave is wrong: printed, not a traceback
+
 
 def user_error_message(error: BaseException) -> str | None:
     """The sentence to print for a problem in what the user gave (None: a bug, keep the traceback)."""
@@ -31,7 +33,7 @@ def run_script(main: Callable[[], Any]) -> None:
     """Run a script's ``main()``; its exit code when it returns one (an ``int``)."""
     try:
         code = main()
-    except (MissingInput, BadRowError, SettingsError) as e:
+    except USER_ERRORS as e:
         script = Path(sys.argv[0])
         name = script.parent.name if script.stem == "__main__" else script.stem  # python -m <package>: its name
         raise SystemExit(f"{name}: {user_error_message(e)}") from None

@@ -35,24 +35,24 @@ def load_testbed_model(path: str | Path, attn_implementation: str | None = None)
     return model.eval(), PreTrainedTokenizerFast.from_pretrained(path)
 
 
-def testbed_record(path: str | Path) -> Path | None:
-    """The file recording the testbed data ``path`` was trained on: a base model's ``testbed_data.json``, or the
+def testbed_record(path: str | Path) -> tuple[Path, dict[str, Any]] | None:
+    """(file, record) of the testbed data ``path`` was trained on: a base model's ``testbed_data.json``, or the
     ``data.json`` of a fine-tune (AbridgeKV, LightThinker) whose data was the testbed; None when there is none
     (a hub model, or a fine-tune on other data, e.g. ``data=traces``)."""
     from zoomr.abridge.trainer import DATA_CONFIG_FILE
 
-    if (Path(path) / DATA_FILE).exists():
-        return Path(path) / DATA_FILE
-    file = Path(path) / DATA_CONFIG_FILE
-    if file.exists() and read_json_object(file, "data config").get("loader", TestbedData.loader) == TestbedData.loader:
-        return file
+    for name in (DATA_FILE, DATA_CONFIG_FILE):
+        file = Path(path) / name
+        if file.exists():
+            record = read_json_object(file, "testbed data config")
+            testbed = name == DATA_FILE or record.get("loader", TestbedData.loader) == TestbedData.loader
+            return (file, record) if testbed else None
     return None
 
 
 def trained_data(path: str | Path, **overrides: Any) -> TestbedData:
     """The checkpoint's training data config (summaries or not, …) with ``overrides`` (None values ignored)."""
-    file = testbed_record(path)
-    base = read_json_object(file, "testbed data config") if file else {}
+    file, base = testbed_record(path) or (None, {})
     if base and "query_form" not in base:  # trained before issue 13: the "? k v" format
         base["query_form"] = "inline"
     try:
