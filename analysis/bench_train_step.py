@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from analysis.bench_decode import model_spec
 from analysis.cli import require_at_least, write_bench_json
@@ -52,16 +53,21 @@ def make_step(model: torch.nn.Module, batch: torch.Tensor, mode: str):
 
 def measure(model: torch.nn.Module, batch: torch.Tensor, mode: str, warmup: int, steps: int) -> dict[str, Any]:
     step = make_step(model, batch, mode)
+    bar = tqdm(total=1 + warmup + steps, desc=f"train step {mode}", unit="step")
     t0 = time.perf_counter()
     first_loss = step()
     first_s = time.perf_counter() - t0
+    bar.update()
     for _ in range(warmup):
         step()
+        bar.update()
     times = []
     for _ in range(steps):
         t = time.perf_counter()
         step()
         times.append(time.perf_counter() - t)
+        bar.update()
+    bar.close()
     return {"mode": mode, "first_step_s": first_s, "step_median_s": statistics.median(times), "step_s": times,
             "first_loss": first_loss}  # fmt: skip
 
