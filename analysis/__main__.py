@@ -11,10 +11,17 @@ from __future__ import annotations
 import importlib
 import sys
 
-from zoomr.entry import hydra_entry, require_group, setup_logging
+from zoomr.entry import hydra_entry, require_group, select, setup_logging
+
+RESUMABLE_TASKS = ("miniature",)  # modules whose rerun does only what is missing in task.out
 
 
-@hydra_entry("analysis")
+def resumes_from(cfg) -> str | None:
+    """Where a rerun continues from after Ctrl-C: the miniature's ``task.out``; other analyses start over."""
+    return select(cfg, "task.out") if select(cfg, "task.module") in RESUMABLE_TASKS else None
+
+
+@hydra_entry("analysis", resumes_from=resumes_from)
 def main(cfg) -> None:
     setup_logging()
     require_group(cfg, "task", "analysis")

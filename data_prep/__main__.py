@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import importlib
 
-from zoomr.entry import hydra_entry, require_group, setup_logging
+from zoomr.entry import hydra_entry, require_group, select, setup_logging
 
 
-@hydra_entry("data_prep")
+# both pipelines resume into pipeline.out_dir: summaries kept in their store, complete pair shards kept
+@hydra_entry("data_prep", resumes_from=lambda cfg: select(cfg, "pipeline.out_dir"))
 def main(cfg) -> None:
     setup_logging()
     require_group(cfg, "pipeline", "data_prep")

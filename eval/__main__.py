@@ -128,7 +128,7 @@ def _finish(cfg, run_dir, logger, task, bench, spec, rows, counts, max_error_rat
     return metrics
 
 
-@hydra_entry("eval")
+@hydra_entry("eval", resumes_from=lambda cfg: cfg.run_dir)  # finished samples are appended and skipped on a rerun
 def main(cfg) -> None:
     setup_logging()
     run(cfg)

@@ -150,6 +150,20 @@ def test_a_script_prints_what_the_user_gave_wrong_alone_and_keeps_a_bugs_traceba
     run_script(lambda: {"report": 1})  # a report is not
 
 
+def test_ctrl_c_ends_a_script_with_one_line_and_status_130(monkeypatch, capsys):
+    """Ctrl-C in a script was a KeyboardInterrupt traceback through torch; now one line and the shell's status."""
+    from zoomr.script import INTERRUPTED, run_script
+
+    def main():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("sys.argv", ["/repo/analysis/bench_decode.py"])
+    with pytest.raises(SystemExit) as e:
+        run_script(main)
+    assert e.value.code == INTERRUPTED == 130
+    assert capsys.readouterr().err.strip() == "bench_decode: interrupted"
+
+
 def test_a_malformed_checkpoint_record_ends_a_script_with_its_message(tmp_path):
     import json
     import shutil

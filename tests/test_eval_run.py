@@ -113,6 +113,30 @@ def test_sigkill_mid_run_then_resume(tmp_path, cache_dir):
     assert again.returncode == 0 and len(_lines(cut)) == total
 
 
+def test_ctrl_c_mid_run_ends_with_one_line_and_the_rerun_resumes(tmp_path, cache_dir):
+    """Ctrl-C was a KeyboardInterrupt traceback through transformers; now the entry point names the run directory
+    a rerun continues from, exits with the shell's 130, and the finished rows are kept and skipped."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled",
+           "ZOOMR_CACHE": cache_dir}  # fmt: skip
+    cut = tmp_path / "cut"
+    proc = subprocess.Popen(  # SIGINT as a terminal sends it (a background job would start with it ignored)
+        _cli(cut), cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    deadline = time.monotonic() + 180
+    while len(_lines(cut)) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=120)[1]
+    kept = len(_lines(cut))
+    assert 2 <= kept < N_PROBLEMS * N_SAMPLES, f"not interrupted mid-way ({kept} rows): {err[-2000:]}"
+    assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert f"eval: interrupted; what was written to {cut} is kept, and the same command resumes from it" in err
+    _run_in_process(cut, cache_dir, *OVERRIDES)
+    rows = [json.loads(line) for line in _lines(cut)]
+    assert len({(r["problem_id"], r["sample"]) for r in rows}) == len(rows) == N_PROBLEMS * N_SAMPLES
+
+
 def test_testbed_benchmark_scripted_and_graded_per_fact(tmp_path, cache_dir):
     """``benchmark=testbed``: the environment's tokens are exactly the problem's, the model writes the
     answers, and every row carries per-fact recall; a cap shorter than a trace is refused up front."""

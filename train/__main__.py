@@ -11,7 +11,7 @@ import importlib
 from zoomr.entry import hydra_entry, require_group, setup_logging
 
 
-@hydra_entry("train")
+@hydra_entry("train", resumes_from=lambda cfg: cfg.run_dir if cfg.get("resume") == "auto" else None)  # checkpoints
 def main(cfg) -> None:
     setup_logging()
     require_group(cfg, "method", "train")

@@ -19,14 +19,17 @@ from zoomr.models import ModelSpec, spec_from_dict
 from zoomr.paths import output_problem
 from zoomr.rundir import write_json
 from zoomr.schemas import register_with_hydra
-from zoomr.script import USER_ERRORS, user_error_message
+from zoomr.script import USER_ERRORS, interrupted, user_error_message
 from zoomr.tracking import RunLogger, init_run, run_identity
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 
-def hydra_entry(config_name: str) -> Callable:
-    """``@hydra_entry("train")`` = ``@hydra.main`` on conf/<config_name>.yaml with our schemas registered."""
+def hydra_entry(config_name: str, resumes_from: Callable[[Any], Any] | None = None) -> Callable:
+    """``@hydra_entry("train")`` = ``@hydra.main`` on conf/<config_name>.yaml with our schemas registered.
+
+    ``resumes_from(cfg)``: the directory a rerun of the same command continues from after Ctrl-C (eval's appended
+    rows, train's checkpoints, the miniature's arms), None where it starts over; the interrupted line names it."""
     import hydra
 
     register_with_hydra()
@@ -43,6 +46,8 @@ def hydra_entry(config_name: str) -> Callable:
                 return fn(cfg)
             except USER_ERRORS as e:  # what the user gave is wrong: the message alone
                 raise SystemExit(user_error_message(e)) from None
+            except KeyboardInterrupt:
+                raise interrupted(config_name, resumes_from(cfg) if resumes_from else None) from None
 
         return hydra.main(config_path=CONF_DIR, config_name=config_name, version_base="1.3")(task)
 

@@ -3,7 +3,8 @@
 ``python -m <package>.<script>`` runs ``run_script(main)``. A missing input (:class:`zoomr.paths.MissingInput`), a
 malformed one (:class:`zoomr.jsonl.BadRowError`) or an impossible setting (:class:`zoomr.schemas.checks.SettingsError`)
 is a problem of what the user gave, so it is printed as a sentence naming it; anything else is a bug and keeps its
-traceback. The Hydra entry points (:func:`zoomr.entry.hydra_entry`) do the same.
+traceback. Ctrl-C ends with one line and exit status 130 (the shell's code for it), not a traceback through torch.
+The Hydra entry points (:func:`zoomr.entry.hydra_entry`) do the same.
 """
 
 from __future__ import annotations
@@ -18,6 +19,14 @@ from zoomr.paths import MissingInput
 from zoomr.schemas.checks import SettingsError
 
 USER_ERRORS = (MissingInput, BadRowError, SettingsError)  # what the user gave is wrong: printed, not a traceback
+INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C
+
+
+def interrupted(name: str, resumes_from: str | None = None) -> SystemExit:
+    """Ctrl-C: print one line (where the finished work is when a rerun resumes from it) and exit with status 130."""
+    kept = f"; what was written to {resumes_from} is kept, and the same command resumes from it" if resumes_from else ""
+    print(f"\n{name}: interrupted{kept}", file=sys.stderr)  # on a line of its own after a progress bar
+    return SystemExit(INTERRUPTED)
 
 
 def user_error_message(error: BaseException) -> str | None:
@@ -31,11 +40,13 @@ def user_error_message(error: BaseException) -> str | None:
 
 def run_script(main: Callable[[], Any]) -> None:
     """Run a script's ``main()``; its exit code when it returns one (an ``int``)."""
+    script = Path(sys.argv[0])
+    name = script.parent.name if script.stem == "__main__" else script.stem  # python -m <package>: its name
     try:
         code = main()
     except USER_ERRORS as e:
-        script = Path(sys.argv[0])
-        name = script.parent.name if script.stem == "__main__" else script.stem  # python -m <package>: its name
         raise SystemExit(f"{name}: {user_error_message(e)}") from None
+    except KeyboardInterrupt:
+        raise interrupted(name) from None
     if isinstance(code, int) and not isinstance(code, bool):
         raise SystemExit(code)
