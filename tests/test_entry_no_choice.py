@@ -47,8 +47,28 @@ def test_a_seed_numpy_cannot_take_is_refused_before_the_trainer_writes_anything(
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 1 and f"seed={seed}: must be in [0, 2**32 - 1]" in proc.stderr
     assert "Traceback" not in proc.stderr
-    assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", "__main__.log"]  # Hydra's own, no run state
+    assert not run_dir.exists()  # no run state: the directory Hydra made (its log alone) is removed again
     check_seed(0), check_seed(2**32 - 1), check_seed(None)  # the ends of the range, and no seed at all, pass
+
+
+def test_a_refused_eval_leaves_no_directory_and_keeps_a_users_files(tmp_path):
+    """A refused ``python -m eval`` said "nothing was written" but left the run directory Hydra had made, holding
+    its ``.hydra/`` and an empty ``__main__.log``; a directory with anything else in it is left as it was."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
+
+    def refused(run_dir):
+        proc = subprocess.run([sys.executable, "-m", "eval", "+method=h2o", "method.budget_rows=-5", "logger=none",
+                               f"run_dir={run_dir}"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+        assert proc.returncode == 1 and "budget_rows must be > 0, got -5" in proc.stderr, proc.stderr[-1500:]
+        assert "nothing was written" in proc.stderr and "Traceback" not in proc.stderr
+
+    refused(tmp_path / "new")
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    refused(tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
 
 
 def test_testbed_table_help_is_not_cut_mid_sentence():

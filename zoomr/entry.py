@@ -37,17 +37,21 @@ def hydra_entry(config_name: str, resumes_from: Callable[[Any], Any] | None = No
     def wrap(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def task(cfg: Any) -> Any:
-            check_seed(cfg.get("seed"))
-            for key in OUTPUT_DIRS:
-                check_run_dir(select(cfg, key), key)
-            check_device(cfg.get("device"))
-            check_cache_dir(cfg.get("cache_dir"))
             try:
+                check_seed(cfg.get("seed"))
+                for key in OUTPUT_DIRS:
+                    check_run_dir(select(cfg, key), key)
+                check_device(cfg.get("device"))
+                check_cache_dir(cfg.get("cache_dir"))
                 return fn(cfg)
             except USER_ERRORS as e:  # what the user gave is wrong: the message alone
-                raise SystemExit(user_error_message(e)) from None
+                stop = SystemExit(user_error_message(e))
             except KeyboardInterrupt:
-                raise interrupted(config_name, resumes_from(cfg) if resumes_from else None) from None
+                stop = interrupted(config_name, resumes_from(cfg) if resumes_from else None)
+            except SystemExit as e:  # a refusal
+                stop = e
+            discard_empty_run_dir()  # a refused run leaves no directory holding only Hydra's log behind
+            raise stop from None
 
         return hydra.main(config_path=CONF_DIR, config_name=config_name, version_base="1.3")(task)
 
@@ -126,13 +130,12 @@ def to_plain(cfg: Any) -> dict[str, Any]:
 def require_group(cfg: Any, group: str, entry: str) -> None:
     """Fail with the available options when a group without default was not chosen (``+group=name``).
 
-    ``python -m train`` lists only the methods that train (decoding policies are ``python -m eval``'s), and
-    the run directory Hydra made for the aborted run is removed again when nothing else is in it.
+    ``python -m train`` lists only the methods that train (decoding policies are ``python -m eval``'s); the run
+    directory Hydra made for the aborted run is removed by :func:`hydra_entry` as for every refusal.
     """
     if cfg.get(group) is None:
         from zoomr.configs import available, trainable_methods
 
-        discard_empty_run_dir()
         options = trainable_methods() if (entry, group) == ("train", "method") else available(group)
         extra = "; decoding policies (h2o, snapkv, …) run with `python -m eval +method=<name>`" if entry == "train" else ""
         raise SystemExit(
