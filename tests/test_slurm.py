@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
+import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -47,3 +49,38 @@ def test_slurm_h100_sbatch_carries_the_requested_resources(monkeypatch):
                  "--ntasks-per-node=1", "--cpus-per-task=96", "--mem=800GB"]:
         assert f"#SBATCH {line}" in text, line
     assert "srun" in text and "python -m train +method=sft" in text
+
+
+def test_a_slurm_sweep_without_srun_is_refused_in_one_line_before_any_job(tmp_path):
+    """Without a cluster, ``hydra/launcher=slurm_h100 --multirun`` was submitit's ``Could not detect "srun"`` under
+    Hydra's launcher traceback; the entry configs' ``launcher_check`` callback refuses it first."""
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run(
+        [sys.executable, "-m", "eval", "benchmark=aime25", "logger=none", "hydra/launcher=slurm_h100",
+         f"hydra.sweep.dir={sweep}", "--multirun"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PATH": os.path.dirname(sys.executable)},
+    )  # fmt: skip
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "hydra/launcher=slurm_h100 submits the jobs to SLURM, but this machine has no `srun`" in proc.stderr
+    assert not sweep.exists()
+
+
+def test_the_launcher_check_passes_where_srun_exists_and_for_local_launchers(tmp_path, monkeypatch):
+    from zoomr.entry import LauncherCheck
+
+    register_with_hydra()
+
+    def config(launcher):
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            return compose("train", overrides=["+method=sft", f"hydra/launcher={launcher}"], return_hydra_config=True)
+
+    assert config("slurm_h100").hydra.callbacks.launcher_check._target_ == "zoomr.entry.LauncherCheck"
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(SystemExit, match="hydra/launcher=submitit_slurm submits the jobs to SLURM"):
+        LauncherCheck().on_multirun_start(config("submitit_slurm"))
+    LauncherCheck().on_multirun_start(config("submitit_local"))  # local launchers need no srun
+    LauncherCheck().on_multirun_start(config("basic"))
+    srun = tmp_path / "srun"
+    srun.write_text("#!/bin/sh\n")
+    srun.chmod(0o755)
+    LauncherCheck().on_multirun_start(config("slurm_h100"))  # a login node: submitit takes over

@@ -58,6 +58,27 @@ def hydra_entry(config_name: str, resumes_from: Callable[[Any], Any] | None = No
     return wrap
 
 
+def _hydra_callback() -> type:
+    from hydra.experimental.callback import Callback
+
+    return Callback
+
+
+class LauncherCheck(_hydra_callback()):
+    """A Hydra callback (``hydra.callbacks.launcher_check`` in every entry config): ``--multirun`` with a SLURM
+    launcher (``hydra/launcher=slurm_h100`` or ``submitit_slurm``) on a machine without ``srun`` is refused with one
+    line before any job is made; it was submitit's ``Could not detect "srun"`` under Hydra's traceback."""
+
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        target = str(select(config, "hydra.launcher._target_") or "")
+        if target.endswith("SlurmLauncher") and shutil.which("srun") is None:
+            choice = config.hydra.runtime.choices.get("hydra/launcher", "submitit_slurm")
+            raise SystemExit(
+                f"hydra/launcher={choice} submits the jobs to SLURM, but this machine has no `srun`: run it on a "
+                "SLURM login node, or sweep here with hydra/launcher=basic (one job after another) or submitit_local"
+            )
+
+
 SEED_RANGE = (0, 2**32 - 1)  # numpy's (and transformers.set_seed's) range; torch alone would take more
 
 
