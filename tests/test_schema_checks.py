@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -149,6 +150,35 @@ def test_to_dataclass_raises_a_settings_error_that_is_still_a_value_error():
         to_dataclass(AbridgeMethod, {"optim": {"learning_rate": 0}})  # a nested schema's refusal too
     assert issubclass(SettingsError, ValueError)
     assert to_dataclass(AbridgeMethod, {"quota": 16}).quota == 16  # the bounds are inclusive
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"test_seed": 1.5}, "data.test_seed=1.5 (must be an int)"),  # drew problems from a stream "testbed/1.5/i"
+    ({"n_test": True}, "data.n_test=True (must be an int)"),  # a bool is not a count
+    ({"trace_tokens": "1024"}, "data.trace_tokens='1024' (must be an int)"),
+    ({"summaries": 1}, "data.summaries=1 (must be a bool)"),
+    ({"query_form": 3}, "data.query_form=3 (must be a str)"),
+])  # fmt: skip
+def test_testbed_options_of_the_wrong_type_are_refused_by_name(options, message):
+    """``benchmark.options`` is a dict Hydra does not type, and the testbed builds its data settings from it:
+    ``test_seed=1.5`` was evaluated on problems of a stream of its own, exit 0."""
+    from eval.testbed_task import testbed_problems
+    from zoomr.schemas import to_dataclass
+
+    with pytest.raises(ValueError) as e:
+        testbed_problems({**options, "n_test": options.get("n_test", 2)})
+    assert message in str(e.value)
+    with pytest.raises(SettingsError, match=re.escape(f"TestbedData: {message.removeprefix('data.')}")):
+        to_dataclass(TestbedData, options)  # a schema read from a config node is checked the same way
+    assert TestbedData(query_age_bias=1, n_test=3).query_age_bias == 1  # an int is a float
+
+
+def test_to_dataclass_checks_the_scalar_types_of_every_schema():
+    from zoomr.schemas import to_dataclass
+
+    with pytest.raises(SettingsError, match=r"AbridgeMethod: quota=8.5 \(must be an int\)"):
+        to_dataclass(AbridgeMethod, {"quota": 8.5})
+    assert to_dataclass(AbridgeOptim, {"learning_rate": 1}).learning_rate == 1
 
 
 def test_an_optional_nested_schema_is_checked_when_the_config_is_read():

@@ -67,7 +67,7 @@ def to_dataclass(cls: type, cfg: Any):
     import dataclasses
     import typing
 
-    from zoomr.schemas.checks import SettingsError
+    from zoomr.schemas.checks import SettingsError, type_problem
 
     if not isinstance(cfg, dict):
         from omegaconf import OmegaConf
@@ -78,12 +78,16 @@ def to_dataclass(cls: type, cfg: Any):
     if unknown:
         raise SettingsError(f"{cls.__name__}: unknown keys {sorted(unknown)}; allowed: {sorted(fields)}")
     hints = typing.get_type_hints(cls)
-    kwargs = {}
+    kwargs, wrong = {}, []
     for key, value in cfg.items():
         hint = optional_of(hints.get(key))
         if dataclasses.is_dataclass(hint) and isinstance(value, dict):
             value = to_dataclass(hint, value)
+        elif problem := type_problem(key, value, hint):
+            wrong.append(problem)
         kwargs[key] = value
+    if wrong:
+        raise SettingsError(f"{cls.__name__}: " + "; ".join(wrong))
     try:
         return cls(**kwargs)
     except SettingsError:

@@ -32,6 +32,33 @@ def is_integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def type_problem(name: str, value: Any, hint: Any) -> str | None:
+    """``"<name>=<value> (must be an int)"`` when ``value`` lacks the type of a scalar field ``hint`` (``int``,
+    ``float``, ``bool``, ``str``; an int is a float, None passes, other hints are not checked here); else None.
+    Hydra types a schema's own fields, but not a dict node (``benchmark.options``) or a dataclass built in code."""
+    if value is None or hint not in (int, float, bool, str):
+        return None
+    if hint is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, hint) and (hint is bool or not isinstance(value, bool))
+    return None if ok else f"{name}={value!r} (must be {'an' if hint is int else 'a'} {hint.__name__})"
+
+
+def check_types(obj: Any, prefix: str) -> None:
+    """Raise ``ValueError`` naming each scalar field of the dataclass ``obj`` whose value lacks its annotated type."""
+    import dataclasses
+    import typing
+
+    from zoomr.schemas import optional_of
+
+    hints = typing.get_type_hints(type(obj))
+    wrong = [problem for f in dataclasses.fields(obj)
+             if (problem := type_problem(f"{prefix}.{f.name}", getattr(obj, f.name), optional_of(hints.get(f.name))))]
+    if wrong:
+        raise ValueError(f"{type(obj).__name__}: " + "; ".join(wrong))
+
+
 def check_fields(obj: Any, prefix: str, **rules: Rule) -> None:
     """Raise ``ValueError`` naming each ``prefix.<field>=<value>`` of ``obj`` that breaks its rule."""
     bad = []

@@ -7,7 +7,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from zoomr.schemas.checks import AT_LEAST_ONE, BETA, FINITE, FRACTION, NON_NEGATIVE, POSITIVE, check_fields
+from zoomr.schemas.checks import (
+    AT_LEAST_ONE,
+    BETA,
+    FINITE,
+    FRACTION,
+    NON_NEGATIVE,
+    POSITIVE,
+    check_fields,
+    check_types,
+)
 from zoomr.schemas.sft import check_length
 
 
@@ -63,6 +72,7 @@ class TestbedData:
     test_seed: int = 1_000_003  # test problems are drawn from a seed stream disjoint from training
 
     def __post_init__(self) -> None:
+        check_types(self, "data")  # given as benchmark.options (an untyped dict) too: test_seed=1.5 drew a stream
         check_fields(
             self, "data", boundary_period=NON_NEGATIVE, boundary_rate=FRACTION, n_train=AT_LEAST_ONE, n_test=AT_LEAST_ONE,
             query_age_bias=FINITE,
