@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from zoomr.paths import MissingInput, resolve_repo_path
+from zoomr.schemas.checks import is_integer
 
 CONFIG_DIR = "eval/data/longbench"
 HUB_ID = "THUDM/LongBench"
@@ -296,6 +297,10 @@ def load(bench: Any, tokenizer: Any, gen: Any) -> list:
     bad = [s for s in bench.sources if s not in METRICS]
     if bad:
         raise ValueError(f"unknown LongBench subsets {bad}; known: {', '.join(SUBSETS)}")
+    limit = options.get("max_prompt_tokens")
+    if limit is not None and not (is_integer(limit) and limit >= 2):  # 0 or 1 kept all (ids[-0:]), < 0 doubled
+        raise ValueError(f"benchmark.options.max_prompt_tokens={limit!r}: give an integer >= 2 (a longer prompt keeps "
+                         "its first and last max_prompt_tokens // 2 tokens) or null")  # fmt: skip
     system, thinking = getattr(gen, "system_prompt", None), getattr(gen, "enable_thinking", None)
     problems = []
     for subset in bench.sources:

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from zoomr.paths import MissingInput, resolve_repo_path
+from zoomr.schemas.checks import check_types
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +147,7 @@ class RulerSettings:
     tolerance: float = 0.02
 
     def __post_init__(self) -> None:
+        check_types(self, "benchmark.options")  # an untyped dict: samples=1.5 or seed=1.5 reached the generators
         if self.length < 256:
             raise ValueError(f"benchmark.length must be >= 256 tokens, got {self.length}")
         if self.samples < 1:

@@ -4,6 +4,7 @@ the loader reads a local directory in LongBench's layout, and prompts follow Lon
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -117,3 +118,16 @@ def test_local_directory_prompts_and_truncation(tmp_path, tokenizer):
         lb.load_rows("musique", str(tmp_path))
     with pytest.raises(ValueError, match="unknown LongBench subset"):
         lb.load_rows("squad", str(tmp_path))
+
+
+@pytest.mark.parametrize("limit", [0, 1, -5, 2.5, "512", True])
+def test_a_prompt_limit_that_cannot_truncate_is_refused(tmp_path, tokenizer, limit):
+    """``max_prompt_tokens=0`` or 1 kept the whole prompt (``ids[-0:]``) and a negative one doubled its middle."""
+    _write(tmp_path, "hotpotqa", [{"input": "q", "context": "c", "answers": ["a"], "all_classes": None, "_id": "h"}])
+    bench = SimpleNamespace(sources=["hotpotqa"], options={"data_dir": str(tmp_path), "max_prompt_tokens": limit},
+                            problem_limit=None)  # fmt: skip
+    gen = SimpleNamespace(system_prompt=None, enable_thinking=None)
+    with pytest.raises(ValueError, match=re.escape(f"benchmark.options.max_prompt_tokens={limit!r}: give an integer >= 2")):
+        lb.load(bench, tokenizer, gen)
+    assert len(lb.load(SimpleNamespace(**{**vars(bench), "options": {**bench.options, "max_prompt_tokens": 2}}),
+                       tokenizer, gen)) == 1  # fmt: skip

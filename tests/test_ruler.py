@@ -139,6 +139,10 @@ def test_bad_settings_fail_with_a_clear_message(tokenizer):
         ruler.settings_of(bench(4096, 1, subsets=["vt"]))
     with pytest.raises(ValueError, match="cwe at benchmark.length=512"):
         ruler.load(bench(512, 1, sources=["cwe"]), tokenizer, GEN)
+    with pytest.raises(ValueError, match=r"benchmark.options.seed=1.5 \(must be an int\)"):  # was a stream of its own
+        ruler.settings_of(bench(4096, 1, seed=1.5))
+    with pytest.raises(ValueError, match=r"benchmark.options.qa='no' \(must be a bool\)"):  # a string is true
+        ruler.settings_of(bench(4096, 1, qa="no"))
 
 
 def test_qa_subsets_fail_fast_offline(tokenizer, monkeypatch):
