@@ -34,6 +34,7 @@ import numpy as np
 from analysis.miniature_plan import ARMS
 from eval.arms import load_arm
 from eval.bootstrap import paired_bootstrap, stratified_paired_bootstrap
+from zoomr.jsonl import BadRowError, read_json_object
 from zoomr.paths import output_dir
 
 DEFAULT_VS = (
@@ -51,9 +52,12 @@ def load_seed(out: Path) -> dict[str, Any]:
     path = out / "results.json"
     if not path.is_file():
         raise SystemExit(f"miniature_seeds: {out} has no results.json; give python -m analysis +task=miniature outputs")
-    results = json.loads(path.read_text())
-    return {"dir": out, "test_seed": results["meta"]["test_seed"], "arms": {a["name"]: a for a in results["arms"]},
-            "runs": {}}  # fmt: skip
+    results = read_json_object(path, "miniature results.json")
+    meta, arms = results.get("meta"), results.get("arms")
+    if not (isinstance(meta, dict) and "test_seed" in meta and isinstance(arms, list)
+            and all(isinstance(a, dict) and "name" in a for a in arms)):  # fmt: skip
+        raise BadRowError(f"{path}: not a miniature results.json (needs meta.test_seed and named arms)")
+    return {"dir": out, "test_seed": meta["test_seed"], "arms": {a["name"]: a for a in arms}, "runs": {}}
 
 
 def arm_run(seed: dict[str, Any], name: str):
@@ -86,7 +90,7 @@ def load_committed(path: Path) -> dict[str, dict[int, dict[str, Any]]]:
     """An earlier run's arms against full KV: arm -> test seed -> its per-seed entry (with the 0/1 strings)."""
     if not path.is_file():
         raise SystemExit(f"miniature_seeds: --committed {path}: no such file")
-    comparisons = json.loads(path.read_text()).get("comparisons")
+    comparisons = read_json_object(path, "miniature_seeds results.json").get("comparisons")
     if not isinstance(comparisons, list):
         raise SystemExit(f"miniature_seeds: --committed {path} is not a miniature_seeds results.json (no comparisons)")
     return {c["arm"]: {s["test_seed"]: s for s in c["per_seed"]} for c in comparisons if c["vs"] == "full KV"}
@@ -232,11 +236,14 @@ def forest_figure(results: dict[str, Any], arms: list[str], path: Path) -> None:
     plt.close(fig)
 
 
-def run(outs: list[Path], arms: list[str] | None, vs: list[str], committed: Path | None = None,
+def run(outs: list[Path], arms: list[str] | None, vs: list[str] | None = None, committed: Path | None = None,
         keep: list[str] = ()) -> dict[str, Any]:
     """Every comparison over the miniature outputs ``outs``: ``arms`` (None: every arm found) against their
     full-KV arms, the committed rows of ``keep`` (:func:`keep_committed`), then the pairs ``vs`` ("A:B"; B may be
-    ``committed/<arm>`` of ``committed``) wherever both ran."""
+    ``committed/<arm>`` of ``committed``) wherever both ran. ``vs`` None: the default pairs, each where it ran; a
+    pair the user gave that ran on no seed is refused."""
+    given_vs = vs is not None
+    vs = list(vs) if given_vs else list(DEFAULT_VS)
     seeds = [load_seed(o) for o in outs]
     if committed is not None:
         earlier = load_committed(committed)
@@ -262,6 +269,9 @@ def run(outs: list[Path], arms: list[str] | None, vs: list[str], committed: Path
         a, b = pair.split(":")
         if c := compare(seeds, a, b):
             comparisons.append(c)
+        elif given_vs:
+            raise SystemExit(f"miniature_seeds: --vs {pair}: the two arms ran together on none of the seeds; "
+                             f"found: {sorted(present)}")
     n = {s["test_seed"]: len(arm_run(s, "full").ids) for s in seeds if "full" in s["arms"]}
     return {"meta": {"test_seeds": [s["test_seed"] for s in seeds], "inputs": [str(o) for o in outs],
                      "n_problems": sum(n.values()), "n_by_seed": n,
@@ -272,25 +282,28 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("outs", nargs="+", type=Path, help="python -m analysis +task=miniature output directories")
     ap.add_argument("--arms", nargs="*", default=None, help="arms compared with full KV (default: every arm found)")
-    ap.add_argument("--vs", nargs="*", default=list(DEFAULT_VS), help="extra pairs A:B (A − B)")
-    ap.add_argument("--forest", nargs="*", default=list(DEFAULT_FOREST), help="arms drawn in forest.png")
+    ap.add_argument("--vs", nargs="*", default=None, help=f"extra pairs A:B (A − B; default: {' '.join(DEFAULT_VS)})")
+    ap.add_argument("--forest", nargs="*", default=None, help="arms drawn in forest.png (default: the main arms found)")
     ap.add_argument("--committed", type=Path, default=None,
                     help="an earlier miniature_seeds results.json whose arms --vs may name as committed/<arm>")
     ap.add_argument("--keep-committed", nargs="*", default=[], metavar="ARM",
                     help="arms (vs full KV) or pairs A:B whose rows are taken unchanged from --committed")
     ap.add_argument("--out", type=lambda v: Path(output_dir(v)), default=Path("runs/miniature_seeds"))
     args = ap.parse_args(argv)
-    bad = [p for p in args.vs if p.count(":") != 1 or "" in p.split(":")]
+    bad = [p for p in args.vs or [] if p.count(":") != 1 or "" in p.split(":")]
     if bad:
         ap.error(f"--vs {bad[0]}: give pairs as ARM:OTHER")
     missing = [str(o) for o in args.outs if not (o / "results.json").is_file()]
     if missing:
         ap.error(f"not miniature outputs (no results.json): {', '.join(missing)}")
     results = run(args.outs, args.arms, args.vs, args.committed, args.keep_committed)
+    compared = [c["arm"] for c in results["comparisons"] if c["vs"] == "full KV"]
+    if args.forest is not None and (absent := [a for a in args.forest if a not in compared]):
+        raise SystemExit(f"miniature_seeds: --forest {absent}: not compared with full KV here; compared: {compared}")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     (args.out / "table.md").write_text(markdown(results))
-    forest_figure(results, args.forest, args.out / "forest.png")
+    forest_figure(results, list(DEFAULT_FOREST) if args.forest is None else args.forest, args.out / "forest.png")
     print(markdown(results))
     print(f"written {args.out}/table.md, results.json, forest.png")
 

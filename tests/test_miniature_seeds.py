@@ -93,6 +93,26 @@ def test_bad_inputs_are_refused_by_name(tmp_path):
         seeds.main([str(a), "--vs", "abridge"])
 
 
+def test_a_pair_forest_arm_or_results_file_that_cannot_be_used_is_named(tmp_path):
+    """``--vs abridge:bogus`` and ``--forest bogus`` were dropped without a word (the table lacked the pair, the
+    figure was empty), and a torn results.json or ``--committed`` file was a ``JSONDecodeError`` traceback."""
+    from zoomr.jsonl import BadRowError
+
+    a = _fake_seed(tmp_path, 11, {"full": [1, 0, 1], "abridge": [1, 1, 1]})
+    with pytest.raises(SystemExit, match=r"--vs abridge:bogus: the two arms ran together on none of the seeds"):
+        seeds.run([a], None, ["abridge:bogus"])
+    assert seeds.run([a], None, None)["comparisons"]  # the default pairs: each where it ran, none here
+    out = tmp_path / "report"
+    with pytest.raises(SystemExit, match=r"--forest \['bogus'\]: not compared with full KV here"):
+        seeds.main([str(a), "--forest", "bogus", "--out", str(out)])
+    assert not out.exists()  # refused before anything is written
+    with pytest.raises(BadRowError, match="not valid JSON"):
+        seeds.run([a], None, None, committed=a / "arms" / "full" / "results.jsonl")
+    (a / "results.json").write_text('{"meta": {"test_seed": 11}, "arms": [{"name": "full"}, 3]}')
+    with pytest.raises(BadRowError, match="not a miniature results.json"):
+        seeds.run([a], None, None)
+
+
 def test_main_writes_the_table_results_and_forest(tmp_path):
     a = _fake_seed(tmp_path, 11, {"full": [1] * 20, "abridge_perlayer": [1] * 18 + [0] * 2})
     b = _fake_seed(tmp_path, 12, {"full": [1] * 20, "abridge_perlayer": [1] * 20})
