@@ -31,11 +31,31 @@ class PairedCI:
 
 
 def index_matrix(n_problems: int, n_resamples: int = 2000, seed: int = 1234) -> np.ndarray:
-    """The shared (n_resamples, n_problems) matrix of resampled problem indices."""
+    """The shared (n_resamples, n_problems) matrix of resampled problem indices; refused (``SettingsError``) when
+    it would not fit in the memory free now (``--n-resamples 100000000`` was numpy's MemoryError traceback after
+    every run had been read, or a machine swapping until the kernel killed it)."""
+    from zoomr.schemas.checks import SettingsError
+
     if n_problems < 2:
         raise ValueError(f"the paired bootstrap needs at least 2 problems, got {n_problems}")
-    check_bootstrap_settings(n_resamples)
+    check_bootstrap_settings(n_resamples, seed=seed)
+    need, free = n_resamples * n_problems * np.dtype(np.int64).itemsize, free_memory_bytes()
+    if free is not None and need > free:
+        raise SettingsError(
+            f"n_resamples={n_resamples} resamples of {n_problems} problems need {need / 2**30:.1f} GiB of indices, "
+            f"more than the {free / 2**30:.1f} GiB free: use fewer resamples (2000 is usual)"
+        )
     return np.random.default_rng(seed).integers(0, n_problems, (n_resamples, n_problems))
+
+
+def free_memory_bytes() -> int | None:
+    """Physical memory free now (Linux and most Unixes; None where the system does not say)."""
+    import os
+
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def paired_bootstrap(
@@ -90,12 +110,15 @@ def stratified_paired_bootstrap(
     return PairedCI(float(np.mean(np.concatenate(diffs))), float(low), float(high), n, n_resamples)
 
 
-def check_bootstrap_settings(n_resamples: int, confidence: float = 0.95) -> None:
-    """Refuse settings that would print NaN or crash inside numpy: n_resamples >= 1, 0 < confidence < 1."""
+def check_bootstrap_settings(n_resamples: int, confidence: float = 0.95, seed: int = 0) -> None:
+    """Refuse settings that would print NaN or crash inside numpy: n_resamples >= 1, 0 < confidence < 1, and a
+    seed numpy's generator takes (an integer >= 0)."""
     if isinstance(n_resamples, bool) or not isinstance(n_resamples, numbers.Integral) or n_resamples < 1:
         raise ValueError(f"n_resamples={n_resamples!r}: the bootstrap needs at least 1 resample (2000 is usual)")
     if not 0 < confidence < 1:
         raise ValueError(f"confidence={confidence!r}: a confidence level must lie strictly between 0 and 1 (e.g. 0.95)")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"seed={seed!r}: the resampling seed must be an integer >= 0")
 
 
 def _percentile_interval(distribution: np.ndarray, confidence: float) -> tuple[float, float]:

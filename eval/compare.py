@@ -303,9 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.labels and len(args.labels) != len(args.runs):
         ap.error(f"--labels needs one label per run ({len(args.runs)}), got {len(args.labels)}")
     try:
-        check_bootstrap_settings(args.n_resamples, args.confidence)
+        check_bootstrap_settings(args.n_resamples, args.confidence, args.seed)
     except ValueError as e:
-        ap.error(str(e).replace("n_resamples=", "--n-resamples ").replace("confidence=", "--confidence "))
+        ap.error(str(e).replace("n_resamples=", "--n-resamples ").replace("confidence=", "--confidence ")
+                 .replace("seed=", "--seed "))
     try:
         runs = [load_run(p, args.labels[i] if args.labels else None) for i, p in enumerate(args.runs)]
         result = compare(runs, args.n_resamples, args.seed, args.confidence, args.allow_different_settings)

@@ -86,7 +86,8 @@ def test_an_option_a_run_does_not_record_takes_its_default():
     ) != comparable_settings({"benchmark": {"name": "testbed", "options": {"paragraph_topics": False, "trace_tokens": 1024}}})
 
 
-@pytest.mark.parametrize("flag,value", [("--n-resamples", "0"), ("--confidence", "1.5"), ("--confidence", "0")])
+@pytest.mark.parametrize("flag,value", [("--n-resamples", "0"), ("--confidence", "1.5"), ("--confidence", "0"),
+                                        ("--seed", "-1")])  # --seed -1 was numpy's ValueError traceback
 def test_impossible_bootstrap_settings_are_refused_before_reading_runs(tmp_path, capsys, flag, value):
     # the run directories do not exist: the setting is named first, and nothing is written
     with pytest.raises(SystemExit) as exc:
@@ -94,3 +95,19 @@ def test_impossible_bootstrap_settings_are_refused_before_reading_runs(tmp_path,
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert f"{flag} {value}" in err and "does not exist" not in err and not (tmp_path / "cmp").exists()
+
+
+def test_an_index_matrix_larger_than_free_memory_is_refused_by_its_size(monkeypatch):
+    """``--n-resamples 100000000`` on 64 problems was numpy's MemoryError traceback for 47.7 GiB after every run had
+    been read (or, where the allocation succeeds, a machine swapping until the kernel kills the process)."""
+    from eval import bootstrap
+    from zoomr.schemas.checks import SettingsError
+
+    assert bootstrap.free_memory_bytes() > 0  # Linux says
+    monkeypatch.setattr(bootstrap, "free_memory_bytes", lambda: 2**30)
+    with pytest.raises(SettingsError, match=r"n_resamples=2000000 resamples of 100 problems need 1.5 GiB of indices, "
+                                            r"more than the 1.0 GiB free"):  # fmt: skip
+        bootstrap.index_matrix(100, 2_000_000)
+    assert bootstrap.index_matrix(100, 2000).shape == (2000, 100)
+    monkeypatch.setattr(bootstrap, "free_memory_bytes", lambda: None)  # a system that does not say: no check
+    assert bootstrap.index_matrix(3, 10).shape == (10, 3)
