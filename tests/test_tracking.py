@@ -20,6 +20,32 @@ def test_mode_resolution(monkeypatch):
         resolve_mode("sometimes")
 
 
+def test_an_unknown_mode_is_refused_before_the_run_writes_anything(tmp_path, monkeypatch):
+    """``WANDB_MODE=bogus`` was pydantic's traceback from ``wandb.init``, and ``logger.mode=bogus`` a ValueError
+    traceback, both after the model loaded and ``config.json`` and ``fingerprint.json`` were written."""
+    import os
+    import subprocess
+    import sys
+
+    from zoomr.paths import REPO_ROOT
+    from zoomr.schemas.checks import SettingsError
+
+    monkeypatch.setenv("WANDB_MODE", "bogus")
+    with pytest.raises(SettingsError, match="the environment's WANDB_MODE='bogus' is not a W&B mode"):
+        resolve_mode("auto")
+    assert resolve_mode("disabled") == "disabled"  # logger=none never reads it
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    for extra, message in (([], "WANDB_MODE='bogus' is not a W&B mode"),
+                           (["logger.mode=bogus"], "logger.mode must be auto|online|offline|disabled, got 'bogus'")):  # fmt: skip
+        run_dir = tmp_path / "run"
+        proc = subprocess.run([sys.executable, "-m", "eval", "benchmark.problem_limit=1", "generation.n_samples=1",
+                               f"run_dir={run_dir}", *extra], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr and message in proc.stderr, proc.stderr[-1500:]
+        assert not run_dir.exists()
+        env["WANDB_MODE"] = "offline"
+
+
 def test_secrets_are_scrubbed():
     cfg = {"summarizer": {"api_key": "sk-123", "base_url": "http://x"}, "list": [{"hf_token": "t"}], "lr": 1}
     out = scrub_secrets(cfg)

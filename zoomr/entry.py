@@ -20,7 +20,7 @@ from zoomr.paths import output_problem
 from zoomr.rundir import write_json
 from zoomr.schemas import register_with_hydra
 from zoomr.script import USER_ERRORS, interrupted, user_error_message
-from zoomr.tracking import RunLogger, init_run, run_identity
+from zoomr.tracking import RunLogger, init_run, resolve_mode, run_identity
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
@@ -43,6 +43,8 @@ def hydra_entry(config_name: str, resumes_from: Callable[[Any], Any] | None = No
                     check_run_dir(select(cfg, key), key)
                 check_device(cfg.get("device"))
                 check_cache_dir(cfg.get("cache_dir"))
+                if (mode := select(cfg, "logger.mode")) is not None:
+                    resolve_mode(mode)  # logger.mode and WANDB_MODE, before a model loads or a file is written
                 return fn(cfg)
             except USER_ERRORS as e:  # what the user gave is wrong: the message alone
                 stop = SystemExit(user_error_message(e))

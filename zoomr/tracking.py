@@ -47,14 +47,24 @@ def is_secret_name(name: str) -> bool:
     return False
 
 
+WANDB_MODES = ("online", "offline", "disabled", "dryrun", "run", "shared")  # what wandb.init's settings accept
+
+
 def resolve_mode(mode: str) -> str:
-    """``disabled`` always wins; otherwise ``WANDB_MODE`` when set, else the configured mode."""
+    """``disabled`` always wins; otherwise ``WANDB_MODE`` when set, else the configured mode. An unknown mode, in the
+    config or the environment, is a :class:`SettingsError` (entry points check it before any run state: a bad
+    ``WANDB_MODE`` was pydantic's traceback from ``wandb.init`` after the config and fingerprint were written)."""
+    from zoomr.schemas.checks import SettingsError
+
     if mode not in ("auto", "online", "offline", "disabled"):
-        raise ValueError(f"logger.mode must be auto|online|offline|disabled, got {mode!r}")
+        raise SettingsError(f"logger.mode must be auto|online|offline|disabled, got {mode!r}")
     if mode == "disabled":
         return "disabled"
     env = os.environ.get("WANDB_MODE")
     if env:
+        if env not in WANDB_MODES:
+            raise SettingsError(f"the environment's WANDB_MODE={env!r} is not a W&B mode: set online, offline or "
+                                "disabled, or unset it (logger=none turns W&B off)")  # fmt: skip
         return env
     if mode == "auto":
         return "online" if os.environ.get("WANDB_API_KEY") else "offline"
