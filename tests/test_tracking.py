@@ -134,3 +134,30 @@ def test_summary_keys_are_namespaced_by_job_type(tmp_path, monkeypatch):
     data = dict(logger.run.summary)
     logger.finish()
     assert data["eval/accuracy"] == 0.25 and data["eval/kv_per_512"] == 64.0 and "accuracy" not in data
+
+
+def test_the_log_level_variable_applies_after_hydra_configured_logging_and_a_bad_one_is_named(monkeypatch):
+    """``ZOOMR_LOG_LEVEL`` went to ``logging.basicConfig``, which does nothing once Hydra has installed its handlers:
+    ``ZOOMR_LOG_LEVEL=DEBUG`` changed nothing, and ``=bogus`` passed unseen."""
+    import logging
+
+    from zoomr.entry import setup_logging
+    from zoomr.schemas.checks import SettingsError
+
+    root = logging.getLogger()
+    handler, level = logging.NullHandler(), root.level
+    root.addHandler(handler)  # as Hydra's job logging leaves the root logger
+    try:
+        for given, expected in (("debug", logging.DEBUG), ("WARNING", logging.WARNING), (None, logging.INFO)):
+            if given is None:
+                monkeypatch.delenv("ZOOMR_LOG_LEVEL", raising=False)
+            else:
+                monkeypatch.setenv("ZOOMR_LOG_LEVEL", given)
+            setup_logging()
+            assert root.level == expected
+        monkeypatch.setenv("ZOOMR_LOG_LEVEL", "bogus")
+        with pytest.raises(SettingsError, match="ZOOMR_LOG_LEVEL='bogus': give one of DEBUG, INFO, WARNING, ERROR"):
+            setup_logging()
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)

@@ -19,6 +19,7 @@ from zoomr.models import ModelSpec, spec_from_dict
 from zoomr.paths import output_problem
 from zoomr.rundir import write_json
 from zoomr.schemas import register_with_hydra
+from zoomr.schemas.checks import SettingsError
 from zoomr.script import USER_ERRORS, interrupted, user_error_message
 from zoomr.tracking import RunLogger, init_run, resolve_mode, run_identity
 
@@ -211,5 +212,14 @@ def start_run(cfg: Any, job_type: str) -> tuple[Path, RunLogger]:
     return run_dir, logger
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
 def setup_logging() -> None:
-    logging.basicConfig(level=os.environ.get("ZOOMR_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s: %(message)s")
+    """Log at INFO, or at the environment's ``ZOOMR_LOG_LEVEL``. Under Hydra, which configures logging first, the
+    variable was ignored (``basicConfig`` does nothing once handlers exist), and an unknown level passed unseen."""
+    name = os.environ.get("ZOOMR_LOG_LEVEL", "INFO").upper()
+    if name not in LOG_LEVELS:
+        raise SettingsError(f"ZOOMR_LOG_LEVEL={os.environ['ZOOMR_LOG_LEVEL']!r}: give one of {', '.join(LOG_LEVELS)}")
+    logging.basicConfig(level=name, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(name)
