@@ -73,6 +73,9 @@ class Task:
     def load(self, bench: Any, tokenizer: Any = None, gen: Any = None) -> list[Problem]:
         from eval.benchmarks import load_benchmark
 
+        if given := sorted(getattr(bench, "options", None) or {}):  # ++benchmark.options.x=1 was ignored silently
+            raise ValueError(f"benchmark.options {given}: benchmark {bench.name!r} takes no options (its settings are "
+                             "benchmark.sources, source, data_dir, problem_limit, option_seed)")  # fmt: skip
         return load_benchmark(bench)
 
     def check(self, problems: list[Problem], gen: Any) -> None:

@@ -25,6 +25,18 @@ def test_an_unknown_task_is_refused_naming_the_known_ones():
         get_task("nope")
 
 
+@pytest.mark.parametrize("task", ["math", "gpqa"])
+def test_options_given_to_a_benchmark_that_takes_none_are_refused(task):
+    """``benchmark=aime25 ++benchmark.options.x=1`` ran and ignored the option (testbed, RULER and LongBench refuse
+    keys they do not know)."""
+    from zoomr.schemas.eval import BenchmarkConfig
+
+    bench = BenchmarkConfig(name="aime25", task=task, sources=["aime_2025"], options={"x": 1}, problem_limit=2)
+    with pytest.raises(ValueError, match=r"benchmark.options \['x'\]: benchmark 'aime25' takes no options"):
+        get_task(task).load(bench)
+    assert len(get_task("math").load(BenchmarkConfig(name="aime25", sources=["aime_2025"], problem_limit=2))) == 2
+
+
 @pytest.mark.parametrize("module", ["__main__", "grading", "prompts", "runner", "steps", "generation"])
 def test_the_evaluator_core_names_no_task(module):
     """Tasks are plugged in through the registry: no string literal of the evaluator's core is a task name."""
