@@ -289,6 +289,8 @@ def test_a_missing_local_data_file_is_named_before_any_run_state(method, tmp_pat
          "invalid settings: method.summary_pointer_layers=[7]: the model has layers 0..2"),  # after config.json
         (["+method=sft_testbed", "data=testbed", "model=tiny-testbed", "method.value_read_weight=1"],
          "invalid settings: method.value_read_weight=1.0: > 0 needs data with summaries"),  # a ValueError traceback
+        (["+method=sft", "data.format=bogus"], "invalid settings: data.format must be one of"),  # the loader's traceback
+        (["+method=sft", "data.eval_fraction=1.5"], "data.eval_fraction=1.5 (must be in [0, 1)"),  # Hydra skips __post_init__
         (["+method=abridge", "method.max_response_tokens=100"], "max_response_tokens=100 would cut them"),
         (["+method=abridge", "method.block_size=4096"], "no response completes a block"),  # trained as full KV
         (["+method=lightthinker", "data=testbed", "method.init_from=analysis/results/miniature/base_model",

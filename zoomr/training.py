@@ -99,8 +99,17 @@ def load_sft_dataset(data: dict[str, Any], tokenizer):
 
 
 def check_data_source(data: dict[str, Any]) -> None:
-    """Refuse ``data.source=local`` with a ``data.path`` that does not exist (relative to the cwd or the repo),
-    so a trainer fails before :func:`zoomr.rundir.prepare_run` writes anything."""
+    """Refuse impossible data settings and ``data.source=local`` with a ``data.path`` that does not exist (relative
+    to the cwd or the repo), so a trainer fails before :func:`zoomr.rundir.prepare_run` writes anything. The data
+    schema's own checks run here (Hydra does not run ``__post_init__``): ``data.format=bogus`` was a traceback from
+    the loader after the run's config and settings were written."""
+    from zoomr.schemas import to_dataclass
+    from zoomr.schemas.sft import TracesData
+    from zoomr.schemas.testbed import TestbedData
+
+    schema = {TracesData.loader: TracesData, TestbedData.loader: TestbedData}.get(data.get("loader"))
+    if schema is not None:  # a loader of the user's own takes its own settings
+        to_dataclass(schema, data)
     if data.get("source") == "local" and data.get("path"):
         path = resolve_repo_path(data["path"])
         if not path.exists():
