@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hydra.experimental.callback import Callback
 
 from zoomr.models import ModelSpec, spec_from_dict
 from zoomr.paths import output_problem
@@ -61,13 +62,7 @@ def hydra_entry(config_name: str, resumes_from: Callable[[Any], Any] | None = No
     return wrap
 
 
-def _hydra_callback() -> type:
-    from hydra.experimental.callback import Callback
-
-    return Callback
-
-
-class LauncherCheck(_hydra_callback()):
+class LauncherCheck(Callback):
     """A Hydra callback (``hydra.callbacks.launcher_check`` in every entry config): ``--multirun`` with a SLURM
     launcher (``hydra/launcher=slurm_h100`` or ``submitit_slurm``) on a machine without ``srun`` is refused with one
     line before any job is made; it was submitit's ``Could not detect "srun"`` under Hydra's traceback."""
