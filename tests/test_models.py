@@ -120,3 +120,20 @@ def test_real_model_id_fails_fast_with_clear_message():
     assert time.time() - t0 < 60
     assert "could not load model 'r1'" in proc.stderr
     assert "HF_HUB_OFFLINE=1" in proc.stderr and "tiny" in proc.stderr
+
+
+def test_a_hub_model_out_of_reach_ends_an_entry_point_with_its_message_alone(tmp_path):
+    """``python -m eval model=qwen3-8b`` offline ended in three chained tracebacks (huggingface_hub, transformers,
+    ours) around the message; it is a missing input like a missing local checkpoint."""
+    from zoomr.models import ModelUnavailable
+    from zoomr.paths import REPO_ROOT, MissingInput
+
+    assert issubclass(ModelUnavailable, MissingInput)
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    proc = subprocess.run([sys.executable, "-m", "eval", "model=qwen3-8b", "benchmark.problem_limit=1",
+                           f"run_dir={run_dir}"], capture_output=True, text=True, env=env, timeout=120,
+                          cwd=REPO_ROOT)  # fmt: skip
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "could not load model 'qwen3-8b' from 'Qwen/Qwen3-8B'" in proc.stderr and "model.hf_id" in proc.stderr
+    assert not run_dir.exists()

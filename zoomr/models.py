@@ -309,9 +309,14 @@ def load_model_and_tokenizer(spec: ModelSpec, cache_dir: Path | None = None, **k
     return load_model(spec, cache_dir, **kwargs), load_tokenizer(spec, cache_dir)
 
 
-def _hub_error(spec: ModelSpec, error: Exception) -> RuntimeError:
+class ModelUnavailable(MissingInput):
+    """A hub model this machine has no copy of and cannot download (entry points print the message alone: it was a
+    RuntimeError under three chained tracebacks from huggingface_hub and transformers)."""
+
+
+def _hub_error(spec: ModelSpec, error: Exception) -> ModelUnavailable:
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false")
-    return RuntimeError(
+    return ModelUnavailable(
         f"could not load model {spec.name!r} from {spec.hf_id!r}: {error.__class__.__name__}: {str(error)[:300]}\n"
         f"The Hugging Face hub is {'disabled (HF_HUB_OFFLINE=1)' if offline else 'unreachable or the id is wrong'}. "
         "Download the checkpoint on a machine with hub access and point model.hf_id at the local directory, "
