@@ -121,7 +121,15 @@ def iter_raw_rows(source: str, path: str | None, hub_id: str | None, split: str)
     elif source == "hub":
         import datasets
 
-        yield from datasets.load_dataset(hub_id, split=split)
+        try:
+            rows = datasets.load_dataset(hub_id, split=split)
+        except Exception as e:  # noqa: BLE001 - the hub's errors are many (offline, no access, a wrong id or split)
+            raise MissingInput(
+                f"data.hub_id={hub_id} (split {split}): could not load it from the Hugging Face hub "
+                f"({e.__class__.__name__}: {str(e)[:200]}); on a machine without the hub use data.source=local and "
+                "data.path=<a local JSONL, parquet or save_to_disk copy>"
+            ) from None
+        yield from rows
     else:
         raise ValueError(f"data.source must be local or hub, got {source!r}")
 

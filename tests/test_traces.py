@@ -41,6 +41,15 @@ def test_errors_name_the_problem(tmp_path):
         load_trace_rows(path=str(tmp_path / "empty.jsonl"))  # named: the trainer prints it without a traceback
 
 
+def test_a_hub_dataset_out_of_reach_is_a_missing_input_naming_the_local_alternative(monkeypatch):
+    """``data=bespoke_stratos`` offline was datasets' ConnectionError under a traceback."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("datasets.config.HF_HUB_OFFLINE", True)
+    with pytest.raises(MissingInput, match=r"data.hub_id=nobody/no-such-traces \(split train\): could not load it "
+                                           r"from the Hugging Face hub .*use data.source=local"):  # fmt: skip
+        load_trace_rows(source="hub", hub_id="nobody/no-such-traces", format="bespoke")
+
+
 def test_sft_dataset_is_chat_messages():
     ds = sft_dataset({"source": "local", "path": "data_prep/data/traces/sky-t1-math-correct-5k-32b-ckpt140_aime24.jsonl",
                       "max_samples": 3})
