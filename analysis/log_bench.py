@@ -10,10 +10,10 @@ logs each file as one W&B run of job type ``bench``: name ``<file stem>-<model>`
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
+from zoomr.jsonl import read_json
 from zoomr.tracking import log_summary_run
 
 CONFIG_KEYS = ("meta", "args", "config", "settings")
@@ -33,7 +33,7 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, float]:
 
 
 def log_file(path: Path, group: str | None, mode: str, run_dir: Path | None) -> dict[str, Any]:
-    data = json.loads(path.read_text())
+    data = read_json(path, "bench JSON")
     if not isinstance(data, dict):
         raise SystemExit(f"{path}: a bench JSON is an object, got {type(data).__name__}")
     config = next((data[k] for k in CONFIG_KEYS if isinstance(data.get(k), dict)), {})
@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     missing = [f for f in a.files if not Path(f).is_file()]
     if missing:
         p.error(f"no such bench JSON: {', '.join(missing)}")
+    for f in a.files:  # every file readable before the first run is logged (a torn one is named, none logged)
+        read_json(f, "bench JSON")
     out = []
     for f in a.files:
         summary = log_file(Path(f), a.group, a.mode, Path(a.dir) if a.dir else None)

@@ -20,7 +20,6 @@ copies, no checkpoint needed) and the arms still missing run on the checkpoints 
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 import time
@@ -29,7 +28,7 @@ from typing import Any
 
 from analysis.miniature_plan import ARMS, MODELS, Arm, full_arm, plan, training_seeds
 from eval.arms import load_arm, run_arm, run_command, testbed_command
-from zoomr.jsonl import read_json_object
+from zoomr.jsonl import BadRowError, read_json_object
 from zoomr.paths import output_dir, output_problem
 from zoomr.rundir import write_json
 from zoomr.schemas.checks import SettingsError
@@ -261,7 +260,10 @@ def selection(task: Any) -> dict[str, Any]:
     path = Path(task.out) / SELECTION_DIR / "results.json"
     if not path.exists():
         return {}
-    sel = json.loads(path.read_text())["results"]["zoomr_writes"]["selection"]
+    sel = (read_json_object(path, "zoomr_testbed results.json").get("results") or {}).get("zoomr_writes", {}).get("selection")
+    if not isinstance(sel, dict) or not {"hit_rate", "hit_rate_far", "chance"} <= set(sel):
+        raise BadRowError(f"{path}: no zoomr_writes selection (hit_rate, hit_rate_far, chance) in it; rerun "
+                          "analysis.zoomr_testbed with --arms zoomr_writes, or move it aside")
     out = {"selection_hit_rate": sel["hit_rate"], "selection_hit_rate_far": sel["hit_rate_far"],
            "selection_chance": sel["chance"], "selection_source": str(path)}  # fmt: skip
     for key in ("hit_rate_by_distance", "miss_votes"):  # absent from runs made before they were measured

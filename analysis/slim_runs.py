@@ -131,7 +131,7 @@ def slim_runs(sources: list[Path], out: Path) -> dict[str, int]:
             moved[name] = str(out / rel)
     for src in [s for s in sources if s.is_file()]:
         out.mkdir(parents=True, exist_ok=True)
-        data = relative(retarget(json.loads(src.read_text()), moved), f"{Path.cwd()}/")
+        data = relative(retarget(read_json(src, "JSON file"), moved), f"{Path.cwd()}/")
         (out / src.name).write_text(json.dumps(data, indent=1) + "\n")
         written[src.name] = (out / src.name).stat().st_size
     return written

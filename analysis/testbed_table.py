@@ -32,6 +32,7 @@ import torch
 
 from analysis.cli import require_at_least, require_checkpoint, require_testbed_data
 from zoomr.paths import output_dir
+from zoomr.rundir import read_json
 from zoomr.testbed.grading import BUCKETS as DISTANCE_BUCKETS
 
 BUCKETS = tuple(name for *_, name in DISTANCE_BUCKETS)  # recall columns, nearest first
@@ -78,10 +79,9 @@ def cached(path: Path, key: dict[str, Any], compute) -> dict[str, Any]:
     decodes through the evaluator into ``<path stem>-<key digest>/`` next to it, so an arm killed midway
     resumes from its finished rows."""
     digest = key_digest(key)
-    if path.exists():
-        saved = json.loads(path.read_text())
-        if saved.get("key_digest") == digest:
-            return saved
+    saved = read_json(path)  # None when absent or torn (then computed again: its arms resume from their rows)
+    if isinstance(saved, dict) and saved.get("key_digest") == digest:
+        return saved
     result = {**compute(path.with_name(f"{path.stem}-{digest}")), "key": key, "key_digest": digest}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(result))

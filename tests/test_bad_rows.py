@@ -134,3 +134,40 @@ def test_compare_refuses_a_torn_run_config_naming_it(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{tmp_path / 'a' / 'config.json'}: not valid JSON (expected a JSON run config" in err
     assert not (tmp_path / "cmp").exists()
+
+
+def test_torn_json_inputs_of_the_analysis_scripts_are_named(tmp_path, monkeypatch):
+    """Each was a JSONDecodeError (or KeyError) traceback: a PEFT adapter's config, a bench JSON given to
+    ``analysis.log_bench`` (after the files before it had been logged), the miniature's ZoomR selection file, a JSON
+    file given to ``analysis.slim_runs``; a torn ``testbed_table`` cache is computed again."""
+    from types import SimpleNamespace
+
+    from analysis import log_bench, miniature, slim_runs, testbed_table
+    from zoomr.models import adapter_base
+
+    torn = tmp_path / "torn.json"
+    torn.write_text('{"results": ')
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter_config.json").write_text('{"base_model_name_or_path": ')
+    with pytest.raises(BadRowError, match="adapter_config.json: not valid JSON \\(expected a JSON PEFT adapter config"):
+        adapter_base(tmp_path / "adapter")
+    good = tmp_path / "good.json"
+    good.write_text('{"results": {"step_ms": 3.0}}')
+    logged = []
+    monkeypatch.setattr(log_bench, "log_summary_run", lambda **kw: logged.append(kw) or {})
+    with pytest.raises(BadRowError, match="torn.json: not valid JSON \\(expected a JSON bench JSON"):
+        log_bench.main([str(good), str(torn), "--mode", "disabled"])
+    assert not logged  # nothing logged before the torn file was found
+    selection = tmp_path / "out" / miniature.SELECTION_DIR / "results.json"
+    selection.parent.mkdir(parents=True)
+    selection.write_text('{"results": ')
+    with pytest.raises(BadRowError, match="not valid JSON"):
+        miniature.selection(SimpleNamespace(out=str(tmp_path / "out")))
+    selection.write_text('{"results": {"other": {}}}')
+    with pytest.raises(BadRowError, match="no zoomr_writes selection"):
+        miniature.selection(SimpleNamespace(out=str(tmp_path / "out")))
+    with pytest.raises(BadRowError, match="torn.json: not valid JSON"):
+        slim_runs.main([str(torn), "--out", str(tmp_path / "slim")])
+    calls = []
+    result = testbed_table.cached(torn, {"k": 1}, lambda run_dir: calls.append(run_dir) or {"acc": 1.0})
+    assert calls and result["acc"] == 1.0 and json.loads(torn.read_text())["key"] == {"k": 1}

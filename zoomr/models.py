@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from zoomr.jsonl import read_json_object
 from zoomr.named_tokenizer import builder_version, named_tokenizer_dir, tokenizer_builder
 from zoomr.paths import MissingInput
 from zoomr.schemas.checks import SettingsError
@@ -276,7 +277,7 @@ def adapter_base(path: str | Path) -> str | None:
     config = Path(path) / "adapter_config.json"
     if not config.is_file():
         return None
-    base = json.loads(config.read_text()).get("base_model_name_or_path")
+    base = read_json_object(config, "PEFT adapter config").get("base_model_name_or_path")
     if not base:
         raise ValueError(f"{config}: no base_model_name_or_path, cannot tell which model the adapter belongs to")
     return base
