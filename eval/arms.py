@@ -9,7 +9,6 @@ that directory was when it ran).
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import subprocess
@@ -21,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from zoomr.jsonl import read_json, read_json_object
+from zoomr.jsonl import read_json, read_json_object, read_jsonl
 from zoomr.rundir import write_json
 
 COMMAND_FILE = "arm_command.json"
@@ -113,7 +112,7 @@ def experiment(args: list[str]) -> list[str]:
 def load_arm(run_dir: str | Path) -> ArmResult:
     """Per-problem correctness, recall and resident rows of a finished eval run (first sample of each)."""
     run_dir = Path(run_dir)
-    rows = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_jsonl(run_dir / "results.jsonl")  # a torn or malformed row is named (BadRowError)
     first = {r["problem_id"]: r for r in sorted(rows, key=lambda r: r["sample"], reverse=True)}
     ordered = sorted(first.values(), key=lambda r: _problem_order(r["problem_id"]))
     return ArmResult(

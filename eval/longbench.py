@@ -29,6 +29,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from zoomr.jsonl import read_jsonl
 from zoomr.paths import MissingInput, resolve_repo_path
 from zoomr.schemas.checks import is_integer
 
@@ -253,8 +254,7 @@ def load_rows(subset: str, data_dir: str | None = None, hub_id: str = HUB_ID) ->
         path = Path(resolve_repo_path(data_dir)) / f"{subset}.jsonl"
         if not path.exists():
             raise MissingInput(f"LongBench {subset}: {path} not found (benchmark.options.data_dir)")
-        with open(path, encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
+        return read_jsonl(path)  # a malformed line is refused naming the file and line (BadRowError)
     import datasets
 
     try:

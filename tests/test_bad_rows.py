@@ -171,3 +171,23 @@ def test_torn_json_inputs_of_the_analysis_scripts_are_named(tmp_path, monkeypatc
     calls = []
     result = testbed_table.cached(torn, {"k": 1}, lambda run_dir: calls.append(run_dir) or {"acc": 1.0})
     assert calls and result["acc"] == 1.0 and json.loads(torn.read_text())["key"] == {"k": 1}
+
+
+def test_a_malformed_longbench_row_or_arm_result_row_is_named(tmp_path):
+    """A local LongBench file with a torn line and a miniature arm whose results.jsonl was cut mid-row were
+    JSONDecodeError tracebacks."""
+    from eval.arms import load_arm
+    from eval.longbench import load_rows
+
+    (tmp_path / "hotpotqa.jsonl").write_text('{"input": "q", "answers": ["a"]}\n{"input": \n')
+    with pytest.raises(BadRowError, match=r"hotpotqa.jsonl line 2: bad_json"):
+        load_rows("hotpotqa", str(tmp_path))
+    arm = tmp_path / "arm"
+    arm.mkdir()
+    (arm / "metrics.json").write_text("{}")
+    row = {"problem_id": "testbed-5-0", "sample": 0, "correct": True, "kv": {"rows_mean": 10.0}}
+    (arm / "results.jsonl").write_text(json.dumps(row) + '\n{"problem_id": "testbed-5-1", "sam')
+    with pytest.raises(BadRowError, match=r"results.jsonl line 2"):
+        load_arm(arm)
+    (arm / "results.jsonl").write_text(json.dumps(row) + "\n")
+    assert load_arm(arm).ids == ["testbed-5-0"]
