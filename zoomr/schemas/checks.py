@@ -38,10 +38,10 @@ def type_problem(name: str, value: Any, hint: Any) -> str | None:
     Hydra types a schema's own fields, but not a dict node (``benchmark.options``) or a dataclass built in code."""
     if value is None or hint not in (int, float, bool, str):
         return None
-    if hint is float:
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if hint in (int, float):
+        ok = is_integer(value) or (hint is float and isinstance(value, float))
     else:
-        ok = isinstance(value, hint) and (hint is bool or not isinstance(value, bool))
+        ok = isinstance(value, hint)
     return None if ok else f"{name}={value!r} (must be {'an' if hint is int else 'a'} {hint.__name__})"
 
 
