@@ -51,6 +51,7 @@ def test_a_seed_numpy_cannot_take_is_refused_before_the_trainer_writes_anything(
     check_seed(0), check_seed(2**32 - 1), check_seed(None)  # the ends of the range, and no seed at all, pass
 
 
+@pytest.mark.slow  # model-loading subprocesses: CI stays under 15 min on a slow day
 def test_a_refused_eval_leaves_no_directory_and_keeps_a_users_files(tmp_path):
     """A refused ``python -m eval`` said "nothing was written" but left the run directory Hydra had made, holding
     its ``.hydra/`` and an empty ``__main__.log``; a directory with anything else in it is left as it was."""

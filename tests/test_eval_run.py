@@ -113,6 +113,7 @@ def test_sigkill_mid_run_then_resume(tmp_path, cache_dir):
     assert again.returncode == 0 and len(_lines(cut)) == total
 
 
+@pytest.mark.slow  # model-loading subprocesses: CI stays under 15 min on a slow day
 def test_ctrl_c_mid_run_ends_with_one_line_and_the_rerun_resumes(tmp_path, cache_dir):
     """Ctrl-C was a KeyboardInterrupt traceback through transformers; now the entry point names the run directory
     a rerun continues from, exits with the shell's 130, and the finished rows are kept and skipped."""

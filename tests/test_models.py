@@ -122,6 +122,7 @@ def test_real_model_id_fails_fast_with_clear_message():
     assert "HF_HUB_OFFLINE=1" in proc.stderr and "tiny" in proc.stderr
 
 
+@pytest.mark.slow  # model-loading subprocesses: CI stays under 15 min on a slow day
 def test_a_hub_model_out_of_reach_ends_an_entry_point_with_its_message_alone(tmp_path):
     """``python -m eval model=qwen3-8b`` offline ended in three chained tracebacks (huggingface_hub, transformers,
     ours) around the message; it is a missing input like a missing local checkpoint."""

@@ -51,6 +51,7 @@ def test_slurm_h100_sbatch_carries_the_requested_resources(monkeypatch):
     assert "srun" in text and "python -m train +method=sft" in text
 
 
+@pytest.mark.slow  # model-loading subprocesses: CI stays under 15 min on a slow day
 def test_a_slurm_sweep_without_srun_is_refused_in_one_line_before_any_job(tmp_path):
     """Without a cluster, ``hydra/launcher=slurm_h100 --multirun`` was submitit's ``Could not detect "srun"`` under
     Hydra's launcher traceback; the entry configs' ``launcher_check`` callback refuses it first."""
