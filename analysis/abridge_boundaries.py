@@ -1,7 +1,7 @@
 """Recall at AbridgeKV block boundaries: where a block-compressed model's testbed misses sit.
 
-    python -m analysis.abridge_boundaries runs/miniature/arms/abridge_perlayer runs/miniature/arms/full \\
-        --block-size 128 --out runs/abridge_boundaries.json
+    python -m analysis.abridge_boundaries runs/miniature/arms/abridge runs/miniature/arms/full \\
+        --block-size 256 --out runs/abridge_boundaries.json
 
 For every query of every evaluated testbed run given (``python -m eval benchmark=testbed …`` run directories),
 the query is classed by where the response's C-token block grid cuts it (positions 0, C, 2C, … of the

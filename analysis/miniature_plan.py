@@ -203,12 +203,15 @@ _PERLAYER = {"schedule": "per-layer (abridge_allocate)"}
 
 
 def _abridge_arms(block: int, pauses: int, suffix: str, default: bool, snapkv: bool = False) -> list[Arm]:
-    """The arms of the AbridgeKV family ``_abridge_family(block, pauses)``, named ``abridge{suffix}…``: uniform 4:1 and
-    8:1, per-layer after its three stages and after the first; StreamingLLM, H2O, R-KV and R-KV serving (+12%, the
+    """The arms of the AbridgeKV family ``_abridge_family(block, pauses)``, named ``abridge{suffix}…``: AbridgeKV 4:1
+    as the paper defines it, the per-layer schedule (AbridgeKV §3.3: quotas from ``abridge_allocate``, then retrained),
+    after its three stages (``abridge{suffix}``) and after the first (``…_perlayer_1500steps``); the paper's "uniform
+    setting" at 4:1 (``…_uniform``) and uniform 8:1 (``…_8to1``); StreamingLLM, H2O, R-KV and R-KV serving (+12%, the
     paper's) at 4:1's measured rows (the uniform and per-layer models keep the same mean quota, so the same rows),
     StreamingLLM and H2O at 8:1's; the block evictors at q = ``pauses`` of ``block``; ``snapkv``: SnapKV at 4:1's
     rows too. The main family (suffix "") names the baselines as their methods; a variant's baselines carry
-    ``@abridge{suffix}`` (evictors ``{suffix}``)."""
+    ``@abridge{suffix}`` (evictors ``{suffix}``). Until 2026-12-06 ``abridge{suffix}`` named the uniform model and
+    the per-layer one was ``abridge{suffix}_perlayer``."""
     c, a = f"abridge_c{block}", f"abridge{suffix}"
     fields = {"ratio": block / pauses, "block_size": block}
     boundary_steps = BLOCK_128_STEPS * block // BLOCK_128
@@ -216,10 +219,10 @@ def _abridge_arms(block: int, pauses: int, suffix: str, default: bool, snapkv: b
                 "boundary_data": f"stage 2 of 3 (data.boundary_rate=1.0, {boundary_steps:,} steps)"}
     at = "" if not suffix else f"@{a}"
     return [
-        Arm(a, "abridge", f"{c}_4to1", extra={**fields, "steps": BLOCK_128_STEPS}, default=default),
+        Arm(a, "abridge", f"{c}_perlayer_more", extra=perlayer, default=default),
+        Arm(f"{a}_uniform", "abridge", f"{c}_4to1", extra={**fields, "steps": BLOCK_128_STEPS}, default=default),
         Arm(f"{a}_8to1", "abridge", f"{c}_8to1", extra={**fields, "ratio": block / (pauses // 2), "steps": BLOCK_128_STEPS},
             default=default),
-        Arm(f"{a}_perlayer", "abridge", f"{c}_perlayer_more", extra=perlayer, default=default),
         Arm(f"{a}_perlayer_1500steps", "abridge", f"{c}_perlayer", extra={**fields, **_PERLAYER, "steps": BLOCK_128_STEPS},
             default=default),
         # SnapKV is prefill only: the testbed prompt is 6 tokens
@@ -240,14 +243,14 @@ ARMS: dict[str, Arm] = {
         *_abridge_arms(BLOCK_256, PAUSES_256, "", default=True, snapkv=True),
         # the C = 128 variant (not run by default: ≈ 52 min of training; the main block size 2026-12-05 before C = 256)
         *_abridge_arms(BLOCK_128, PAUSES_128, "_c128", default=False),
-        # the C = 64 variant (not run by default: ~81 min of training): uniform 4:1 after 5,000 and 3,000 steps, 8:1
-        # after 1,500, per-layer after 5,000 and 3,000, the eviction baselines and the block evictors at its rows
-        Arm("abridge_c64", "abridge", "abridge_c64_4to1_more", extra={**_C64, "steps": 5000}, default=False),
-        Arm("abridge_c64_3000steps", "abridge", "abridge_c64_4to1", extra={**_C64, "steps": ABRIDGE_STEPS},
+        # the C = 64 variant (not run by default: ~81 min of training): per-layer after 5,000 and 3,000 steps, uniform
+        # 4:1 after 5,000 and 3,000, 8:1 after 1,500, the eviction baselines and the block evictors at its rows
+        Arm("abridge_c64", "abridge", "abridge_c64_perlayer_more", extra={**_C64, **_PERLAYER, "steps": 5000},
+            default=False),
+        Arm("abridge_c64_uniform", "abridge", "abridge_c64_4to1_more", extra={**_C64, "steps": 5000}, default=False),
+        Arm("abridge_c64_uniform_3000steps", "abridge", "abridge_c64_4to1", extra={**_C64, "steps": ABRIDGE_STEPS},
             default=False),
         Arm("abridge_c64_8to1", "abridge", "abridge_c64_8to1", extra={**_C64, "ratio": BLOCK / 8, "steps": 1500},
-            default=False),
-        Arm("abridge_c64_perlayer", "abridge", "abridge_c64_perlayer_more", extra={**_C64, **_PERLAYER, "steps": 5000},
             default=False),
         Arm("abridge_c64_perlayer_3000steps", "abridge", "abridge_c64_perlayer",
             extra={**_C64, **_PERLAYER, "steps": ABRIDGE_STEPS}, default=False),

@@ -38,13 +38,13 @@ from zoomr.jsonl import BadRowError, read_json_object
 from zoomr.paths import output_dir
 
 DEFAULT_VS = (
-    "abridge_perlayer_1500steps:abridge",  # per-layer vs uniform at the same steps and mean quota
-    "abridge_perlayer:evict_recency",  # AbridgeKV 4:1 vs the ablation evictors at its rows (>= 10 points)
-    "abridge_perlayer:evict_random",
-    "abridge_perlayer:evict_attention",
+    "abridge_perlayer_1500steps:abridge_uniform",  # per-layer vs uniform at the same steps and mean quota
+    "abridge:evict_recency",  # AbridgeKV 4:1 vs the ablation evictors at its rows (>= 10 points)
+    "abridge:evict_random",
+    "abridge:evict_attention",
     "zoomr:sumr",
 )
-DEFAULT_FOREST = ("abridge_perlayer", "kvzap@-5.75", "kvzap_linear@-5.75", "zoomr")
+DEFAULT_FOREST = ("abridge", "kvzap@-5.75", "kvzap_linear@-5.75", "zoomr")
 
 
 def load_seed(out: Path) -> dict[str, Any]:

@@ -27,7 +27,9 @@ def test_plan_orders_dependencies_and_refuses_unknown_arms():
     models, arms = plan(["streaming", "h2o@zoomr"])
     assert arms.index("full") < arms.index("abridge") < arms.index("streaming")  # the match comes first
     assert arms.index("full_summaries") < arms.index("zoomr") < arms.index("h2o@zoomr")
-    assert models.index("base") < models.index("abridge_c256_4to1") and "abridge_c256_perlayer" not in models
+    # the baselines match the per-layer model (AbridgeKV as the paper defines it), which needs every stage
+    assert models.index("base") < models.index("abridge_c256_4to1") < models.index("abridge_c256_perlayer_more")
+    assert "abridge_c256_8to1" not in models
     assert full_arm(ARMS["abridge"]) == "full" and full_arm(ARMS["sumr"]) == "full_summaries"
     with pytest.raises(ValueError, match="unknown miniature arm"):
         plan(["abridge_16to1"])
@@ -43,11 +45,12 @@ def test_the_default_plan_runs_every_method_and_leaves_the_c64_and_c128_variants
     with pytest.raises(ValueError, match="'all' runs every arm; give it alone"):
         plan(["all", "zoomr"])
     models, arms = plan(["streaming@abridge_c64"])  # a variant runs when named, with what it needs
-    assert arms == ["full", "abridge_c64", "streaming@abridge_c64"] and "abridge_c64_4to1_more" in models
+    assert arms == ["full", "abridge_c64", "streaming@abridge_c64"] and "abridge_c64_perlayer_more" in models
+    assert "abridge_c64_4to1_more" not in models
 
 
 def test_the_c128_variant_is_the_main_c256_recipe_at_half_the_block_and_a_shorter_boundary_stage():
-    models, arms = plan(["abridge_c128_perlayer"])
+    models, arms = plan(["abridge_c128"])
     assert models == ["base", "abridge_c128_4to1", "abridge_c128_alloc", "abridge_c128_perlayer",
                       "abridge_c128_perlayer_boundary", "abridge_c128_perlayer_more"]
     for c128, c256 in [(f"abridge_c128_{m}", f"abridge_c256_{m}") for m in ("4to1", "8to1", "perlayer_more")]:
@@ -63,7 +66,7 @@ def test_the_c128_variant_is_the_main_c256_recipe_at_half_the_block_and_a_shorte
     assert b.method.max_steps == 2 * a.method.max_steps  # half the boundaries per trace: as many straddles seen
     assert a.method.schedule == "runs/train/mini-abridge_c128_alloc-T1024/schedule.json"
     assert ARMS["abridge_c128"].extra["ratio"] == 4 and ARMS["abridge_c128_8to1"].extra["ratio"] == 8
-    assert ARMS["abridge_perlayer"].extra["steps"] == 6000 and ARMS["abridge_c128_perlayer"].extra["steps"] == 4500
+    assert ARMS["abridge"].extra["steps"] == 6000 and ARMS["abridge_c128"].extra["steps"] == 4500
     assert ARMS["streaming@abridge_c128"].match == ARMS["rkv@abridge_c128"].match == "abridge_c128"
     assert ARMS["rkv_serving@abridge_c128"].match_scale == ARMS["rkv_serving"].match_scale == 1.12
     assert "snapkv@abridge_c128" not in ARMS and ARMS["snapkv"].match == "abridge"
@@ -95,7 +98,7 @@ def test_every_arm_command_composes(name):
 
 
 def test_abridge_trains_at_c256_on_its_own_allocation_and_the_evictors_keep_a_quarter_of_its_blocks():
-    models, _ = plan(["abridge_perlayer"])
+    models, _ = plan(["abridge"])
     assert models == ["base", "abridge_c256_4to1", "abridge_c256_alloc", "abridge_c256_perlayer",
                       "abridge_c256_perlayer_boundary", "abridge_c256_perlayer_more"]
     uniform = _compose("train", train_command("abridge_c256_4to1", 1024)[3:]).method
@@ -118,6 +121,7 @@ def test_abridge_trains_at_c256_on_its_own_allocation_and_the_evictors_keep_a_qu
     eight = _compose("train", train_command("abridge_c256_8to1", 1024)[3:]).method
     assert (eight.block_size, eight.num_pause, eight.quota) == (256, 32, 32)  # 8:1, K = q as at 4:1
     assert ARMS["abridge_8to1"].extra["ratio"] == 8 and ARMS["abridge"].extra["ratio"] == 4
+    assert ARMS["abridge_uniform"].extra["ratio"] == 4 and "schedule" not in ARMS["abridge_uniform"].extra
     for e, block in [(e, b) for e in ("evict_recency", "evict_random", "evict_attention") for b in (256, 128, 64)]:
         cmd = eval_command(ARMS[e if block == 256 else f"{e}_c{block}"], MiniatureTask(n=8, test_seed=2_000_003), None)
         method = _compose("eval", cmd[3:]).method

@@ -36,8 +36,8 @@ def test_per_seed_numbers_equal_the_committed_miniature_table(tmp_path):
     (tmp_path / "results.json").symlink_to(COMMITTED / "results.json")
     (tmp_path / "arms").symlink_to(COMMITTED / "runs/arms")
     committed = {a["name"]: a for a in json.loads((COMMITTED / "results.json").read_text())["arms"]}
-    arms = ["abridge_perlayer", "abridge", "kvzap@-5.75", "zoomr", "lightthinker", "evict_random"]
-    results = seeds.run([tmp_path], arms, ["abridge_perlayer:abridge"])
+    arms = ["abridge", "abridge_uniform", "kvzap@-5.75", "zoomr", "lightthinker", "evict_random"]
+    results = seeds.run([tmp_path], arms, ["abridge:abridge_uniform"])
     by_arm = {(c["arm"], c["vs"]): c for c in results["comparisons"]}
     for name in arms:
         c = by_arm[(name, "full KV")]
@@ -45,19 +45,19 @@ def test_per_seed_numbers_equal_the_committed_miniature_table(tmp_path):
         assert s["delta"] == committed[name]["delta_vs_full"] and s["ci"] == committed[name]["ci_vs_full"]
         assert s["accuracy"] == committed[name]["answer_accuracy"]
         assert c["pooled"]["ci"] == s["ci"] and c["pooled"]["n"] == 256
-    vs = by_arm[("abridge_perlayer", "abridge")]["per_seed"][0]
-    assert vs["delta"] == pytest.approx(committed["abridge_perlayer"]["answer_accuracy"] - committed["abridge"]["answer_accuracy"])
+    vs = by_arm[("abridge", "abridge_uniform")]["per_seed"][0]
+    assert vs["delta"] == pytest.approx(committed["abridge"]["answer_accuracy"] - committed["abridge_uniform"]["answer_accuracy"])
 
 
 def test_pooled_over_seeds_weighs_every_problem_once(tmp_path):
     rng = np.random.default_rng(0)
     full_a, arm_a = rng.integers(0, 2, 40), rng.integers(0, 2, 40)
     full_b, arm_b = rng.integers(0, 2, 120), rng.integers(0, 2, 120)
-    a = _fake_seed(tmp_path, 11, {"full": full_a, "abridge_perlayer": arm_a, "abridge": full_a})
-    b = _fake_seed(tmp_path, 12, {"full": full_b, "abridge_perlayer": arm_b})
-    results = seeds.run([a, b], None, ["abridge_perlayer:abridge"])
+    a = _fake_seed(tmp_path, 11, {"full": full_a, "abridge": arm_a, "abridge_uniform": full_a})
+    b = _fake_seed(tmp_path, 12, {"full": full_b, "abridge": arm_b})
+    results = seeds.run([a, b], None, ["abridge:abridge_uniform"])
     by_arm = {(c["arm"], c["vs"]): c for c in results["comparisons"]}
-    per = by_arm[("abridge_perlayer", "full KV")]
+    per = by_arm[("abridge", "full KV")]
     assert [s["test_seed"] for s in per["per_seed"]] == [11, 12]
     expected = (np.sum(arm_a - full_a) + np.sum(arm_b - full_b)) / 160
     assert per["pooled"]["delta"] == pytest.approx(expected) and per["pooled"]["n"] == 160
@@ -65,23 +65,23 @@ def test_pooled_over_seeds_weighs_every_problem_once(tmp_path):
     assert per["worst_delta"] == min(np.mean(arm_a - full_a), np.mean(arm_b - full_b))
     assert per["pooled"]["rows_over_full"] == pytest.approx(0.4)
     assert per["per_seed"][0]["correct"] == "".join(map(str, arm_a)) and per["per_seed"][1]["vs_correct"] == "".join(map(str, full_b))
-    assert len(by_arm[("abridge", "full KV")]["per_seed"]) == 1  # an arm one seed lacks is pooled where it ran
-    assert len(by_arm[("abridge_perlayer", "abridge")]["per_seed"]) == 1
+    assert len(by_arm[("abridge_uniform", "full KV")]["per_seed"]) == 1  # an arm one seed lacks is pooled where it ran
+    assert len(by_arm[("abridge", "abridge_uniform")]["per_seed"]) == 1
     assert results["meta"]["n_problems"] == 160 and results["meta"]["test_seeds"] == [11, 12]
     table = seeds.markdown(results)
-    assert "| abridge_perlayer | full KV | 2 |" in table and "| abridge_perlayer | abridge | 1 |" in table
+    assert "| abridge | full KV | 2 |" in table and "| abridge | abridge_uniform | 1 |" in table
 
 
 def test_bad_inputs_are_refused_by_name(tmp_path):
-    a = _fake_seed(tmp_path / "x", 11, {"full": [1, 0, 1], "abridge": [1, 1, 1]})
-    again = _fake_seed(tmp_path / "y", 11, {"full": [1, 1], "abridge": [0, 1]})
+    a = _fake_seed(tmp_path / "x", 11, {"full": [1, 0, 1], "abridge_uniform": [1, 1, 1]})
+    again = _fake_seed(tmp_path / "y", 11, {"full": [1, 1], "abridge_uniform": [0, 1]})
     with pytest.raises(SystemExit, match="test seed 11 twice"):
         seeds.run([a, again], None, [])
-    short = _fake_seed(tmp_path / "z", 13, {"full": [1, 0, 1], "abridge": [1, 1]})
-    with pytest.raises(SystemExit, match="abridge and full ran different problems"):
+    short = _fake_seed(tmp_path / "z", 13, {"full": [1, 0, 1], "abridge_uniform": [1, 1]})
+    with pytest.raises(SystemExit, match="abridge_uniform and full ran different problems"):
         seeds.run([short], None, [])
     with pytest.raises(SystemExit, match=r"\['zoomr'\] ran on none of the seeds"):
-        seeds.run([a], ["abridge", "zoomr"], [])
+        seeds.run([a], ["abridge_uniform", "zoomr"], [])
     import shutil
 
     shutil.rmtree(a / "arms" / "full")
@@ -90,17 +90,17 @@ def test_bad_inputs_are_refused_by_name(tmp_path):
     with pytest.raises(SystemExit):
         seeds.main([str(tmp_path / "nowhere")])
     with pytest.raises(SystemExit):
-        seeds.main([str(a), "--vs", "abridge"])
+        seeds.main([str(a), "--vs", "abridge_uniform"])
 
 
 def test_a_pair_forest_arm_or_results_file_that_cannot_be_used_is_named(tmp_path):
-    """``--vs abridge:bogus`` and ``--forest bogus`` were dropped without a word (the table lacked the pair, the
+    """``--vs abridge_uniform:bogus`` and ``--forest bogus`` were dropped without a word (the table lacked the pair, the
     figure was empty), and a torn results.json or ``--committed`` file was a ``JSONDecodeError`` traceback."""
     from zoomr.jsonl import BadRowError
 
-    a = _fake_seed(tmp_path, 11, {"full": [1, 0, 1], "abridge": [1, 1, 1]})
-    with pytest.raises(SystemExit, match=r"--vs abridge:bogus: the two arms ran together on none of the seeds"):
-        seeds.run([a], None, ["abridge:bogus"])
+    a = _fake_seed(tmp_path, 11, {"full": [1, 0, 1], "abridge_uniform": [1, 1, 1]})
+    with pytest.raises(SystemExit, match=r"--vs abridge_uniform:bogus: the two arms ran together on none of the seeds"):
+        seeds.run([a], None, ["abridge_uniform:bogus"])
     assert seeds.run([a], None, None)["comparisons"]  # the default pairs: each where it ran, none here
     out = tmp_path / "report"
     with pytest.raises(SystemExit, match=r"--forest \['bogus'\]: not compared with full KV here"):
@@ -114,12 +114,12 @@ def test_a_pair_forest_arm_or_results_file_that_cannot_be_used_is_named(tmp_path
 
 
 def test_main_writes_the_table_results_and_forest(tmp_path):
-    a = _fake_seed(tmp_path, 11, {"full": [1] * 20, "abridge_perlayer": [1] * 18 + [0] * 2})
-    b = _fake_seed(tmp_path, 12, {"full": [1] * 20, "abridge_perlayer": [1] * 20})
+    a = _fake_seed(tmp_path, 11, {"full": [1] * 20, "abridge": [1] * 18 + [0] * 2})
+    b = _fake_seed(tmp_path, 12, {"full": [1] * 20, "abridge": [1] * 20})
     out = tmp_path / "report"
-    seeds.main([str(a), str(b), "--out", str(out), "--forest", "abridge_perlayer"])
+    seeds.main([str(a), str(b), "--out", str(out), "--forest", "abridge"])
     results = json.loads((out / "results.json").read_text())
-    (c,) = [c for c in results["comparisons"] if c["arm"] == "abridge_perlayer"]
+    (c,) = [c for c in results["comparisons"] if c["arm"] == "abridge"]
     assert [s["delta"] for s in c["per_seed"]] == [-0.1, 0.0] and c["pooled"]["delta"] == pytest.approx(-0.05)
     assert (out / "table.md").read_text().startswith("Miniature across 2 test seeds")
     assert (out / "forest.png").stat().st_size > 5000
@@ -130,23 +130,23 @@ def test_an_arm_against_a_committed_arm_equals_the_direct_pairing(tmp_path):
     had run here, where the full-KV runs agree problem by problem; otherwise it is refused."""
     rng = np.random.default_rng(1)
     full, old, new = (rng.integers(0, 2, 50) for _ in range(3))
-    both = _fake_seed(tmp_path / "both", 21, {"full": full, "abridge_perlayer": old, "abridge_c256_perlayer": new})
-    direct = seeds.run([both], None, ["abridge_c256_perlayer:abridge_perlayer"])
+    both = _fake_seed(tmp_path / "both", 21, {"full": full, "abridge": old, "abridge_c256_perlayer": new})
+    direct = seeds.run([both], None, ["abridge_c256_perlayer:abridge"])
     earlier = tmp_path / "earlier.json"
-    earlier.write_text(json.dumps(seeds.run([both], ["full", "abridge_perlayer"], [])))
+    earlier.write_text(json.dumps(seeds.run([both], ["full", "abridge"], [])))
     later = _fake_seed(tmp_path / "later", 21, {"full": full, "abridge_c256_perlayer": new})
-    via = seeds.run([later], None, ["abridge_c256_perlayer:committed/abridge_perlayer"], committed=earlier)
-    (d,) = [c for c in direct["comparisons"] if c["vs"] == "abridge_perlayer"]
-    (v,) = [c for c in via["comparisons"] if c["vs"] == "committed/abridge_perlayer"]
+    via = seeds.run([later], None, ["abridge_c256_perlayer:committed/abridge"], committed=earlier)
+    (d,) = [c for c in direct["comparisons"] if c["vs"] == "abridge"]
+    (v,) = [c for c in via["comparisons"] if c["vs"] == "committed/abridge"]
     assert v["per_seed"][0]["delta"] == d["per_seed"][0]["delta"] == pytest.approx(np.mean(new - old))
     assert v["per_seed"][0]["ci"] == d["per_seed"][0]["ci"] and v["pooled"] == d["pooled"]
     other_full = full.copy()
     other_full[0] = 1 - other_full[0]
     elsewhere = _fake_seed(tmp_path / "elsewhere", 21, {"full": other_full, "abridge_c256_perlayer": new})
-    with pytest.raises(SystemExit, match="committed abridge_perlayer was paired with another full KV"):
-        seeds.run([elsewhere], None, ["abridge_c256_perlayer:committed/abridge_perlayer"], committed=earlier)
+    with pytest.raises(SystemExit, match="committed abridge was paired with another full KV"):
+        seeds.run([elsewhere], None, ["abridge_c256_perlayer:committed/abridge"], committed=earlier)
     with pytest.raises(SystemExit, match="need the file: give --committed"):
-        seeds.run([later], None, ["abridge_c256_perlayer:committed/abridge_perlayer"])
+        seeds.run([later], None, ["abridge_c256_perlayer:committed/abridge"])
     with pytest.raises(SystemExit, match="no such file"):
         seeds.run([later], None, [], committed=tmp_path / "missing.json")
 
@@ -161,18 +161,18 @@ def test_kept_committed_arms_are_carried_over_unchanged_only_over_the_same_full_
     earlier = tmp_path / "earlier.json"
     earlier.write_text(json.dumps(seeds.run([a, b], None, ["kvzap@-5.75:full"])))
     old_kvzap, old_pair = [c for c in json.loads(earlier.read_text())["comparisons"] if c["arm"] == "kvzap@-5.75"]
-    a2 = _fake_seed(tmp_path / "new", 31, {"full": full_a, "abridge_perlayer": new_a})
-    b2 = _fake_seed(tmp_path / "new", 32, {"full": full_b, "abridge_perlayer": new_b})
+    a2 = _fake_seed(tmp_path / "new", 31, {"full": full_a, "abridge": new_a})
+    b2 = _fake_seed(tmp_path / "new", 32, {"full": full_b, "abridge": new_b})
     results = seeds.run([a2, b2], None, [], committed=earlier, keep=["kvzap@-5.75", "kvzap@-5.75:full"])
     assert [(c["arm"], c["vs"]) for c in results["comparisons"]] == [
-        ("full", "full KV"), ("abridge_perlayer", "full KV"), ("kvzap@-5.75", "full KV"), ("kvzap@-5.75", "full")]
+        ("full", "full KV"), ("abridge", "full KV"), ("kvzap@-5.75", "full KV"), ("kvzap@-5.75", "full")]
     kept, pair = results["comparisons"][-2:]
     assert {k: v for k, v in kept.items() if k != "committed"} == old_kvzap and kept["committed"] == str(earlier)
     assert {k: v for k, v in pair.items() if k != "committed"} == old_pair
     assert "| kvzap@-5.75 (committed) | full KV |" in seeds.markdown(results)
     other = full_b.copy()
     other[3] = 1 - other[3]
-    b3 = _fake_seed(tmp_path / "other", 32, {"full": other, "abridge_perlayer": new_b})
+    b3 = _fake_seed(tmp_path / "other", 32, {"full": other, "abridge": new_b})
     with pytest.raises(SystemExit, match="seed 32: the committed full KV differs"):
         seeds.run([a2, b3], None, [], committed=earlier, keep=["kvzap@-5.75"])
     with pytest.raises(SystemExit, match="has seeds \\[31, 32\\], this run \\[31\\]"):
@@ -187,20 +187,20 @@ def test_an_arm_evaluated_by_hand_into_arms_joins_only_when_named(tmp_path):
     """An ablation run into ``<out>/arms/<arm>`` that results.json does not list is paired with full KV when
     ``--arms``/``--vs`` name it (rows over full KV measured from both runs), and ignored otherwise."""
     rng = np.random.default_rng(1)
-    full, abridge, extra = (rng.integers(0, 2, 60) for _ in range(3))
-    out = _fake_seed(tmp_path, 21, {"full": full, "abridge": abridge})
+    full, abridge_uniform, extra = (rng.integers(0, 2, 60) for _ in range(3))
+    out = _fake_seed(tmp_path, 21, {"full": full, "abridge_uniform": abridge_uniform})
     run = out / "arms" / "abridge_k2q"
     run.mkdir()
     rows = [{"problem_id": f"testbed-21-{i}", "sample": 0, "correct": bool(c), "kv": {"rows_mean": 25.0}}
             for i, c in enumerate(extra)]  # fmt: skip
     (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (run / "metrics.json").write_text("{}")
-    assert {c["arm"] for c in seeds.run([out], None, [])["comparisons"]} == {"full", "abridge"}
-    results = seeds.run([out], ["abridge_k2q"], ["abridge_k2q:abridge"])
+    assert {c["arm"] for c in seeds.run([out], None, [])["comparisons"]} == {"full", "abridge_uniform"}
+    results = seeds.run([out], ["abridge_k2q"], ["abridge_k2q:abridge_uniform"])
     by_arm = {(c["arm"], c["vs"]): c for c in results["comparisons"]}
     (s,) = by_arm[("abridge_k2q", "full KV")]["per_seed"]
     assert s["delta"] == pytest.approx(np.mean(extra - full)) and s["rows_over_full"] == pytest.approx(0.25)
-    (v,) = by_arm[("abridge_k2q", "abridge")]["per_seed"]
-    assert v["delta"] == pytest.approx(np.mean(extra - abridge))
+    (v,) = by_arm[("abridge_k2q", "abridge_uniform")]["per_seed"]
+    assert v["delta"] == pytest.approx(np.mean(extra - abridge_uniform))
     with pytest.raises(SystemExit, match=r"arm\(s\) \['abridge_missing'\] ran on none"):
         seeds.run([out], ["abridge_missing"], [])
