@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from analysis.miniature_plan import ARMS, MODELS, Arm, full_arm, plan, training_seeds
+from analysis.miniature_plan import ARMS, MODELS, Arm, full_arm, plan, renamed_hint, training_seeds
 from eval.arms import load_arm, run_arm, run_command, testbed_command
-from zoomr.jsonl import BadRowError, read_json_object
+from zoomr.jsonl import BadRowError, read_json, read_json_object
 from zoomr.paths import output_dir, output_problem
 from zoomr.rundir import write_json
 from zoomr.schemas.checks import SettingsError
@@ -148,6 +148,27 @@ def check_checkpoints(arms: list[str], task: Any) -> None:
             + "; ".join(f"{a} ({c})" for a, c in missing.items())
             + ". Train them (task.train=true) or copy the checkpoints there."
         )
+
+
+def check_arm_models(arms: list[str], task: Any) -> None:
+    """Refuse, before anything trains, an arm whose directory holds a finished run of another model than the plan
+    evaluates (e.g. a run made under the arm names before 2026-12-06): its evaluation would be refused only after
+    every model trained, by the evaluator's settings check inside the arm's log."""
+    from eval.arms import COMMAND_FILE
+
+    stale = []
+    for a in arms:
+        saved = arm_dir(task, a) / COMMAND_FILE
+        if not ((arm_dir(task, a) / "metrics.json").exists() and saved.exists()):
+            continue
+        was = [x for x in read_json(saved, "arm command") if str(x).startswith("model.hf_id=")]
+        now = f"model.hf_id={checkpoint(ARMS[a].model, task.trace_tokens)}"
+        if was and was[0] != now:
+            stale.append(f"{a}: {arm_dir(task, a)} holds a run of {was[0].split('=', 1)[1]}, the arm evaluates "
+                         f"{now.split('=', 1)[1]}{renamed_hint(a)}")  # fmt: skip
+    if stale:
+        raise SystemExit("miniature: finished arm directories of other models; move them aside (or give another task.out):\n  "
+                         + "\n  ".join(stale))
 
 
 def ensure_arm(name: str, task: Any, threads: int | None = None, quiet: bool = False) -> None:
@@ -288,6 +309,7 @@ def run_task(task_cfg: dict[str, Any], logger: dict[str, Any] | None = None) -> 
     t0 = time.perf_counter()
     print(f"miniature: {len(models)} models ({', '.join(models)}), {len(arms)} arms, {task.n} problems, "
           f"test seed {task.test_seed}, {task.trace_tokens}-token traces -> {task.out}", flush=True)  # fmt: skip
+    check_arm_models(arms, task)
     if task.train:
         for m in models:
             ensure_model(m, task)

@@ -235,6 +235,21 @@ def _abridge_arms(block: int, pauses: int, suffix: str, default: bool, snapkv: b
     ]  # fmt: skip
 
 
+# 2026-12-06: the arm named as its method runs the paper's AbridgeKV (the per-layer schedule); old name -> new
+RENAMED = {
+    "abridge_perlayer": "abridge", "abridge": "abridge_uniform",
+    "abridge_c128_perlayer": "abridge_c128", "abridge_c128": "abridge_c128_uniform",
+    "abridge_c64_perlayer": "abridge_c64", "abridge_c64": "abridge_c64_uniform",
+    "abridge_c64_3000steps": "abridge_c64_uniform_3000steps",
+}  # fmt: skip
+
+
+def renamed_hint(name: str) -> str:
+    """What an arm name meant before the 2026-12-06 rename, for a message about it ("" if it was not renamed)."""
+    return (f" (arm names changed on 2026-12-06: what was called {name} is {RENAMED[name]} now; "
+            "analysis/results/miniature/runs/README.md)") if name in RENAMED else ""
+
+
 ARMS: dict[str, Arm] = {
     a.name: a
     for a in [
@@ -326,7 +341,8 @@ def plan(names: list[str]) -> tuple[list[str], list[str]]:
     wanted = list(ARMS) if list(names) == [ALL] else list(names) or [a for a in ARMS if ARMS[a].default]
     unknown = [n for n in wanted if n not in ARMS]
     if unknown:
-        raise SettingsError(f"unknown miniature arm(s) {unknown}; known: {sorted(ARMS)}")
+        hints = "".join(renamed_hint(n) for n in unknown)
+        raise SettingsError(f"unknown miniature arm(s) {unknown}{hints}; known: {sorted(ARMS)}")
     arms: list[str] = []
 
     def add_arm(name: str) -> None:

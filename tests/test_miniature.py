@@ -18,6 +18,7 @@ from zoomr.entry import CONF_DIR
 from zoomr.paths import REPO_ROOT
 from zoomr.schemas import register_with_hydra
 from zoomr.schemas.analysis import MiniatureTask
+from zoomr.schemas.checks import SettingsError
 
 METHODS = {"full", "streaming", "h2o", "snapkv", "rkv", "rkv_serving", "evict_recency", "evict_random",
            "evict_attention", "kvzap", "kvzap_linear", "kvzip", "abridge", "zoomr", "sumr", "lightthinker"}  # fmt: skip
@@ -222,6 +223,35 @@ def test_an_arm_evaluated_on_an_earlier_version_of_its_model_is_refused(tmp_path
     with pytest.raises(SystemExit, match=r"arm abridge_8to1 .* was evaluated on an earlier abridge_c256_8to1.*move"):
         mini.ensure_arm("abridge_8to1", task)
     assert evaluated == ["full", "abridge_8to1"]
+
+
+def test_an_arm_directory_of_another_model_is_refused_before_anything_trains(tmp_path, monkeypatch):
+    """A finished arm directory made under the arm names before 2026-12-06 (``abridge`` was the uniform model) was
+    evaluated again only after every model trained, and refused then by the evaluator's settings check inside the
+    arm's log; it is named before anything runs, with what the name meant. An old name is refused with its new one."""
+    import shutil
+
+    import analysis.miniature as mini
+    from eval.arms import COMMAND_FILE
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "runs/miniature"
+    shutil.copytree(REPO_ROOT / "analysis/results/miniature/runs/arms/full", out / "arms/full")
+    shutil.copytree(REPO_ROOT / "analysis/results/miniature/runs/arms/abridge_uniform", out / "arms/abridge")
+    cmd = json.loads((out / "arms/abridge" / COMMAND_FILE).read_text())
+    (out / "arms/abridge" / COMMAND_FILE).write_text(json.dumps([a.replace("abridge_uniform", "abridge") for a in cmd]))
+    monkeypatch.setattr(mini, "ensure_model", lambda *a: pytest.fail("a model trained before the refusal"))
+    with pytest.raises(SystemExit, match=r"abridge: runs/miniature/arms/abridge holds a run of "
+                       r"runs/train/mini-abridge_c256_4to1-T1024/final, the arm evaluates "
+                       r"runs/train/mini-abridge_c256_perlayer_more-T1024/final \(arm names changed on 2026-12-06: "
+                       r"what was called abridge is abridge_uniform now"):
+        mini.run_task({"arms": ["abridge"], "train": True, "out": "runs/miniature"})
+    (out / "arms/abridge").rename(out / "arms/abridge_uniform")  # what the rename asks for (run_name aside)
+    with pytest.raises(SystemExit, match="checkpoints are missing: abridge"):  # the next check: nothing stale
+        mini.run_task({"arms": ["abridge"], "train": False, "out": "runs/miniature"})
+    with pytest.raises(SettingsError, match=r"\['abridge_perlayer'\] \(arm names changed on 2026-12-06: what was "
+                       r"called abridge_perlayer is abridge now"):
+        plan(["abridge_perlayer"])
 
 
 def test_a_rerun_of_some_arms_merges_into_the_full_table(tmp_path, capsys):
