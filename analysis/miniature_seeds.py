@@ -18,7 +18,9 @@ per-problem correctness is read from that file, on the seeds where its full-KV a
 seed's own full-KV run problem for problem (else refused: other problems or another full KV).
 ``--keep-committed ARM|A:B …`` carries those arms' rows against full KV (or those pairs) over unchanged (e.g. the
 arms a change of the default AbridgeKV family left as they were), marked ``(committed)``, once the committed full
-KV's correctness equals this run's on every seed.
+KV's correctness equals this run's on every seed. An output made under the arm names before 2026-12-06
+(``abridge_perlayer`` for the paper's AbridgeKV, ``abridge`` for uniform 4:1) is read under the new ones
+(``analysis.miniature_plan.RENAMED``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis.miniature_plan import ARMS
+from analysis.miniature_plan import ARMS, RENAMED
 from eval.arms import load_arm
 from eval.bootstrap import paired_bootstrap, stratified_paired_bootstrap
 from zoomr.jsonl import BadRowError, read_json_object
@@ -57,13 +59,23 @@ def load_seed(out: Path) -> dict[str, Any]:
     if not (isinstance(meta, dict) and "test_seed" in meta and isinstance(arms, list)
             and all(isinstance(a, dict) and "name" in a for a in arms)):  # fmt: skip
         raise BadRowError(f"{path}: not a miniature results.json (needs meta.test_seed and named arms)")
-    return {"dir": out, "test_seed": meta["test_seed"], "arms": {a["name"]: a for a in arms}, "runs": {}}
+    names = [a["name"] for a in arms]
+    folders = {n: n for n in names}  # arm name -> its folder under arms/
+    if old := [n for n in names if n in RENAMED and n not in ARMS]:  # made under the names before 2026-12-06
+        folders = {RENAMED.get(n, n): n for n in names}
+        if len(folders) < len(names) or set(names) & set(RENAMED.values()) - set(RENAMED):
+            raise SystemExit(f"miniature_seeds: {path} mixes the arm names before 2026-12-06 ({old}) with the new ones "
+                             f"({sorted(set(names) & set(RENAMED.values()) - set(RENAMED))}): rename its arms one way")
+        print(f"miniature_seeds: {out} uses the arm names before 2026-12-06; read as "
+              + ", ".join(f"{n} -> {RENAMED[n]}" for n in names if n in RENAMED), flush=True)  # fmt: skip
+    by_name = {new: {**a, "name": new} for new, a in zip(folders, arms)}
+    return {"dir": out, "test_seed": meta["test_seed"], "arms": by_name, "folders": folders, "runs": {}}
 
 
 def arm_run(seed: dict[str, Any], name: str):
     """The evaluated run of arm ``name`` on ``seed``, read once (every arm is paired with the same full KV)."""
     if name not in seed["runs"]:
-        run = seed["dir"] / "arms" / name.replace("@", "_at_")
+        run = seed["dir"] / "arms" / seed.get("folders", {}).get(name, name).replace("@", "_at_")
         if not (run / "results.jsonl").is_file():
             raise SystemExit(f"miniature_seeds: {seed['dir']}/results.json lists {name}, but {run} has no results.jsonl")
         seed["runs"][name] = load_arm(run)

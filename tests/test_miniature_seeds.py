@@ -204,3 +204,23 @@ def test_an_arm_evaluated_by_hand_into_arms_joins_only_when_named(tmp_path):
     assert v["delta"] == pytest.approx(np.mean(extra - abridge_uniform))
     with pytest.raises(SystemExit, match=r"arm\(s\) \['abridge_missing'\] ran on none"):
         seeds.run([out], ["abridge_missing"], [])
+
+
+def test_an_output_made_under_the_arm_names_before_the_rename_is_read_under_the_new_ones(tmp_path, capsys):
+    """Before 2026-12-06 ``abridge`` was the uniform model and ``abridge_perlayer`` the paper's AbridgeKV: the default
+    pairs (``abridge:evict_*``) read such an output's uniform model as AbridgeKV without a word. Its arms are read
+    under the new names (from their old folders); an output mixing both namings is refused."""
+    rng = np.random.default_rng(3)
+    perlayer, uniform, evict = (rng.integers(0, 2, 50) for _ in range(3))
+    old = _fake_seed(tmp_path / "old", 41, {"full": [1] * 50, "abridge_perlayer": perlayer, "abridge": uniform,
+                                           "evict_random": evict})  # fmt: skip
+    results = seeds.run([old], None)
+    assert "abridge_perlayer -> abridge, abridge -> abridge_uniform" in capsys.readouterr().out
+    by_arm = {(c["arm"], c["vs"]): c["per_seed"][0] for c in results["comparisons"]}
+    assert by_arm[("abridge", "full KV")]["correct"] == "".join(map(str, perlayer))
+    assert by_arm[("abridge_uniform", "full KV")]["correct"] == "".join(map(str, uniform))
+    assert by_arm[("abridge", "evict_random")]["delta"] == pytest.approx(np.mean(perlayer - evict))
+    mixed = _fake_seed(tmp_path / "mixed", 42, {"full": [1, 1], "abridge_perlayer": [1, 0], "abridge_uniform": [0, 0]})
+    with pytest.raises(SystemExit, match=r"mixes the arm names before 2026-12-06 \(\['abridge_perlayer'\]\) with the "
+                       r"new ones \(\['abridge_uniform'\]\)"):
+        seeds.run([mixed], None)
