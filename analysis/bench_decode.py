@@ -63,6 +63,16 @@ def method_config(name: str, budget: int) -> Any:
     return cfg
 
 
+def check_conf_names(p: argparse.ArgumentParser, policies: list[str], model: str | None = None) -> None:
+    """Refuse (``p.error``) a policy or model that has no ``conf/method`` / ``conf/model`` YAML, before anything
+    loads (a bench found it only when it built the policy: a ValueError traceback after loading the model)."""
+    unknown = [n for n in policies if not (REPO_ROOT / "conf" / "method" / f"{n}.yaml").exists()]
+    if unknown:
+        p.error(f"unknown policies {unknown} (no conf/method/<name>.yaml)")
+    if model is not None and not (REPO_ROOT / "conf" / "model" / f"{model}.yaml").exists():
+        p.error(f"--model {model}: no conf/model/{model}.yaml")
+
+
 def model_spec(name: str):
     raw = OmegaConf.to_container(OmegaConf.load(REPO_ROOT / "conf" / "model" / f"{name}.yaml"), resolve=True)
     raw.pop("defaults", None)
@@ -388,9 +398,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                      "prompt_tokens", "e2e_prompt", "e2e_new")  # fmt: skip
     if min(args.contexts) <= args.budget:
         p.error(f"every context must exceed --budget {args.budget}")
-    unknown = [n for n in args.policies if not (REPO_ROOT / "conf" / "method" / f"{n}.yaml").exists()]
-    if unknown:
-        p.error(f"unknown policies {unknown} (no conf/method/<name>.yaml)")
+    check_conf_names(p, args.policies, args.model)
     if "full" not in args.policies:
         args.policies = ["full", *args.policies]
     return args

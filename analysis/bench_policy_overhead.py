@@ -46,13 +46,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from tqdm.auto import tqdm
 
-from analysis.bench_decode import method_config
+from analysis.bench_decode import check_conf_names, method_config
 from analysis.cli import bench_out_dir, require_at_least, write_bench_report
 from zoomr.attention import _lookup
 from zoomr.cache import build_policy
 from zoomr.cache.kvzap import KVzapCache
 from zoomr.kvzap.surrogate import KVzapConfig, KVzapModel
-from zoomr.paths import REPO_ROOT, output_dir
+from zoomr.paths import output_dir
 
 POLICIES = ["full", "streaming", "h2o", "snapkv", "rkv", "rkv_serving", "evict_recency", "evict_random",
             "evict_attention", "kvzap"]  # fmt: skip
@@ -325,9 +325,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--q-heads must be a multiple of --kv-heads")
     if not 0 < args.prompt < args.context:
         p.error("need 0 < --prompt < --context")
-    unknown = [n for n in args.policies if not (REPO_ROOT / "conf" / "method" / f"{n}.yaml").exists()]
-    if unknown:
-        p.error(f"unknown policies {unknown} (no conf/method/<name>.yaml)")
+    check_conf_names(p, args.policies)
     return args
 
 

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from analysis.bench_decode import method_config, model_spec
+from analysis.bench_decode import check_conf_names, method_config, model_spec
 from analysis.slim_runs import evaluated_checkpoint, evaluated_config
 from zoomr.engine import DecodeSettings, generate
 from zoomr.jsonl import read_json_object
@@ -150,35 +150,39 @@ def tables(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+QUICK = {"batch_sizes": [1, 8], "new_tokens": 32, "prompt_tokens": 64, "repeats": 1, "requests": 8, "finish_caps": [2, 8],
+         "policies": ["full", "streaming", "h2o"]}  # fmt: skip
+DEFAULTS = {"batch_sizes": [1, 8, 32], "new_tokens": 128, "prompt_tokens": 128, "repeats": 2, "requests": 32,
+            "finish_caps": [1, 2, 4, 8], "policies": DEFAULT_POLICIES}  # fmt: skip
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m analysis.bench_throughput", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="tiny-qwen2", help="a conf/model/<name>.yaml (part 1)")
     p.add_argument("--policies", nargs="+", default=None, help=f"conf/method names (default {DEFAULT_POLICIES})")
     p.add_argument("--budget", type=int, default=32, help="budget_rows of every budgeted policy (part 1)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=None, help="default 1 8 32")
-    p.add_argument("--prompt-tokens", type=int, default=128)
-    p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--prompt-tokens", type=int, default=None, help="default 128")
+    p.add_argument("--new-tokens", type=int, default=None, help="default 128")
+    p.add_argument("--repeats", type=int, default=None, help="default 2")
     p.add_argument("--eval-runs", nargs="*", default=[], help="evaluation run directories (part 2)")
-    p.add_argument("--requests", type=int, default=32, help="requests per eval run (its first result rows)")
-    p.add_argument("--finish-caps", type=int, nargs="+", default=[1, 2, 4, 8],
-                   help="concurrency caps tried per eval run (a doubling grid); the fastest is its time")  # fmt: skip
+    p.add_argument("--requests", type=int, default=None, help="requests per eval run (its first result rows; default 32)")
+    p.add_argument("--finish-caps", type=int, nargs="+", default=None,
+                   help="concurrency caps tried per eval run (a doubling grid, default 1 2 4 8); the fastest is its time")  # fmt: skip
     p.add_argument("--cache-dir", default=None)
-    p.add_argument("--quick", action="store_true", help="batch 1 and 8, 32 new tokens, 1 repeat, 8 requests")
+    p.add_argument("--quick", action="store_true",
+                   help="defaults batch 1 and 8, 64 + 32 tokens, 1 repeat, 8 requests, caps 2 8 (what is given wins)")  # fmt: skip
     p.add_argument("--out", type=output_dir, default="runs/bench_throughput", help="output directory (relative to the cwd)")
     p.add_argument("--logger", choices=["wandb", "none"], default="none", help="wandb: offline without a key")
     args = p.parse_args(argv)
-    if args.quick:
-        args.batch_sizes = args.batch_sizes or [1, 8]
-        args.new_tokens, args.prompt_tokens, args.repeats, args.requests = 32, 64, 1, min(args.requests, 8)
-        args.finish_caps = [2, 8]
-        args.policies = args.policies or ["full", "streaming", "h2o"]
-    args.batch_sizes = args.batch_sizes or [1, 8, 32]
-    args.policies = args.policies or DEFAULT_POLICIES
-    if min(args.batch_sizes + args.finish_caps) < 1 or min(args.new_tokens, args.prompt_tokens, args.requests) < 1:
-        p.error("--batch-sizes, --finish-caps, --new-tokens, --prompt-tokens and --requests must be >= 1")
+    for k, v in (QUICK if args.quick else DEFAULTS).items():  # --quick fills only what was not given
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if min(args.batch_sizes + args.finish_caps + [args.new_tokens, args.prompt_tokens, args.requests, args.repeats]) < 1:
+        p.error("--batch-sizes, --finish-caps, --new-tokens, --prompt-tokens, --requests and --repeats must be >= 1")
     if args.budget >= args.prompt_tokens + args.new_tokens:
         p.error(f"--budget {args.budget} never evicts at {args.prompt_tokens}+{args.new_tokens} tokens: lower it")
+    check_conf_names(p, args.policies, args.model)
     missing = [str(r) for r in args.eval_runs if not (Path(r) / "config.json").exists()]
     if missing:
         p.error(f"not evaluation run directories (no config.json): {', '.join(missing)}")

@@ -47,6 +47,13 @@ def test_bench_decode_rejects_bad_settings(capsys):
     assert "must exceed --budget" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         bench_decode.parse_args(["--policies", "nope"])
+    assert "unknown policies ['nope']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a FileNotFoundError traceback once the policies were set up
+        bench_decode.parse_args(["--model", "nope"])
+    assert "--model nope: no conf/model/nope.yaml" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_policy_overhead.parse_args(["--policies", "full", "nope"])
+    assert "unknown policies ['nope']" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # a batch of 0 crashed deep in the model; the others ran on nonsense
         bench_decode.parse_args(["--batches", "1", "0", "--threads", "0"])
     assert "--batches, --threads must be >= 1" in capsys.readouterr().err

@@ -4,6 +4,7 @@ table under --out, and bad arguments refused before anything is measured."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -40,6 +41,16 @@ def test_bad_arguments_are_refused(tmp_path, capsys):
     quick = bench_throughput.parse_args(["--quick"])
     assert quick.batch_sizes == [1, 8] and quick.new_tokens == 32 and quick.policies == ["full", "streaming", "h2o"]
     assert quick.finish_caps == [2, 8]
+    # --quick filled what was given too (--finish-caps 1 4 ran 2 8; --finish-caps 0 ran instead of being refused), and an
+    # unknown policy or model was a traceback after the model loaded
+    given = bench_throughput.parse_args(["--quick", "--finish-caps", "1", "4", "--requests", "16", "--new-tokens", "48"])
+    assert (given.finish_caps, given.requests, given.new_tokens, given.repeats) == ([1, 4], 16, 48, 1)
+    for bad, message in [(["--quick", "--finish-caps", "0"], "must be >= 1"), (["--repeats", "0"], "must be >= 1"),
+                         (["--quick", "--policies", "full", "bogus"], r"unknown policies \['bogus'\]"),
+                         (["--model", "bogus"], "--model bogus: no conf/model/bogus.yaml")]:
+        with pytest.raises(SystemExit):
+            bench_throughput.parse_args(bad)
+        assert re.search(message, capsys.readouterr().err), bad
 
 
 def test_log_bench_puts_every_numeric_result_under_bench_keys(tmp_path, monkeypatch):
