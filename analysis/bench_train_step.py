@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from analysis.bench_decode import model_spec
+from analysis.bench_decode import check_conf_names, model_spec
 from analysis.cli import require_at_least, write_bench_json
 from zoomr.models import load_model
 from zoomr.paths import output_file
@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--out", type=output_file, default=None)
     args = p.parse_args(argv)
     require_at_least(p, args, 1, "batch", "seq", "steps", "threads")
+    check_conf_names(p, [], args.model)
     require_at_least(p, args, 0, "warmup", "seed")
     report = run(args)
     write_bench_json(args.out, "bench_train_step", args.model, report, table(report))

@@ -29,6 +29,9 @@ def test_bench_lightthinker_refuses_impossible_sizes_and_writes_under_the_workin
     with pytest.raises(SystemExit):
         main(["--num-cache-tokens", "0"])  # reached the cache as a ValueError traceback
     assert "--num-cache-tokens must be >= 1" in capsys.readouterr().err and not (tmp_path / "runs").exists()
+    with pytest.raises(SystemExit):
+        main(["--model", "bogus"])  # a FileNotFoundError traceback
+    assert "--model bogus: no conf/model/bogus.yaml" in capsys.readouterr().err and not (tmp_path / "runs").exists()
     main(["--lengths", "48", "--thought-tokens", "16", "--num-cache-tokens", "3", "--prompt-tokens", "8",
           "--repeats", "1", "--cache-dir", cache_dir])  # fmt: skip
     assert len(list((tmp_path / "runs" / "bench_lightthinker").glob("bench-*.json"))) == 1  # not under the repo

@@ -33,6 +33,9 @@ def test_impossible_sizes_are_refused_before_any_model_loads(tmp_path, monkeypat
     with pytest.raises(SystemExit):
         main(["--seq", "0", "--steps", "0"])
     assert "--seq, --steps must be >= 1" in capsys.readouterr().err and not (tmp_path / "runs").exists()
+    with pytest.raises(SystemExit):
+        main(["--model", "bogus"])  # a FileNotFoundError traceback
+    assert "--model bogus: no conf/model/bogus.yaml" in capsys.readouterr().err and not (tmp_path / "runs").exists()
 
 
 @pytest.mark.slow  # inductor compiles the forward and backward (~10-30 s)

@@ -9,6 +9,7 @@ from zoomr.cache.h2o import H2OConfig
 from zoomr.cache.kvzap import KVzapMethod
 from zoomr.configs import available, method_config, model_config
 from zoomr.models import ModelSpec
+from zoomr.schemas.checks import SettingsError
 
 NEEDS_DATA = {"abridge_allocate"}  # its checkpoint path names the data= choice: the entry point's job
 
@@ -29,8 +30,10 @@ def test_overrides_context_and_errors():
         method_config("streaming", budget_rows=-1)
     with pytest.raises(ValueError, match="unknown keys"):
         method_config("streaming", budget=3)
-    with pytest.raises(ValueError, match="available: .*h2o"):
+    with pytest.raises(SettingsError, match="available: .*h2o"):  # a name the user gave: printed, not a traceback
         method_config("h2o2")
+    with pytest.raises(SettingsError, match="no model config 'bogus'; available: .*tiny-qwen2"):
+        model_config("bogus")  # kvzap_compression --model bogus: a ValueError traceback
     with pytest.raises(ValueError, match="pass it in context"):
         method_config("abridge_allocate")
 

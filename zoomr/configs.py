@@ -32,8 +32,10 @@ def _node(group: str, name: str) -> tuple[type | None, Any]:
     from zoomr.schemas import iter_schemas
 
     path = CONF_DIR / group / f"{name}.yaml"
-    if not path.is_file():
-        raise ValueError(f"no {group} config {name!r}; available: {', '.join(available(group))}")
+    if not path.is_file():  # a name the user gave (--model, --policies): printed by the scripts, not a traceback
+        from zoomr.schemas.checks import SettingsError
+
+        raise SettingsError(f"no {group} config {name!r}; available: {', '.join(available(group))}")
     node = OmegaConf.load(path)
     schema, merged = None, OmegaConf.create({})
     for entry in list(node.pop("defaults", [])):
