@@ -26,7 +26,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from analysis.miniature_plan import ARMS, MODELS, Arm, full_arm, plan, renamed_hint, training_seeds
+from analysis.miniature_plan import (
+    ARM_MINUTES,
+    ARMS,
+    MEASURED_AT,
+    MODELS,
+    TRAIN_MINUTES,
+    Arm,
+    full_arm,
+    plan,
+    renamed_hint,
+    training_seeds,
+)
 from eval.arms import load_arm, run_arm, run_command, testbed_command
 from zoomr.jsonl import BadRowError, read_json, read_json_object
 from zoomr.paths import output_dir, output_problem
@@ -148,6 +159,20 @@ def check_checkpoints(arms: list[str], task: Any) -> None:
             + "; ".join(f"{a} ({c})" for a, c in missing.items())
             + ". Train them (task.train=true) or copy the checkpoints there."
         )
+
+
+def expected_time(models: list[str], arms: list[str], task: Any) -> str:
+    """What is left to do and, at the sizes it was measured at (:data:`MEASURED_AT`), how long it should take here:
+    the models not trained yet (``task.train``) and the arms not evaluated yet."""
+    todo = [m for m in models if task.train and not done_file(m, task.trace_tokens).exists()]
+    left = [a for a in arms if not (arm_dir(task, a) / "metrics.json").exists()]
+    what = f"to do: {len(todo)} models to train, {len(left)} arms to evaluate"
+    if {k: getattr(task, k) for k in MEASURED_AT} != MEASURED_AT:
+        return f"{what} (times were measured at {', '.join(f'task.{k}={v}' for k, v in MEASURED_AT.items())} only)"
+    unknown = [m for m in todo if m not in TRAIN_MINUTES]
+    train, evaluate = sum(TRAIN_MINUTES.get(m, 0.0) for m in todo), ARM_MINUTES * len(left)
+    more = f" + {len(unknown)} models never timed" if unknown else ""
+    return f"{what}; expect ≈ {train + evaluate:.0f} min{more} on 2 CPU cores ({train:.0f} training, {evaluate:.0f} arms)"
 
 
 def check_arm_models(arms: list[str], task: Any) -> None:
@@ -308,7 +333,8 @@ def run_task(task_cfg: dict[str, Any], logger: dict[str, Any] | None = None) -> 
         raise SettingsError(f"task.out={problem}")
     t0 = time.perf_counter()
     print(f"miniature: {len(models)} models ({', '.join(models)}), {len(arms)} arms, {task.n} problems, "
-          f"test seed {task.test_seed}, {task.trace_tokens}-token traces -> {task.out}", flush=True)  # fmt: skip
+          f"test seed {task.test_seed}, {task.trace_tokens}-token traces -> {task.out}\n"
+          f"miniature: {expected_time(models, arms, task)}", flush=True)  # fmt: skip
     check_arm_models(arms, task)
     if task.train:
         for m in models:

@@ -235,6 +235,17 @@ def _abridge_arms(block: int, pauses: int, suffix: str, default: bool, snapkv: b
     ]  # fmt: skip
 
 
+# What the default plan costs on this machine (2 cores, 1,024-token traces; README "From scratch", 2026-12-05): minutes
+# of each model's training, one after another, and of one arm of 256 problems (the 40 default arms took 21.7 min two
+# at a time). The variants' models have no entry (the C = 128 family ≈ 52 min in all, C = 64 ≈ 81 min).
+TRAIN_MINUTES = {
+    "base": 17.9, "base_sum": 20.4, "base_sum_cue": 18.9, "abridge_c256_4to1": 9.6, "abridge_c256_8to1": 6.8,
+    "abridge_c256_alloc": 0.2, "abridge_c256_perlayer": 12.4, "abridge_c256_perlayer_boundary": 23.4,
+    "abridge_c256_perlayer_more": 12.0, "kvzap_pairs": 0.4, "kvzap": 0.3, "lightthinker": 6.6,
+}  # fmt: skip
+ARM_MINUTES = 21.7 / 40
+MEASURED_AT = {"trace_tokens": 1024, "n": 256, "threads": 2}
+
 # 2026-12-06: the arm named as its method runs the paper's AbridgeKV (the per-layer schedule); old name -> new
 RENAMED = {
     "abridge_perlayer": "abridge", "abridge": "abridge_uniform",

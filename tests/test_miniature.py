@@ -225,6 +225,31 @@ def test_an_arm_evaluated_on_an_earlier_version_of_its_model_is_refused(tmp_path
     assert evaluated == ["full", "abridge_8to1"]
 
 
+def test_the_start_line_says_what_is_left_and_how_long_it_should_take(tmp_path, monkeypatch):
+    """From scratch the default command takes ≈ 2.5 h here, which a newcomer learned only from the README."""
+    from analysis.miniature import arm_dir, expected_time
+    from analysis.miniature_plan import ARM_MINUTES, TRAIN_MINUTES
+
+    monkeypatch.chdir(tmp_path)
+    models, arms = plan([])
+    task = MiniatureTask(out="runs/miniature")
+    assert set(models) == set(TRAIN_MINUTES)  # every default model has a measured time
+    expect = sum(TRAIN_MINUTES.values()) + len(arms) * ARM_MINUTES
+    assert f"12 models to train, 40 arms to evaluate; expect ≈ {expect:.0f} min" in expected_time(models, arms, task)
+    done_file("base", 1024).parent.mkdir(parents=True)
+    done_file("base", 1024).write_text("{}")
+    (arm_dir(task, "full")).mkdir(parents=True)
+    (arm_dir(task, "full") / "metrics.json").write_text("{}")
+    left = expect - TRAIN_MINUTES["base"] - ARM_MINUTES
+    assert f"11 models to train, 39 arms to evaluate; expect ≈ {left:.0f} min" in expected_time(models, arms, task)
+    no_training = MiniatureTask(out="runs/miniature", train=False)
+    assert f"0 models to train, 39 arms to evaluate; expect ≈ {39 * ARM_MINUTES:.0f} min" in expected_time(
+        models, arms, no_training)
+    assert "+ 12 models never timed" in expected_time(*plan(["all"]), task)
+    assert expected_time(models, arms, MiniatureTask(n=64)).endswith(
+        "(times were measured at task.trace_tokens=1024, task.n=256, task.threads=2 only)")
+
+
 def test_an_arm_directory_of_another_model_is_refused_before_anything_trains(tmp_path, monkeypatch):
     """A finished arm directory made under the arm names before 2026-12-06 (``abridge`` was the uniform model) was
     evaluated again only after every model trained, and refused then by the evaluator's settings check inside the
