@@ -204,7 +204,7 @@ _PERLAYER = {"schedule": "per-layer (abridge_allocate)"}
 
 def _abridge_arms(block: int, pauses: int, suffix: str, default: bool, snapkv: bool = False) -> list[Arm]:
     """The arms of the AbridgeKV family ``_abridge_family(block, pauses)``, named ``abridge{suffix}…``: AbridgeKV 4:1
-    as the paper defines it, the per-layer schedule (AbridgeKV §3.3: quotas from ``abridge_allocate``, then retrained),
+    as the paper defines it, the per-layer ("dynamic") schedule (quotas measured by ``abridge_allocate``, then retrained),
     after its three stages (``abridge{suffix}``) and after the first (``…_perlayer_1500steps``); the paper's "uniform
     setting" at 4:1 (``…_uniform``) and uniform 8:1 (``…_8to1``); StreamingLLM, H2O, R-KV and R-KV serving (+12%, the
     paper's) at 4:1's measured rows (the uniform and per-layer models keep the same mean quota, so the same rows),
