@@ -104,3 +104,29 @@ def test_pointer_stage_continues_from_the_checkpoint(checkpoint, tmp_path):
     proc = subprocess.run(bad, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "summary_pointer_at_key" in proc.stderr
     assert not (tmp_path / "bad" / "summary.json").exists()
+
+
+def test_bf16_autocast_trains_in_bfloat16_and_keeps_float32_weights(checkpoint, tmp_path):
+    """``method.autocast_bf16`` (a variant): the same two steps from the same weights under bf16 autocast end at
+    other weights than in float32 (the forward ran in bfloat16), saved as float32, after an AdamW update of the same
+    size (Adam normalises it: about the learning rate per step either way)."""
+    from safetensors.torch import load_file
+
+    finals = {}
+    for bf16 in (False, True):
+        run_dir = tmp_path / f"bf16_{bf16}"
+        cmd = [
+            sys.executable, "-m", "train", "+method=sft_testbed", "data=testbed_summaries", "model=tiny-testbed",
+            "data.trace_tokens=160", f"method.init_from={checkpoint}", "method.max_steps=2",
+            "method.curriculum.copy_steps=0", "method.curriculum.recall_steps=0", "method.curriculum.start_tokens=160",
+            "method.tokens_per_step=512", "method.eval_every=2", "method.eval_examples=2", "method.warmup_steps=1",
+            f"method.autocast_bf16={str(bf16).lower()}", "logger=none", f"hydra.run.dir={run_dir}",
+        ]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        finals[bf16] = load_file(run_dir / "final" / "model.safetensors")
+    start = load_file(checkpoint / "model.safetensors")
+    assert all(t.dtype == start[k].dtype for k, t in finals[True].items())
+    gap = max(float((finals[True][k] - finals[False][k]).abs().max()) for k in start)
+    step = {bf16: max(float((w[k] - start[k]).abs().max()) for k in start) for bf16, w in finals.items()}
+    assert gap > 0 and 0.5 < step[True] / step[False] < 2, (gap, step)

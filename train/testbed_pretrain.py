@@ -210,25 +210,28 @@ def run(cfg) -> dict[str, Any]:
     key_ids = [tokenizer.convert_tokens_to_ids(tt.key(i)) for i in range(tt.N_KEYS)]
     capture = capture_qk(model) if data.summaries else nullcontext()
     qk = capture.__enter__()
+    device = next(model.parameters()).device.type
+    autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=method.autocast_bf16)  # reusable: one per step
     bar = tqdm(range(start, method.max_steps), desc="testbed train", initial=start, total=method.max_steps)
     for step in bar:
         batch = stream.batch(step)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, method)
-        loss, _ = batch_loss(model, batch, training_mask(model, batch, method, qk, step))
-        cues = with_key_cues(batch.cues) if method.summary_pointer_at_key and batch.cues else batch.cues
-        aux = pointer_loss(qk, batch.spans, cues, layers, method.summary_pointer_margin) if use_pointer and cues else None
-        if aux is not None:
-            loss = loss + method.summary_pointer_weight * aux
-        spread = None
-        if method.key_spread_weight > 0:
-            spread = key_spread_penalty(model.get_input_embeddings().weight, key_ids)
-            loss = loss + method.key_spread_weight * spread
-        read = None
-        if method.value_read_weight > 0 and batch.cues:
-            read = value_read_loss(qk, batch.input_ids, batch.starts, batch.cues, layers)
-            if read is not None:
-                loss = loss + method.value_read_weight * read
+        with autocast:
+            loss, _ = batch_loss(model, batch, training_mask(model, batch, method, qk, step))
+            cues = with_key_cues(batch.cues) if method.summary_pointer_at_key and batch.cues else batch.cues
+            aux = pointer_loss(qk, batch.spans, cues, layers, method.summary_pointer_margin) if use_pointer and cues else None
+            if aux is not None:
+                loss = loss + method.summary_pointer_weight * aux
+            spread = None
+            if method.key_spread_weight > 0:
+                spread = key_spread_penalty(model.get_input_embeddings().weight, key_ids)
+                loss = loss + method.key_spread_weight * spread
+            read = None
+            if method.value_read_weight > 0 and batch.cues:
+                read = value_read_loss(qk, batch.input_ids, batch.starts, batch.cues, layers)
+                if read is not None:
+                    loss = loss + method.value_read_weight * read
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), method.max_grad_norm)

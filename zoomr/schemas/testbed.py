@@ -174,6 +174,10 @@ class TestbedTrainMethod:
     # A checkpoint to continue from (weights only, fresh optimizer and schedule): a second training stage,
     # e.g. the pointer stage of the ZoomR miniature; None trains from scratch
     init_from: str | None = None
+    # A variant, not the miniature's recipe: forward and losses under torch.autocast(bfloat16) (the weights, the
+    # optimizer and the backward's accumulation stay float32). 1.32x per step on this CPU (analysis/results/
+    # bench_train_step/); what it does to a trained model: analysis/results/miniature/base_bf16/
+    autocast_bf16: bool = False
     eval_every: int = 100  # teacher-forced answer accuracy on held-out full-length traces
     eval_examples: int = 16
     save_every: int = 200  # checkpoint (model + optimizer + step) for resume
