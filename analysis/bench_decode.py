@@ -66,10 +66,10 @@ def method_config(name: str, budget: int) -> Any:
 def check_conf_names(p: argparse.ArgumentParser, policies: list[str], model: str | None = None) -> None:
     """Refuse (``p.error``) a policy or model that has no ``conf/method`` / ``conf/model`` YAML, before anything
     loads (a bench found it only when it built the policy: a ValueError traceback after loading the model)."""
-    unknown = [n for n in policies if not (REPO_ROOT / "conf" / "method" / f"{n}.yaml").exists()]
+    unknown = [n for n in policies if n not in configs.available("method")]
     if unknown:
         p.error(f"unknown policies {unknown} (no conf/method/<name>.yaml)")
-    if model is not None and not (REPO_ROOT / "conf" / "model" / f"{model}.yaml").exists():
+    if model is not None and model not in configs.available("model"):
         p.error(f"--model {model}: no conf/model/{model}.yaml")
 
 

@@ -38,7 +38,7 @@ from analysis.miniature_plan import (
     renamed_hint,
     training_seeds,
 )
-from eval.arms import load_arm, run_arm, run_command, testbed_command
+from eval.arms import COMMAND_FILE, load_arm, run_arm, run_command, testbed_command
 from zoomr.jsonl import BadRowError, read_json, read_json_object
 from zoomr.paths import output_dir, output_problem
 from zoomr.rundir import write_json
@@ -179,8 +179,6 @@ def check_arm_models(arms: list[str], task: Any) -> None:
     """Refuse, before anything trains, an arm whose directory holds a finished run of another model than the plan
     evaluates (e.g. a run made under the arm names before 2026-12-06): its evaluation would be refused only after
     every model trained, by the evaluator's settings check inside the arm's log."""
-    from eval.arms import COMMAND_FILE
-
     stale = []
     for a in arms:
         saved = arm_dir(task, a) / COMMAND_FILE

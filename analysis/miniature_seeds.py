@@ -63,9 +63,10 @@ def load_seed(out: Path) -> dict[str, Any]:
     folders = {n: n for n in names}  # arm name -> its folder under arms/
     if old := [n for n in names if n in RENAMED and n not in ARMS]:  # made under the names before 2026-12-06
         folders = {RENAMED.get(n, n): n for n in names}
-        if len(folders) < len(names) or set(names) & set(RENAMED.values()) - set(RENAMED):
+        new_only = sorted(set(names) & (set(RENAMED.values()) - set(RENAMED)))  # names that exist only since then
+        if len(folders) < len(names) or new_only:
             raise SystemExit(f"miniature_seeds: {path} mixes the arm names before 2026-12-06 ({old}) with the new ones "
-                             f"({sorted(set(names) & set(RENAMED.values()) - set(RENAMED))}): rename its arms one way")
+                             f"({new_only}): rename its arms one way")
         print(f"miniature_seeds: {out} uses the arm names before 2026-12-06; read as "
               + ", ".join(f"{n} -> {RENAMED[n]}" for n in names if n in RENAMED), flush=True)  # fmt: skip
     by_name = {new: {**a, "name": new} for new, a in zip(folders, arms)}
