@@ -58,7 +58,7 @@ def boundary_report(run_dir: str | Path, block_size: int) -> dict[str, Any]:
     if not config.is_file():
         raise SystemExit(f"{run}: no config.json (not an evaluator run directory)")
     options = (read_json_object(config, "run config").get("benchmark") or {}).get("options") or {}
-    rows = {pid: row for (pid, sample), row in ResultStore(run).load().items() if sample == 0}
+    rows = {pid: row for (pid, sample), row in ResultStore(run).load(repair=False).items() if sample == 0}
     if not rows:
         raise SystemExit(f"{run}: no finished samples in results.jsonl")
     queries, misses = Counter(), Counter()

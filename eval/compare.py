@@ -76,8 +76,7 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     else:
         ids = [p.id for p in task.load(bench)]
     scope = [(pid, s) for pid in ids for s in range(n)]
-    store = ResultStore(path)
-    rows = store.load()
+    rows = ResultStore(path).load(repair=False)  # read only: the run may be writing its next row
     missing = [k for k in scope if k not in rows]
     if missing:
         raise CompareError(

@@ -54,12 +54,14 @@ class ResultStore:
         self.torn = 0
         self.bad = 0
 
-    def load(self) -> dict[Key, dict[str, Any]]:
+    def load(self, repair: bool = True) -> dict[Key, dict[str, Any]]:
         """Read existing rows; repair a torn last line so later appends start on a clean line.
 
         Unreadable lines (not UTF-8, not JSON, not a row of this file) are skipped with their line number
         (counted in ``bad``); their keys, if any, are regenerated. A later row of a key replaces a row whose
         grading failed (``grade_method == "error"``, see :mod:`eval.grading`); otherwise the first row wins.
+        ``repair=False`` (readers of another process's run: eval.compare, paper_tables) leaves the file as it is:
+        a torn last line may be a row the run is still writing.
         """
         self.rows = {}
         if not self.path.exists():
@@ -72,7 +74,7 @@ class ResultStore:
             else:
                 self.rows[key] = row
         self.bad = len(reader.bad)
-        if reader.torn:
+        if reader.torn and repair:
             self.torn += 1
             log.warning("%s: dropping a torn last line (%d bytes)", self.path, reader.torn)
             with open(self.path, "r+b") as f:

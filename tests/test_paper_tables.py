@@ -217,3 +217,25 @@ def test_arms_run_with_other_settings_are_refused_by_name_unless_allowed(two_arm
     _build([tmp_path / "full", tmp_path / "streaming"], tmp_path / "out2", allow_different_settings=True)
     md = (tmp_path / "out2" / "abridge_table1_tiny-qwen2.md").read_text()
     assert "Arms ran with different settings" in md and "max_new_tokens" in md
+
+
+SLIM_ARMS = Path(__file__).resolve().parents[1] / "analysis/results/miniature/runs/arms"
+
+
+def test_a_torn_results_row_is_reported_and_the_file_left_as_it_was(tmp_path):
+    """A run whose last row is cut (being written, or killed mid-write) is an incomplete input; before, reading it
+    truncated the run's results.jsonl (the evaluator's own repair on resume), so a table built over a running
+    sweep could cut a row the run was still writing."""
+    import shutil
+
+    from analysis.paper_tables.inputs import discover
+
+    run = tmp_path / "full"
+    shutil.copytree(SLIM_ARMS / "full", run)
+    results = run / "results.jsonl"
+    torn = results.read_bytes()[:-40]
+    results.write_bytes(torn)
+    inputs = discover([str(run)])
+    assert not inputs.evals
+    assert [p for p in inputs.problems if "incomplete run, 255 of 256 samples done" in p]
+    assert results.read_bytes() == torn
