@@ -65,9 +65,15 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
         recorded = read_json_object(fingerprint, "fingerprint") if fingerprint.is_file() else None
     except ValueError as e:
         raise CompareError(str(e)) from None
-    bench = to_dataclass(BenchmarkConfig, config["benchmark"])
-    n = int(config["generation"]["n_samples"])
-    task = get_task(bench.task)
+    try:  # an edited or foreign config: named, not a KeyError / ValueError traceback
+        bench = to_dataclass(BenchmarkConfig, config["benchmark"])
+        task = get_task(bench.task)
+        n = config["generation"]["n_samples"]
+    except (KeyError, TypeError, ValueError) as e:
+        what = f"no {e}" if isinstance(e, KeyError) else str(e)
+        raise CompareError(f"{config_file}: not an evaluation run config ({what})") from None
+    if type(n) is not int or n < 1:
+        raise CompareError(f"{config_file}: generation.n_samples={n!r}, not a positive integer")
     if task.scoped:  # generated / hub problems (RULER, LongBench): the ids the run recorded
         try:
             ids = read_scope(path)

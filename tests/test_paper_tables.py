@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -239,3 +240,35 @@ def test_a_torn_results_row_is_reported_and_the_file_left_as_it_was(tmp_path):
     assert not inputs.evals
     assert [p for p in inputs.problems if "incomplete run, 255 of 256 samples done" in p]
     assert results.read_bytes() == torn
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda c: c["benchmark"].update(task="bogus"), "not an evaluation run config \\(unknown benchmark.task 'bogus'"),
+        (lambda c: c.pop("generation"), "not an evaluation run config \\(no 'generation'\\)"),
+        (lambda c: c["generation"].update(n_samples="2"), "generation.n_samples='2', not a positive integer"),
+        (lambda c: c["generation"].update(n_samples=0), "generation.n_samples=0, not a positive integer"),
+        (lambda c: c.update(model="mini-base"), "needs a 'model' object with a 'name'"),
+        (lambda c: c.update(method="abridge"), "needs a 'model' object with a 'name', and a 'method' object"),
+    ],
+    ids=["unknown-task", "no-generation", "n_samples-str", "n_samples-0", "model-str", "method-str"],
+)
+def test_an_edited_run_config_is_an_unusable_input_named_by_its_file(tmp_path, edit, message):
+    """Fields of another type or an unknown task in an eval run's config.json were ValueError / TypeError /
+    AttributeError tracebacks that ended the whole command (n_samples=0: an empty arm, a numpy traceback after
+    the first tables); the run is listed as unusable, naming its config.json, and the other inputs are read."""
+    import shutil
+
+    from analysis.paper_tables.inputs import discover
+
+    for arm in ("full", "streaming"):
+        shutil.copytree(SLIM_ARMS / arm, tmp_path / arm)
+    config = json.loads((tmp_path / "streaming/config.json").read_text())
+    edit(config)
+    (tmp_path / "streaming/config.json").write_text(json.dumps(config))
+    inputs = discover([str(tmp_path / "*")])
+    assert [a.label for a in inputs.evals] == ["full"]
+    assert len(inputs.problems) == 1
+    assert inputs.problems[0].startswith(str(tmp_path / "streaming/config.json"))
+    assert re.search(message, inputs.problems[0])

@@ -145,9 +145,14 @@ def base_model_name(model: dict[str, Any]) -> str:
 
 def add_eval(path: Path, inputs: Inputs) -> None:
     config = _config(path)
-    method = (config.get("method") or {}).get("name") or "full"
+    model, method_config = config.get("model"), config.get("method") or {}
+    if not (isinstance(model, dict) and isinstance(model.get("name"), str) and isinstance(method_config, dict)):
+        inputs.problems.append(f"{path / 'config.json'}: not an evaluation run config (needs a 'model' object with "
+                               "a 'name', and a 'method' object if any)")  # fmt: skip
+        return
+    method = method_config.get("name") or "full"
     label = str(config.get("run_name") or method)
-    model = base_model_name(config["model"])
+    model = base_model_name(model)
     try:
         run = load_run(path, label)
     except CompareError as e:
