@@ -204,6 +204,29 @@ def write_report(results: dict[str, Any], out: Path) -> None:
 
 
 MATCHED_META = ("test_seed", "n_problems", "trace_tokens")  # what makes two runs' arms comparable
+ARM_TEXT = ("name", "method", "paired_with")
+ARM_NUMBERS = ("rows_over_full", "answer_accuracy", "delta_vs_full", "recall")
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def arm_problem(arm: Any) -> str | None:
+    """Why ``arm`` is not an arm row the table and figures can draw (None when it is one)."""
+    if not isinstance(arm, dict):
+        return f"an arm is not an object: {json.dumps(arm)[:60]}"
+    name = arm.get("name", "?")
+    if wrong := [k for k in ARM_TEXT if not isinstance(arm.get(k), str)]:
+        return f"arm {name!r}: {', '.join(wrong)} not a string"
+    if wrong := [k for k in ARM_NUMBERS if not _number(arm.get(k))]:
+        return f"arm {name!r}: {', '.join(wrong)} not a number"
+    ci = arm.get("ci_vs_full")
+    if not (isinstance(ci, list) and len(ci) == 2 and all(map(_number, ci))):
+        return f"arm {name!r}: ci_vs_full={ci!r}, not a [low, high] pair of numbers"
+    if not isinstance(arm.get("recall_by_distance"), dict):
+        return f"arm {name!r}: recall_by_distance not an object"
+    return None
 
 
 def merge(results: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -212,6 +235,10 @@ def merge(results: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     for what, r in (("the table", results), ("the rerun", new)):
         if not isinstance(r.get("meta"), dict) or not isinstance(r.get("arms"), list):
             raise ValueError(f"{what} is not a miniature results.json (it needs a 'meta' object and an 'arms' list)")
+        if missing := [k for k in MATCHED_META if k not in r["meta"]]:
+            raise ValueError(f"{what} is not a miniature results.json (its meta has no {', '.join(missing)})")
+        if problem := next(filter(None, map(arm_problem, r["arms"])), None):
+            raise ValueError(f"{what} is not a miniature results.json ({problem})")
     wrong = [f"{k}: {results['meta'].get(k)} vs {new['meta'].get(k)}" for k in MATCHED_META
              if results["meta"].get(k) != new["meta"].get(k)]  # fmt: skip
     if wrong:

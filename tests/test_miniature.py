@@ -4,6 +4,7 @@ written, the committed results in the issue's schema, and the report built from 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -312,6 +313,32 @@ def test_a_rerun_of_some_arms_merges_into_the_full_table(tmp_path, capsys):
             main(["--merge", str(tmp_path / bad), "--into", str(tmp_path)])
         assert message in capsys.readouterr().err
     assert (tmp_path / "results.json").read_text() == before
+
+
+@pytest.mark.parametrize(
+    "arm, message",
+    [
+        (1, "an arm is not an object: 1"),
+        ({"name": "x"}, "arm 'x': method, paired_with not a string"),
+        ({"answer_accuracy": "high"}, "arm 'full': answer_accuracy not a number"),
+        ({"ci_vs_full": [0.1]}, r"arm 'full': ci_vs_full=\[0.1\], not a \[low, high\] pair"),
+    ],
+    ids=["not-an-object", "no-method", "text-accuracy", "one-sided-ci"],
+)
+def test_a_merged_arm_the_table_cannot_draw_is_refused_before_anything_is_written(tmp_path, capsys, arm, message):
+    """An arm row of the rerun's results.json that is not an object, or lacks a field the table and figures draw
+    (or has one of another type), was a KeyError / TypeError / ValueError traceback; it is refused naming the arm
+    and the field, and the table is left as it was."""
+    from analysis.miniature_report import main
+
+    full = json.loads((REPO_ROOT / "analysis/results/miniature/results.json").read_text())
+    (tmp_path / "results.json").write_text(json.dumps(full))
+    bad = {**full["arms"][0], **arm} if isinstance(arm, dict) and "name" not in arm else arm
+    (tmp_path / "rerun.json").write_text(json.dumps({"meta": full["meta"], "arms": [bad]}))
+    with pytest.raises(SystemExit):
+        main(["--merge", str(tmp_path / "rerun.json"), "--into", str(tmp_path)])
+    assert re.search(f"the rerun is not a miniature results.json \\({message}", capsys.readouterr().err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rerun.json", "results.json"]
 
 
 def test_arm_lanes_start_a_matched_arm_only_after_its_match_and_never_exceed_the_lanes(tmp_path, monkeypatch):
