@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from zoomr.jsonl import JsonlReader, read_json
+from zoomr.jsonl import BadRowError, JsonlReader, read_json, read_json_object
 from zoomr.paths import output_dir
 
 DROPPED = ("text", "gold", "extracted", "recall")  # large per-row fields no table reads
@@ -77,20 +77,34 @@ def evaluated_config(config: dict[str, Any]) -> dict[str, Any]:
     return {**config, "model": {**model, "hf_id": ckpt}}
 
 
-def slim_run(src: Path, dst: Path) -> int:
-    """Copy one run directory (an eval run slimmed, anything else whole; paths under the working directory
-    made relative); returns bytes written."""
+def slim_files(src: Path) -> dict[str, str]:
+    """The text of every file of one run directory's copy (an eval run slimmed, anything else whole; paths under
+    the working directory made relative), read in full first: a file that cannot be read is refused
+    (:class:`BadRowError`) before any copy is written."""
     root = f"{Path.cwd()}/"
-    dst.mkdir(parents=True, exist_ok=True)
+    files = {}
     for name in KEPT_FILES:
         if (src / name).is_file():
-            data = read_json(src / name, name)
-            if name == "config.json" and (src / "results.jsonl").is_file():
-                data = slim_config(data)
-            (dst / name).write_text(json.dumps(relative(data, root), indent=1) + "\n")
+            if name == "config.json":
+                data = read_json_object(src / name, "run config")
+                if not isinstance(data.get("model") or {}, dict):
+                    raise BadRowError(f"{src / name}: model is not an object (not a run config)")
+                if (src / "results.jsonl").is_file():
+                    data = slim_config(data)
+            else:
+                data = read_json(src / name, name)
+            files[name] = json.dumps(relative(data, root), indent=1) + "\n"
     if (src / "results.jsonl").is_file():  # a copy of every row, so an unreadable one is refused, not dropped
         rows = [slim_row(row) for _, row in JsonlReader(src / "results.jsonl", on_bad="refuse")]
-        (dst / "results.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        files["results.jsonl"] = "".join(json.dumps(row) + "\n" for row in rows)
+    return files
+
+
+def write_copy(files: dict[str, str], dst: Path) -> int:
+    """Write one run directory's copy (:func:`slim_files`); returns the bytes of the files in it."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (dst / name).write_text(text)
     return sum(p.stat().st_size for p in dst.iterdir() if p.is_file())
 
 
@@ -123,17 +137,19 @@ def slim_runs(sources: list[Path], out: Path) -> dict[str, int]:
             )
         plan += [(run, Path(src.name) / run.relative_to(src)) for run in found]
     check_apart(sources, out, [(run, out / rel) for run, rel in plan])
-    written: dict[str, int] = {}
     moved: dict[str, str] = {}  # each copied run directory, as a bench JSON may name it -> its copy
     for run, rel in plan:
-        written[str(rel)] = slim_run(run, out / rel)
         for name in {str(run), str(run.resolve()), os.path.relpath(run)}:
             moved[name] = str(out / rel)
-    for src in [s for s in sources if s.is_file()]:
+    # everything read before anything is written: an unreadable source leaves no half-updated copy behind
+    copies = [(rel, slim_files(run)) for run, rel in plan]
+    benches = [(src.name, relative(retarget(read_json(src, "JSON file"), moved), f"{Path.cwd()}/"))
+               for src in sources if src.is_file()]  # fmt: skip
+    written = {str(rel): write_copy(files, out / rel) for rel, files in copies}
+    for name, data in benches:
         out.mkdir(parents=True, exist_ok=True)
-        data = relative(retarget(read_json(src, "JSON file"), moved), f"{Path.cwd()}/")
-        (out / src.name).write_text(json.dumps(data, indent=1) + "\n")
-        written[src.name] = (out / src.name).stat().st_size
+        (out / name).write_text(json.dumps(data, indent=1) + "\n")
+        written[name] = (out / name).stat().st_size
     return written
 
 

@@ -105,6 +105,37 @@ def test_slim_runs_never_writes_into_what_it_copies(tmp_path):
         slim_runs([run], tmp_path / "out")
 
 
+def test_an_unreadable_source_leaves_no_copy_written_or_half_updated(tmp_path):
+    """A source run with a bad row or a config.json that is not one was found after the runs before it were copied
+    and its own JSON files written: a fresh --out was left with a partial copy (no results.jsonl), and re-slimming
+    into an existing --out left the run's new config.json beside its old rows. Everything is read first now."""
+    from zoomr.jsonl import BadRowError
+
+    runs = tmp_path / "runs"
+    _eval_run(runs / "a", None)
+    b = _eval_run(runs / "b", None)
+    out = tmp_path / "out"
+    slim_runs([runs], out)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    config = json.loads((b / "config.json").read_text())
+    (b / "config.json").write_text(json.dumps({**config, "run_name": "renamed"}))
+    with (b / "results.jsonl").open("a") as f:
+        f.write("[1, 2]\n")
+    with pytest.raises(BadRowError, match="b/results.jsonl line"):
+        slim_runs([runs], out)
+    with pytest.raises(BadRowError, match="b/results.jsonl line"):
+        slim_runs([runs], tmp_path / "fresh")
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert not (tmp_path / "fresh").exists()
+    (b / "config.json").write_text(json.dumps({**config, "model": "tiny"}))
+    with pytest.raises(BadRowError, match="b/config.json: model is not an object"):
+        slim_runs([runs], tmp_path / "fresh")
+    (b / "config.json").write_text("[]")
+    with pytest.raises(BadRowError, match="b/config.json: expected a JSON object"):
+        slim_runs([runs], tmp_path / "fresh")
+    assert not (tmp_path / "fresh").exists()
+
+
 def _table_lines(path: Path) -> list[str]:
     return [line for line in path.read_text().splitlines() if not re.search(r"UTC|\(\d+(\.\d+)? s\)", line)]
 
