@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from zoomr.jsonl import read_json
+from zoomr.jsonl import BadRowError, read_json
 from zoomr.tracking import log_summary_run
 
 CONFIG_KEYS = ("meta", "args", "config", "settings")
@@ -32,15 +32,23 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, float]:
     return out
 
 
-def log_file(path: Path, group: str | None, mode: str, run_dir: Path | None) -> dict[str, Any]:
+def read_bench(path: Path) -> tuple[str, dict[str, Any], dict[str, float]]:
+    """The model, the config block and the numeric results of one bench JSON; one that is not an object or has no
+    numeric result is refused naming the file (:class:`BadRowError`)."""
     data = read_json(path, "bench JSON")
     if not isinstance(data, dict):
-        raise SystemExit(f"{path}: a bench JSON is an object, got {type(data).__name__}")
+        raise BadRowError(f"{path}: a bench JSON is an object, got {type(data).__name__}")
     config = next((data[k] for k in CONFIG_KEYS if isinstance(data.get(k), dict)), {})
-    model = str(config.get("model") or data.get("model") or "model")
     metrics = flatten({k: v for k, v in data.items() if k not in CONFIG_KEYS})
     if not metrics:
-        raise SystemExit(f"{path}: no numeric results to log")
+        raise BadRowError(f"{path}: no numeric results to log")
+    return str(config.get("model") or data.get("model") or "model"), config, metrics
+
+
+def log_file(path: Path, group: str | None, mode: str, run_dir: Path | None,
+             bench: tuple[str, dict[str, Any], dict[str, float]] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Log one bench JSON (``bench``: what :func:`read_bench` read of it, read again when absent) as one run."""
+    model, config, metrics = bench or read_bench(path)
     return log_summary_run(job_type="bench", name=f"{path.stem}-{model}", group=group or f"{model}/bench",
                            config={**config, "bench_file": str(path)}, metrics=metrics, mode=mode,
                            dir=run_dir or path.parent)  # fmt: skip
@@ -56,11 +64,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     missing = [f for f in a.files if not Path(f).is_file()]
     if missing:
         p.error(f"no such bench JSON: {', '.join(missing)}")
-    for f in a.files:  # every file readable before the first run is logged (a torn one is named, none logged)
-        read_json(f, "bench JSON")
+    # every file read before the first run is logged (a torn or unloggable one is named, none logged)
+    benches = [read_bench(Path(f)) for f in a.files]
     out = []
-    for f in a.files:
-        summary = log_file(Path(f), a.group, a.mode, Path(a.dir) if a.dir else None)
+    for f, bench in zip(a.files, benches):
+        summary = log_file(Path(f), a.group, a.mode, Path(a.dir) if a.dir else None, bench)
         print(f"{f}: {len(summary)} summary keys logged")
         out.append(summary)
     return out

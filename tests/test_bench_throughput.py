@@ -69,6 +69,26 @@ def test_log_bench_puts_every_numeric_result_under_bench_keys(tmp_path, monkeypa
         log_bench([str(tmp_path / "missing.json")])
 
 
+@pytest.mark.parametrize("content, message", [("[]", "a bench JSON is an object, got list"),
+                                              ('{"meta": {"model": "m"}, "ok": true}', "no numeric results to log")])  # fmt: skip
+def test_log_bench_logs_nothing_when_a_later_file_cannot_be_logged(tmp_path, monkeypatch, content, message):
+    """A bench JSON that parses but is not an object, or has no numeric result, was refused only when its turn came:
+    the files before it had already been logged (a rerun logged them twice). Every file is checked first now."""
+    from analysis import log_bench
+    from zoomr.jsonl import BadRowError
+
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text('{"results": {"step_ms": 3.0}}')
+    bad.write_text(content)
+    logged = []
+    monkeypatch.setattr(log_bench, "log_summary_run", lambda **kw: logged.append(kw) or {})
+    with pytest.raises(BadRowError, match=f"bad.json: {message}"):
+        log_bench.main([str(good), str(bad), "--mode", "disabled"])
+    assert not logged
+    log_bench.main([str(good), "--mode", "disabled"])
+    assert [kw["metrics"] for kw in logged] == [{"results/step_ms": 3.0}]
+
+
 def test_a_slim_copy_is_timed_with_the_checkpoint_it_names_and_refused_without_it(tmp_path):
     """eval_requests: a slim copy (no model.hf_id; model.evaluated_checkpoint) decodes with that checkpoint when it
     is on disk, and is refused by name when it is not, rather than timing a model built from the config."""
