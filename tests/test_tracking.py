@@ -34,6 +34,10 @@ def test_an_unknown_mode_is_refused_before_the_run_writes_anything(tmp_path, mon
     with pytest.raises(SettingsError, match="the environment's WANDB_MODE='bogus' is not a W&B mode"):
         resolve_mode("auto")
     assert resolve_mode("disabled") == "disabled"  # logger=none never reads it
+    monkeypatch.setenv("WANDB_MODE", "")  # `export WANDB_MODE=`: resolved as unset here, pydantic's traceback in wandb
+    with pytest.raises(SettingsError, match="the environment's WANDB_MODE='' is not a W&B mode"):
+        resolve_mode("auto")
+    monkeypatch.setenv("WANDB_MODE", "bogus")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     for extra, message in (([], "WANDB_MODE='bogus' is not a W&B mode"),
                            (["logger.mode=bogus"], "logger.mode must be auto|online|offline|disabled, got 'bogus'")):  # fmt: skip

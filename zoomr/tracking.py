@@ -61,7 +61,7 @@ def resolve_mode(mode: str) -> str:
     if mode == "disabled":
         return "disabled"
     env = os.environ.get("WANDB_MODE")
-    if env:
+    if env is not None:  # set but empty (WANDB_MODE=) is refused too: wandb.init reads it and fails
         if env not in WANDB_MODES:
             raise SettingsError(f"the environment's WANDB_MODE={env!r} is not a W&B mode: set online, offline or "
                                 "disabled, or unset it (logger=none turns W&B off)")  # fmt: skip
