@@ -272,3 +272,15 @@ def test_an_edited_run_config_is_an_unusable_input_named_by_its_file(tmp_path, e
     assert len(inputs.problems) == 1
     assert inputs.problems[0].startswith(str(tmp_path / "streaming/config.json"))
     assert re.search(message, inputs.problems[0])
+
+
+def test_a_bad_wandb_mode_is_refused_before_any_table_is_written(tmp_path, monkeypatch):
+    """``python -m analysis.paper_tables --logger wandb`` with an unusable WANDB_MODE wrote every table and figure,
+    then failed when the W&B run started; the mode is checked first now."""
+    from analysis.paper_tables import main
+    from zoomr.schemas.checks import SettingsError
+
+    monkeypatch.setenv("WANDB_MODE", "bogus")
+    with pytest.raises(SettingsError, match="WANDB_MODE='bogus' is not a W&B mode"):
+        main([str(SLIM_ARMS / "full"), "--out", str(tmp_path / "out"), "--logger", "wandb"])
+    assert not (tmp_path / "out").exists()

@@ -47,6 +47,10 @@ def build_all(runs: list[str], out: str | Path, memory_gib: float = 8.0, n_resam
         raise SystemExit("paper_tables: no inputs; pass task.runs=[<run dir or glob>,...]")
     if not (math.isfinite(memory_gib) and memory_gib > 0) or n_resamples < 1:
         raise SystemExit(f"paper_tables: need memory_gib > 0 and n_resamples >= 1, got {memory_gib}, {n_resamples}")
+    if logger_cfg and logger_cfg.get("mode", "disabled") != "disabled":
+        from zoomr.tracking import resolve_mode
+
+        resolve_mode(logger_cfg["mode"])  # a bad logger.mode or WANDB_MODE refused before any table is written
     t0 = time.time()
     inputs = discover([str(r) for r in runs])
     report = Report(Path(out))
