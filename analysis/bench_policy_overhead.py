@@ -320,7 +320,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=output_dir, default=None)
     args = p.parse_args(argv)
-    require_at_least(p, args, 1, "batch", "context", "kv_heads", "q_heads", "head_dim", "layers", "budget", "steps")
+    require_at_least(p, args, 1, "batch", "context", "kv_heads", "q_heads", "head_dim", "layers", "budget", "steps",
+                     "threads")  # fmt: skip
+    require_at_least(p, args, 0, "warmup")
+    if not (math.isfinite(args.bandwidth_tbs) and args.bandwidth_tbs > 0):
+        p.error(f"--bandwidth-tbs must be a positive number of TB/s, got {args.bandwidth_tbs}")
+    if not (math.isfinite(args.launch_us) and args.launch_us >= 0):
+        p.error(f"--launch-us must be a number of µs >= 0, got {args.launch_us}")
     if args.q_heads % args.kv_heads:
         p.error("--q-heads must be a multiple of --kv-heads")
     if not 0 < args.prompt < args.context:

@@ -59,6 +59,22 @@ def test_bench_decode_rejects_bad_settings(capsys):
     assert "--batches, --threads must be >= 1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["--bandwidth-tbs", "-3"], "--bandwidth-tbs must be a positive number of TB/s, got -3.0"),
+     (["--bandwidth-tbs", "0"], "--bandwidth-tbs must be a positive number of TB/s, got 0.0"),
+     (["--launch-us", "nan"], "--launch-us must be a number of µs >= 0, got nan"),
+     (["--threads", "0"], "--threads must be >= 1"),
+     (["--warmup", "-1"], "--warmup must be >= 0")],
+)  # fmt: skip
+def test_policy_overhead_refuses_an_impossible_projection_before_timing(argv, message, capsys):
+    """A negative bandwidth projected negative step times and ratios into the table (exit 0), 0 a ZeroDivisionError
+    after the timing, a NaN launch cost a table of nan, --threads 0 torch's RuntimeError traceback."""
+    with pytest.raises(SystemExit):
+        bench_policy_overhead.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv", [["--samples", "0"], ["--repeats", "0"], ["--pathological", "-1"]])
 def test_bench_grading_rejects_bad_sizes_before_starting_workers(argv, capsys):
     from eval import bench_grading
