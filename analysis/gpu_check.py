@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from analysis.cli import require_at_least
 from zoomr.paths import REPO_ROOT, output_dir
 
 R1_QWEN_7B = {  # deepseek-ai/DeepSeek-R1-Distill-Qwen-7B config.json (Qwen2ForCausalLM)
@@ -265,6 +266,18 @@ def model_layers(args) -> int:
 # --------------------------------------------------------------------------------------------- driver
 
 
+FULL_SIZES: dict[str, Any] = {
+    "repeats": 5, "flex_blocks": [512, 1024], "flex_layers": 4, "flex_batch": 2, "flex_response": 8192,
+    "zoomr_layers": 4, "zoomr_prompt": 512, "zoomr_gen": 1024, "mem_layers": 2, "mem_batch": 16, "mem_prompt": 256,
+    "gen_tokens": 16384, "tp_batches": [1, 8, 32], "tp_prompt": 512, "tp_new": 128,
+}  # fmt: skip
+DRY_SIZES: dict[str, Any] = {
+    **FULL_SIZES, "repeats": 2, "flex_blocks": [32, 64], "flex_layers": 2, "flex_response": 256, "zoomr_layers": 2,
+    "zoomr_prompt": 64, "zoomr_gen": 96, "mem_layers": 2, "mem_batch": 2, "mem_prompt": 32, "gen_tokens": 96,
+    "tp_batches": [1, 2], "tp_prompt": 16, "tp_new": 8,
+}  # fmt: skip
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument(
@@ -273,27 +286,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     p.add_argument("--out", type=output_dir, default=str(REPO_ROOT / "analysis" / "results" / "gpu"))
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--flex-blocks", type=int, nargs="+", default=[512, 1024])
-    p.add_argument("--flex-layers", type=int, default=4)
-    p.add_argument("--flex-batch", type=int, default=2)
-    p.add_argument("--flex-response", type=int, default=8192, help="response tokens per training stream")
-    p.add_argument("--zoomr-layers", type=int, default=4)
-    p.add_argument("--zoomr-prompt", type=int, default=512)
-    p.add_argument("--zoomr-gen", type=int, default=1024)
-    p.add_argument("--mem-layers", type=int, default=2)
-    p.add_argument("--mem-batch", type=int, default=16)
-    p.add_argument("--mem-prompt", type=int, default=256)
-    p.add_argument("--gen-tokens", type=int, default=16384)
-    p.add_argument("--tp-batches", type=int, nargs="+", default=[1, 8, 32])
-    p.add_argument("--tp-prompt", type=int, default=512)
-    p.add_argument("--tp-new", type=int, default=128)
+    # sizes default to FULL_SIZES, or DRY_SIZES with --dry-run; a size given on the command line is kept either way
+    p.add_argument("--repeats", type=int)
+    p.add_argument("--flex-blocks", type=int, nargs="+")
+    p.add_argument("--flex-layers", type=int)
+    p.add_argument("--flex-batch", type=int)
+    p.add_argument("--flex-response", type=int, help="response tokens per training stream")
+    p.add_argument("--zoomr-layers", type=int)
+    p.add_argument("--zoomr-prompt", type=int)
+    p.add_argument("--zoomr-gen", type=int)
+    p.add_argument("--mem-layers", type=int)
+    p.add_argument("--mem-batch", type=int)
+    p.add_argument("--mem-prompt", type=int)
+    p.add_argument("--gen-tokens", type=int)
+    p.add_argument("--tp-batches", type=int, nargs="+")
+    p.add_argument("--tp-prompt", type=int)
+    p.add_argument("--tp-new", type=int)
     args = p.parse_args(argv)
-    if args.dry_run:
-        args.flex_blocks, args.flex_layers, args.flex_response = [32, 64], 2, 256
-        args.zoomr_layers, args.zoomr_prompt, args.zoomr_gen = 2, 64, 96
-        args.mem_layers, args.mem_batch, args.mem_prompt, args.gen_tokens = 2, 2, 32, 96
-        args.tp_batches, args.tp_prompt, args.tp_new, args.repeats = [1, 2], 16, 8, 2
+    for name, value in (DRY_SIZES if args.dry_run else FULL_SIZES).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    require_at_least(p, args, 1, *FULL_SIZES)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--device cuda but no GPU is visible (use --dry-run to check the code path on CPU)")
     if not args.dry_run and not args.device.startswith("cuda"):

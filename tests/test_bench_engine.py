@@ -145,6 +145,17 @@ def test_gpu_check_refuses_the_full_run_without_a_gpu(capsys):
     assert "needs a GPU" in capsys.readouterr().err
 
 
+def test_gpu_check_dry_run_keeps_the_sizes_given_and_refuses_impossible_ones(capsys):
+    """--dry-run replaced every size by its tiny one, also those given on the command line (--flex-blocks 128 ran 32
+    and 64 without a word), and no size was checked (--repeats 0, --tp-batches 0 ran into per-section errors)."""
+    args = gpu_check.parse_args(["--dry-run", "--flex-blocks", "128", "--repeats", "3"])
+    assert args.flex_blocks == [128] and args.repeats == 3
+    assert args.flex_layers == gpu_check.DRY_SIZES["flex_layers"] and args.tp_batches == [1, 2]
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(["--dry-run", "--repeats", "0", "--tp-batches", "1", "0"])
+    assert "--repeats, --tp-batches must be >= 1" in capsys.readouterr().err
+
+
 def test_policy_overhead_counts_what_a_scatter_writes_not_its_whole_buffer():
     """An in-place scatter returns its whole destination; the bytes it writes are the indexed elements only."""
     dest, mask, ones = torch.zeros(10, 4), torch.arange(40).view(10, 4) % 6 == 0, torch.ones(2, 4)
