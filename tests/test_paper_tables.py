@@ -284,3 +284,46 @@ def test_a_bad_wandb_mode_is_refused_before_any_table_is_written(tmp_path, monke
     with pytest.raises(SettingsError, match="WANDB_MODE='bogus' is not a W&B mode"):
         main([str(SLIM_ARMS / "full"), "--out", str(tmp_path / "out"), "--logger", "wandb"])
     assert not (tmp_path / "out").exists()
+
+
+def _drop_kind(rows: list) -> list:
+    return [{k: v for k, v in r.items() if k != "kind"} for r in rows]
+
+
+@pytest.mark.parametrize(
+    "source, edit, field, message",
+    [
+        ("mini-abridge_c256_alloc-T1024", lambda d: {**d, "quotas": "abc"}, "allocations",
+         "schedule.json: not a usable quota schedule (quotas is not a list of integers)"),
+        ("mini-abridge_c256_alloc-T1024", lambda d: {k: v for k, v in d.items() if k != "costs"}, "allocations",
+         "schedule.json: not a usable quota schedule (costs is not a list of 3 numbers"),
+        ("mini-kvzap-T1024", _drop_kind, "kvzap_fits",
+         "r2.json: not a usable KVzap fit report (entry 0: kind missing or of another type)"),
+        ("mini-kvzap-T1024", lambda d: {"heads": d}, "kvzap_fits", "r2.json: not a usable KVzap fit report (a dict"),
+        ("bench_throughput.json", lambda d: {**d, "finish": {"full": 1}}, "throughput",
+         "bench_throughput.json: not a usable throughput bench (finish: a dict, not a list)"),
+        ("agreeability_zoomr_writes.json", lambda d: {**d, "agreeability": "high"}, "zoomr_bench",
+         "agreeability_zoomr_writes.json: not a usable ZoomR bench (agreeability is not a list of numbers)"),
+    ],
+    ids=["quotas-text", "no-costs", "r2-no-kind", "r2-object", "finish-object", "agreeability-text"],
+)  # fmt: skip
+def test_a_side_input_of_another_shape_is_an_unusable_input_not_a_traceback(tmp_path, source, edit, field, message):
+    """A schedule.json, r2.json, bench_throughput.json or agreeability JSON that parses but has another shape was
+    taken as an input and ended the command in a KeyError / TypeError / matplotlib or numpy ValueError traceback
+    while drawing its figure, after the tables before it were written; it is listed as unusable, naming the file."""
+    import shutil
+
+    from analysis.paper_tables.inputs import discover
+
+    committed, copy = SLIM_ARMS.parent / source, tmp_path / "runs" / source
+    copy.parent.mkdir()
+    (shutil.copytree if committed.is_dir() else shutil.copy)(committed, copy)
+    file = copy / ("schedule.json" if "alloc" in source else "r2.json") if copy.is_dir() else copy
+    file.write_text(json.dumps(edit(json.loads(file.read_text()))))
+    inputs = discover([str(tmp_path / "runs" / "**")])
+    assert getattr(inputs, field) == []
+    assert [p for p in inputs.problems if p.startswith(str(file)) and message in p], inputs.problems
+    if field == "allocations":  # the whole command: exit 0 with the figure skipped (a matplotlib traceback before)
+        shutil.copytree(SLIM_ARMS / "full", tmp_path / "runs" / "full")
+        _build([tmp_path / "runs" / "**"], tmp_path / "out")
+        assert message in (tmp_path / "out" / "README.md").read_text()

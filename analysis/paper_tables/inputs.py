@@ -78,6 +78,92 @@ class Inputs:
         return [a for a in self.evals if a.model == model and (benchmark is None or a.benchmark == benchmark)]
 
 
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _objects(rows: Any, fields: dict[str, Any]) -> str | None:
+    """Why ``rows`` is not a list of objects whose ``fields`` pass their checks (None when it is)."""
+    if not isinstance(rows, list):
+        return f"a {type(rows).__name__}, not a list"
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            return f"entry {i} is not an object"
+        if bad := [k for k, ok in fields.items() if not ok(row.get(k))]:
+            return f"entry {i}: {', '.join(bad)} missing or of another type"
+    return None
+
+
+def schedule_problem(data: dict[str, Any]) -> str | None:
+    """Why an abridge_allocate ``schedule.json`` cannot be drawn as Fig. 6 (None when it can)."""
+    quotas, costs = data.get("quotas"), data.get("costs")
+    if not (isinstance(quotas, list) and quotas and all(map(_int, quotas))):
+        return "quotas is not a list of integers"
+    if not (isinstance(costs, list) and len(costs) == len(quotas) and all(map(_number, costs))):
+        return f"costs is not a list of {len(quotas)} numbers (one per layer)"
+    if not _int(data.get("base_quota")):
+        return "base_quota is not an integer"
+    if "base_heldout_ce" in data and not _number(data["base_heldout_ce"]):
+        return "base_heldout_ce is not a number"
+    return None
+
+
+def r2_problem(data: Any) -> str | None:
+    """Why a KVzap fit's ``r2.json`` cannot feed KVzap Table 1 (None when it can)."""
+    if isinstance(data, list) and not data:
+        return "no heads"
+    return _objects(data, {"kind": lambda v: isinstance(v, str), "layer": _int, "head": _int, "r2": _number,
+                           "det": _number})  # fmt: skip
+
+
+def throughput_problem(data: dict[str, Any]) -> str | None:
+    """Why a bench_throughput JSON cannot feed Fig. 3b/3d (None when it can)."""
+    tp = data["throughput"]
+    if not isinstance(data.get("meta"), dict):
+        return "meta is not an object"
+    if not isinstance(tp, dict):
+        return "throughput is not an object of policies"
+    for policy, per in tp.items():
+        if not (isinstance(per, dict) and all(isinstance(v, dict) and _number(v.get("tokens_per_s"))
+                                              and _number(v.get("ratio_vs_full")) for v in per.values())):  # fmt: skip
+            return f"throughput of {policy!r} is not an object of batch sizes with tokens_per_s and ratio_vs_full"
+    if problem := _objects(data["finish"], {"run_dir": lambda v: isinstance(v, str), "seconds": _number,
+                                            "seconds_per_request": _number, "requests": _int, "batch": _int}):  # fmt: skip
+        return f"finish: {problem}"
+    return None
+
+
+def zoomr_bench_problem(data: dict[str, Any]) -> str | None:
+    """Why a bench_zoomr / agreeability JSON cannot feed the ZoomR figures (None when it can)."""
+    ag = data.get("agreeability")
+    if ag is not None and not (isinstance(ag, list) and all(v is None or _number(v) for v in ag)):
+        return "agreeability is not a list of numbers"
+    for key in ("meta", "formula"):
+        if key in data and not isinstance(data[key], dict):
+            return f"{key} is not an object"
+    meta, formula = data.get("meta") or {}, data.get("formula") or {}
+    if bad := [f"meta.{k}" for k in ("para", "summary", "generate") if k in meta and not _number(meta[k])]:
+        return f"{', '.join(bad)} not a number"
+    if "n_all" in formula and not _number(formula["n_all"]):
+        return "formula.n_all is not a number"
+    if _number(meta.get("generate")) and meta["generate"] <= 0:
+        return "meta.generate is not positive"
+    return None
+
+
+def _add(inputs: Inputs, target: list[JsonInput], item: JsonInput, problem: str | None, what: str,
+         file: Path | None = None) -> None:  # fmt: skip
+    """``item`` into ``target``, or its ``problem`` into the unusable inputs (naming ``file``, else its path)."""
+    if problem:
+        inputs.problems.append(f"{file or item.path}: not a usable {what} ({problem})")
+    else:
+        target.append(item)
+
+
 def _config(run_dir: Path) -> dict[str, Any]:
     f = run_dir / "config.json"
     return read_json_object(f, "run config") if f.exists() else {}
@@ -103,18 +189,23 @@ def classify(path: Path, inputs: Inputs) -> bool:
                 return False
             data = read_json(path, "bench report")
             if isinstance(data, dict) and "throughput" in data and "finish" in data:
-                inputs.throughput.append(JsonInput(path, data))
+                _add(inputs, inputs.throughput, JsonInput(path, data), throughput_problem(data), "throughput bench")
             elif isinstance(data, dict) and ("formula" in data and "measured" in data or "agreeability" in data):
-                inputs.zoomr_bench.append(JsonInput(path, data))  # bench_zoomr, or zoomr_testbed's agreeability_<arm>
+                # bench_zoomr, or zoomr_testbed's agreeability_<arm>
+                _add(inputs, inputs.zoomr_bench, JsonInput(path, data), zoomr_bench_problem(data), "ZoomR bench")
             else:
                 return False
             return True
         if (path / "results.jsonl").exists() and (path / "config.json").exists():
             add_eval(path, inputs)
         elif (path / "schedule.json").exists():
-            inputs.allocations.append(JsonInput(path, read_json_object(path / "schedule.json", "quota schedule"), _config(path)))
+            data = read_json_object(path / "schedule.json", "quota schedule")
+            _add(inputs, inputs.allocations, JsonInput(path, data, _config(path)), schedule_problem(data),
+                 "quota schedule", path / "schedule.json")  # fmt: skip
         elif (path / "r2.json").exists():
-            inputs.kvzap_fits.append(JsonInput(path, read_json(path / "r2.json", "KVzap fit report"), _config(path)))
+            data = read_json(path / "r2.json", "KVzap fit report")
+            _add(inputs, inputs.kvzap_fits, JsonInput(path, data, _config(path)), r2_problem(data),
+                 "KVzap fit report", path / "r2.json")  # fmt: skip
         elif (path / "summary.json").exists() and (path / "config.json").exists():
             inputs.unused.append(f"{path}: training/data run ({_config(path).get('run_name', '?')}), feeds no table")
         else:
