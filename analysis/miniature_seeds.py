@@ -70,7 +70,8 @@ def load_seed(out: Path) -> dict[str, Any]:
         print(f"miniature_seeds: {out} uses the arm names before 2026-12-06; read as "
               + ", ".join(f"{n} -> {RENAMED[n]}" for n in names if n in RENAMED), flush=True)  # fmt: skip
     by_name = {new: {**a, "name": new} for new, a in zip(folders, arms)}
-    return {"dir": out, "test_seed": meta["test_seed"], "arms": by_name, "folders": folders, "runs": {}}
+    return {"dir": out, "test_seed": meta["test_seed"], "trace_tokens": meta.get("trace_tokens"), "arms": by_name,
+            "folders": folders, "runs": {}}  # fmt: skip
 
 
 def arm_run(seed: dict[str, Any], name: str):
@@ -269,6 +270,10 @@ def run(outs: list[Path], arms: list[str] | None, vs: list[str] | None = None, c
         if s["test_seed"] in seen:
             raise SystemExit(f"miniature_seeds: test seed {s['test_seed']} twice ({seen[s['test_seed']]}, {s['dir']})")
         seen[s["test_seed"]] = s["dir"]
+    lengths = {s["trace_tokens"] for s in seeds if s["trace_tokens"] is not None}
+    if len(lengths) > 1:  # the seeds are pooled as one experiment: only the test problems may differ
+        raise SystemExit("miniature_seeds: the outputs were run at different trace lengths ("
+                         + ", ".join(f"{s['dir']}: {s['trace_tokens']}" for s in seeds) + "); pool one length at a time")
     adopt_extra_arms(seeds, [*(arms or []), *(side for pair in vs for side in pair.split(":"))])
     present = {a for s in seeds for a in s["arms"]}
     absent = [a for a in arms or [] if a not in present]

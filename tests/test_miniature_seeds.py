@@ -93,6 +93,20 @@ def test_bad_inputs_are_refused_by_name(tmp_path):
         seeds.main([str(a), "--vs", "abridge_uniform"])
 
 
+def test_outputs_at_different_trace_lengths_are_not_pooled(tmp_path):
+    """A seed run with task.trace_tokens=2048 beside seeds at 1024 was pooled into one Δ and interval without a word
+    (the meta records each length); refused naming every output's length before anything is written."""
+    a = _fake_seed(tmp_path, 11, {"full": [1, 0, 1], "abridge": [1, 1, 0]})
+    b = _fake_seed(tmp_path, 12, {"full": [1, 1], "abridge": [0, 1]})
+    for out, length in ((a, 1024), (b, 2048)):
+        results = json.loads((out / "results.json").read_text())
+        (out / "results.json").write_text(json.dumps({**results, "meta": {"test_seed": results["meta"]["test_seed"],
+                                                                         "trace_tokens": length}}))  # fmt: skip
+    with pytest.raises(SystemExit, match=f"different trace lengths \\({a}: 1024, {b}: 2048\\)"):
+        seeds.main([str(a), str(b), "--out", str(tmp_path / "pooled")])
+    assert not (tmp_path / "pooled").exists()
+
+
 def test_a_pair_forest_arm_or_results_file_that_cannot_be_used_is_named(tmp_path):
     """``--vs abridge_uniform:bogus`` and ``--forest bogus`` were dropped without a word (the table lacked the pair, the
     figure was empty), and a torn results.json or ``--committed`` file was a ``JSONDecodeError`` traceback."""
