@@ -65,9 +65,15 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
         recorded = read_json_object(fingerprint, "fingerprint") if fingerprint.is_file() else None
     except ValueError as e:
         raise CompareError(str(e)) from None
-    bench = to_dataclass(BenchmarkConfig, config["benchmark"])
-    n = int(config["generation"]["n_samples"])
-    task = get_task(bench.task)
+    try:  # a training run's or a checkpoint's config.json has none of these
+        bench = to_dataclass(BenchmarkConfig, config["benchmark"])
+        n = int(config["generation"]["n_samples"])
+        task = get_task(bench.task)
+        arm = label or f"{config['model']['name']}/{config['run_name']}"
+    except KeyError as e:
+        raise CompareError(f"{config_file}: not an evaluation run's config (no {e.args[0]!r} field)") from None
+    except (TypeError, ValueError) as e:
+        raise CompareError(f"{config_file}: not an evaluation run's config ({e})") from None
     if task.scoped:  # generated / hub problems (RULER, LongBench): the ids the run recorded
         try:
             ids = read_scope(path)
@@ -84,7 +90,6 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
             f"{path}: incomplete run, {len(scope) - len(missing)} of {len(scope)} samples done "
             f"(first missing {missing[0]}); rerun the same command to finish it"
         )
-    arm = label or f"{config['model']['name']}/{config['run_name']}"
     settings = None
     if recorded is not None:
         settings = comparable_settings(recorded, task.arm_options, task.option_defaults())
