@@ -74,6 +74,22 @@ def test_benchmark_row_without_a_gold_answer_refuses_the_file(tmp_path, bad, mes
         load_source("math500", data)
 
 
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"problem": None, "unique_id": "b", "answer": "2"}, r"line 2: the problem is null"),
+        ({"problem": " \n", "unique_id": "b", "answer": "2"}, r"line 2: the problem is empty"),
+        ({"problem": ["P"], "unique_id": "b", "answer": "2"}, r"line 2: the problem is \[\"P\"\]"),
+    ],
+)
+def test_benchmark_row_without_a_problem_statement_refuses_the_file(tmp_path, bad, message):
+    """A null problem was evaluated as the prompt "None" (a silently meaningless sample)."""
+    good = {"problem": "P", "unique_id": "a", "answer": "1"}
+    data = _math500_dir(tmp_path, [json.dumps(good).encode(), json.dumps(bad).encode()])
+    with pytest.raises(BadRowError, match=r"math500/test\.jsonl " + message):
+        load_source("math500", data)
+
+
 def test_benchmark_file_with_an_unreadable_line_is_refused(tmp_path):
     data = _math500_dir(tmp_path, [b'{"problem": "P", "unique_id": "a", "answer": "1"}', b"null"])
     with pytest.raises(BadRowError, match="line 2: not_an_object"):
