@@ -27,7 +27,7 @@ import numpy as np
 
 from eval.bootstrap import check_bootstrap_settings, index_matrix, paired_bootstrap
 from eval.metrics import per_problem_accuracy, summarize
-from eval.results import FINGERPRINT_FILE, ResultStore, _diff
+from eval.results import FINGERPRINT_FILE, ResultStore, _diff, with_recorded_length
 from zoomr.jsonl import read_json_object
 from zoomr.paths import output_dir
 
@@ -91,7 +91,8 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
             f"(first missing {missing[0]}); rerun the same command to finish it"
         )
     settings = None
-    if recorded is not None:
+    if recorded is not None:  # an older fingerprint without benchmark.length: the config's (the last run's)
+        recorded = with_recorded_length(recorded, bench.length)
         settings = comparable_settings(recorded, task.arm_options, task.option_defaults())
     return Run(path, arm, bench.name, [rows[k] for k in scope], n, settings)
 
