@@ -74,6 +74,15 @@ def _answer_str(value: Any) -> str:
     return text
 
 
+def _question_str(value: Any) -> str:
+    """The problem statement; a missing, null, non-text or empty one is an error (it was rendered as ``"None"``)."""
+    if not isinstance(value, str):
+        raise ValueError(f"the problem is {json.dumps(value)}, not a problem statement")
+    if not value.strip():
+        raise ValueError("the problem is empty")
+    return value
+
+
 _AOPS_AIME = re.compile(r"(\d{4})_AIME_(I{1,2})_Problems/Problem_(\d+)")
 _AOPS_AMC = re.compile(r"(\d{4})_AMC_(12[AB])_Problems/Problem_(\d+)")
 
@@ -85,7 +94,7 @@ def _aime_from_url(row: dict[str, Any]) -> Problem:
     year, part, num = m.group(1), m.group(2), int(m.group(3))
     return Problem(
         id=f"aime_{year}/{part}-{num:02d}",
-        question=row["problem"],
+        question=_question_str(row["problem"]),
         answer=_answer_str(row["answer"]),
         competition=f"aime_{year}",
         meta={"url": row["url"]},
@@ -99,7 +108,7 @@ def _amc_from_url(row: dict[str, Any]) -> Problem:
     year, paper, num = m.group(1), m.group(2), int(m.group(3))
     return Problem(
         id=f"amc12_{year}/{paper}-{num:02d}",
-        question=row.get("problem") or row["question"],
+        question=_question_str(row.get("problem") or row["question"]),
         answer=_answer_str(row["answer"]),
         competition=f"amc12_{year}",
         meta={"url": row["url"]},
@@ -115,7 +124,7 @@ def _matharena(competition: str) -> Callable[[dict[str, Any]], Problem]:
             pid = f"{idx:02d}"
         return Problem(
             id=f"{competition}/{pid}",
-            question=row["problem"],
+            question=_question_str(row["problem"]),
             answer=_answer_str(row["answer"]),
             competition=competition,
         )
@@ -126,7 +135,7 @@ def _matharena(competition: str) -> Callable[[dict[str, Any]], Problem]:
 def _math500(row: dict[str, Any]) -> Problem:
     return Problem(
         id=f"math500/{row['unique_id']}",
-        question=row["problem"],
+        question=_question_str(row["problem"]),
         answer=_answer_str(row["answer"]),
         competition="math500",
         meta={"solution": row.get("solution", ""), "subject": row.get("subject"), "level": row.get("level")},
@@ -147,7 +156,7 @@ def gpqa_problem(row: dict[str, Any], seed: int) -> Problem:
     order = random.Random(int(digest[:16], 16)).sample(range(4), 4)
     return Problem(
         id=f"gpqa_diamond/{record}",
-        question=row["Question"].strip(),
+        question=_question_str(row["Question"]).strip(),
         answer=LETTERS[order.index(0)],
         competition="gpqa_diamond",
         task="gpqa",

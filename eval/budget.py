@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from zoomr.jsonl import read_json_object
+from zoomr.schemas.checks import SettingsError
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,8 @@ def resolve_budget(cfg: Any, config: Any = None) -> str | None:
             f"run full KV first (python -m eval benchmark={benchmark} model={model} with the same generation "
             "settings, no +method) or point method.budget_reference at a full-KV run directory"
         )
-        pooled, ref_config = _reference(ref, f"method.budget_fraction={config.budget_fraction}", fix)
+        what = f"method.budget_fraction={config.budget_fraction}"
+        pooled, ref_config = _reference(ref, what, fix)
         policy = (ref_config.get("method") or {}).get("policy")
         if policy not in FULL_POLICIES:
             raise SystemExit(f"method.budget_reference={ref} is a {policy!r} run, not full KV: {fix}")
@@ -85,11 +87,18 @@ def resolve_budget(cfg: Any, config: Any = None) -> str | None:
     else:
         ref = Path(config.budget_match)
         fix = "finish that run first (rerun its command) or give a finished run directory"
-        pooled, ref_config = _reference(ref, f"method.budget_match={ref}", fix)
+        what = f"method.budget_match={ref}"
+        pooled, ref_config = _reference(ref, what, fix)
         rows = pooled["rows_mean"]
         note = f"the mean resident rows of {ref}"
     _check_same(ref_config, benchmark, model, ref)
-    resolved = match_budget(config, rows)
+    try:
+        resolved = match_budget(config, rows)
+    except ValueError as e:  # e.g. SnapKV's window above the rows a small fraction leaves
+        raise SettingsError(
+            f"{what}: {note} is budget_rows={rows:.0f}, which {config.name} cannot use ({e}); give a larger "
+            "budget or a smaller window"
+        ) from None
     with open_dict(cfg.method):
         cfg.method.budget_rows = resolved.budget_rows
         cfg.method.budget_fraction = cfg.method.budget_reference = cfg.method.budget_match = None

@@ -27,7 +27,7 @@ import numpy as np
 
 from eval.bootstrap import check_bootstrap_settings, index_matrix, paired_bootstrap
 from eval.metrics import per_problem_accuracy, summarize
-from eval.results import FINGERPRINT_FILE, ResultStore, _diff
+from eval.results import FINGERPRINT_FILE, ResultStore, _diff, with_recorded_length
 from zoomr.jsonl import read_json_object
 from zoomr.paths import output_dir
 
@@ -65,13 +65,15 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
         recorded = read_json_object(fingerprint, "fingerprint") if fingerprint.is_file() else None
     except ValueError as e:
         raise CompareError(str(e)) from None
-    try:  # an edited or foreign config: named, not a KeyError / ValueError traceback
+    try:  # a training run's or a checkpoint's config.json, or an edited one: named, not a traceback
         bench = to_dataclass(BenchmarkConfig, config["benchmark"])
         task = get_task(bench.task)
         n = config["generation"]["n_samples"]
-    except (KeyError, TypeError, ValueError) as e:
-        what = f"no {e}" if isinstance(e, KeyError) else str(e)
-        raise CompareError(f"{config_file}: not an evaluation run config ({what})") from None
+        arm = label or f"{config['model']['name']}/{config['run_name']}"
+    except KeyError as e:
+        raise CompareError(f"{config_file}: not an evaluation run's config (no {e.args[0]!r} field)") from None
+    except (TypeError, ValueError) as e:
+        raise CompareError(f"{config_file}: not an evaluation run's config ({e})") from None
     if type(n) is not int or n < 1:
         raise CompareError(f"{config_file}: generation.n_samples={n!r}, not a positive integer")
     if task.scoped:  # generated / hub problems (RULER, LongBench): the ids the run recorded
@@ -89,9 +91,9 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
             f"{path}: incomplete run, {len(scope) - len(missing)} of {len(scope)} samples done "
             f"(first missing {missing[0]}); rerun the same command to finish it"
         )
-    arm = label or f"{config['model']['name']}/{config['run_name']}"
     settings = None
-    if recorded is not None:
+    if recorded is not None:  # an older fingerprint without benchmark.length: the config's (the last run's)
+        recorded = with_recorded_length(recorded, bench.length)
         settings = comparable_settings(recorded, task.arm_options, task.option_defaults())
     return Run(path, arm, bench.name, [rows[k] for k in scope], n, settings)
 

@@ -115,8 +115,8 @@ def check_fingerprint(run_dir: str | Path, fingerprint: dict[str, Any]) -> None:
 
         previous = {**previous, "method": serving_settings(previous["method"])}
     if previous != current:
-        diffs = _diff(previous, current)
-        if not diffs:  # only keys added since (a new setting at its null default): the same settings
+        diffs = _diff(with_recorded_length(previous, current.get("benchmark", {}).get("length")), current)
+        if not diffs:  # only keys added since (a new setting at its null default, the length): the same settings
             write_json(path, current)
             return
         raise SystemExit(
@@ -124,6 +124,15 @@ def check_fingerprint(run_dir: str | Path, fingerprint: dict[str, Any]) -> None:
             + "\n  ".join(diffs[:20])
             + "\nUse another run_name (or delete the directory) to keep both experiments apart."
         )
+
+
+def with_recorded_length(fingerprint: dict[str, Any], length: Any) -> dict[str, Any]:
+    """``fingerprint`` with ``benchmark.length`` set to ``length`` where it was written before the length was part of
+    it (2026-12-06): the length such a run used is not known, and it was not compared then."""
+    bench = fingerprint.get("benchmark")
+    if not isinstance(bench, dict) or "length" in bench:
+        return fingerprint
+    return {**fingerprint, "benchmark": {**bench, "length": length}}
 
 
 def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:

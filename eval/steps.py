@@ -23,6 +23,8 @@ from zoomr.schemas import to_dataclass
 from zoomr.schemas.eval import BenchmarkConfig, GenerationConfig, GradingConfig
 
 # the generation settings that decide a row's content (n_samples / batching only choose which rows exist)
+# the benchmark settings that decide the problems (RULER's length sizes every prompt; the problem ids do not show it)
+BENCHMARK_CONTENT = ("name", "task", "sources", "length", "option_seed", "options")
 CONTENT_GENERATION = ("temperature", "top_p", "top_k", "seed", "max_new_tokens", "system_prompt", "enable_thinking")
 
 
@@ -43,7 +45,7 @@ def fingerprint(model: Any, method: dict[str, Any] | None, bench: dict, gen: dic
     return {
         "model": model,
         "method": serving_settings(method),
-        "benchmark": {k: bench.get(k) for k in ("name", "task", "sources", "option_seed", "options")},
+        "benchmark": {k: bench.get(k) for k in BENCHMARK_CONTENT},
         "generation": {k: gen[k] for k in CONTENT_GENERATION},
         "grading": {k: grading[k] for k in ("strip_reasoning", "math_verify")},
     }

@@ -74,6 +74,22 @@ def test_benchmark_row_without_a_gold_answer_refuses_the_file(tmp_path, bad, mes
         load_source("math500", data)
 
 
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"problem": None, "unique_id": "b", "answer": "2"}, r"line 2: the problem is null"),
+        ({"problem": " \n", "unique_id": "b", "answer": "2"}, r"line 2: the problem is empty"),
+        ({"problem": ["P"], "unique_id": "b", "answer": "2"}, r"line 2: the problem is \[\"P\"\]"),
+    ],
+)
+def test_benchmark_row_without_a_problem_statement_refuses_the_file(tmp_path, bad, message):
+    """A null problem was evaluated as the prompt "None" (a silently meaningless sample)."""
+    good = {"problem": "P", "unique_id": "a", "answer": "1"}
+    data = _math500_dir(tmp_path, [json.dumps(good).encode(), json.dumps(bad).encode()])
+    with pytest.raises(BadRowError, match=r"math500/test\.jsonl " + message):
+        load_source("math500", data)
+
+
 def test_benchmark_file_with_an_unreadable_line_is_refused(tmp_path):
     data = _math500_dir(tmp_path, [b'{"problem": "P", "unique_id": "a", "answer": "1"}', b"null"])
     with pytest.raises(BadRowError, match="line 2: not_an_object"):
@@ -191,3 +207,24 @@ def test_a_malformed_longbench_row_or_arm_result_row_is_named(tmp_path):
         load_arm(arm)
     (arm / "results.jsonl").write_text(json.dumps(row) + "\n")
     assert load_arm(arm).ids == ["testbed-5-0"]
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"run_name": "sft", "model": {"name": "tiny"}, "method": {"name": "sft"}}, "(no 'benchmark' field)"),
+        ({"benchmark": {"name": "x", "task": "bogus"}, "generation": {"n_samples": 1}}, "unknown benchmark.task 'bogus'"),
+        ({"benchmark": {"name": "aime25"}, "generation": None}, "not subscriptable"),
+    ],
+)
+def test_compare_refuses_a_config_that_is_not_an_eval_runs(tmp_path, capsys, config, message):
+    """A training run's or a checkpoint's directory given to eval.compare was a KeyError traceback."""
+    from tests.test_eval_runner import _fake_run
+
+    _fake_run(tmp_path / "a", "full", 0.5)
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "config.json").write_text(json.dumps(config))
+    assert compare_main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "cmp")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'b' / 'config.json'}: not an evaluation run's config" in err and message in err
+    assert "Traceback" not in err and not (tmp_path / "cmp").exists()

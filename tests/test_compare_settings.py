@@ -111,3 +111,19 @@ def test_an_index_matrix_larger_than_free_memory_is_refused_by_its_size(monkeypa
     assert bootstrap.index_matrix(100, 2000).shape == (2000, 100)
     monkeypatch.setattr(bootstrap, "free_memory_bytes", lambda: None)  # a system that does not say: no check
     assert bootstrap.index_matrix(3, 10).shape == (10, 3)
+
+
+def test_an_older_fingerprint_without_the_length_takes_its_configs(tmp_path):
+    """benchmark.length entered the fingerprint on 2026-12-06: an older run is compared at its config.json's length,
+    so it stays comparable with a newer run at the same length (and not with one at another)."""
+    a = _fingerprint(_fake_run(tmp_path / "a", "full", 0.6, seed=1), None, 48)  # no length in its fingerprint
+    config = json.loads((a / "config.json").read_text())
+    config["benchmark"]["length"] = 256
+    (a / "config.json").write_text(json.dumps(config))
+    b = _fingerprint(_fake_run(tmp_path / "b", "h2o", 0.4, seed=2), "h2o", 48)
+    fp = json.loads((b / "fingerprint.json").read_text())
+    for length, differences in ((256, []), (512, ["tiny/h2o vs tiny/full (aime25): benchmark.length: was 256, now 512"])):
+        fp["benchmark"]["length"] = length
+        (b / "fingerprint.json").write_text(json.dumps(fp))
+        result = compare([load_run(a), load_run(b)], allow_different_settings=True)
+        assert result["setting_differences"] == differences

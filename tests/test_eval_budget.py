@@ -96,6 +96,18 @@ def test_relative_budget_errors_say_what_to_do(tmp_path):
         resolve_budget(_cfg(tmp_path / "h2o", "+method=h2o", f"method.budget_match={tmp_path / 'snap'}"))
 
 
+def test_relative_budget_the_policy_cannot_use_is_a_settings_error(tmp_path):
+    """A fraction that leaves fewer rows than SnapKV's window was a ValueError traceback from match_budget."""
+    from zoomr.schemas.checks import SettingsError
+
+    _finished(tmp_path / "full", None, rows_mean=120.0, rows_peak_mean=180.0)
+    cfg = _cfg(tmp_path / "snapkv", "+method=snapkv", "method.budget_fraction=0.1")
+    with pytest.raises(SettingsError, match=r"method.budget_fraction=0.1: .* is budget_rows=18, which snapkv cannot "
+                                            r"use \(SnapKVConfig: need budget_rows >= window, got 18 < 32\)"):
+        resolve_budget(cfg)
+    assert cfg.method.budget_rows == 1024 and not (tmp_path / "snapkv").exists()
+
+
 def test_tiny_run_says_it_never_evicted_then_a_fraction_does(tmp_path, cache_dir, capsys):
     """The README's baseline line at the tiny defaults: identical to full KV, and now it says so."""
     full = run(_cfg(tmp_path / "full", f"cache_dir={cache_dir}"))

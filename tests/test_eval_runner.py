@@ -91,6 +91,32 @@ def test_settings_guard(tmp_path):
         check_fingerprint(tmp_path, {"generation": {"temperature": 0.0}})
 
 
+def test_settings_guard_compares_the_benchmark_length(tmp_path):
+    """RULER's benchmark.length sizes every prompt but its problem ids do not show it: a rerun at another length into
+    the same directory (benchmark.name given, or an arm's own run_dir) resumed the other length's rows as its own."""
+    from hydra import compose, initialize_config_dir
+
+    from eval.__main__ import fingerprint
+    from zoomr.entry import CONF_DIR
+    from zoomr.schemas import register_with_hydra
+
+    register_with_hydra()
+
+    def fp(length: int) -> dict:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            return fingerprint(compose("eval", overrides=["benchmark=ruler", "benchmark.name=ruler",
+                                                          f"benchmark.length={length}"]))  # fmt: skip
+
+    check_fingerprint(tmp_path, fp(256))
+    with pytest.raises(SystemExit, match="benchmark.length: was 256, now 512"):
+        check_fingerprint(tmp_path, fp(512))
+    # a fingerprint written before the length was in it: resumed as before, and the length recorded from now on
+    old = {**fp(256), "benchmark": {k: v for k, v in fp(256)["benchmark"].items() if k != "length"}}
+    (tmp_path / "fingerprint.json").write_text(json.dumps(old))
+    check_fingerprint(tmp_path, fp(512))
+    assert json.loads((tmp_path / "fingerprint.json").read_text())["benchmark"]["length"] == 512
+
+
 def test_settings_guard_accepts_a_setting_added_at_its_null_default(tmp_path):
     """A run made before a new method field existed resumes when the field is at its default (None);
     the same field set to a value is a real difference and is refused."""

@@ -245,8 +245,8 @@ def test_a_torn_results_row_is_reported_and_the_file_left_as_it_was(tmp_path):
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (lambda c: c["benchmark"].update(task="bogus"), "not an evaluation run config \\(unknown benchmark.task 'bogus'"),
-        (lambda c: c.pop("generation"), "not an evaluation run config \\(no 'generation'\\)"),
+        (lambda c: c["benchmark"].update(task="bogus"), "not an evaluation run's config \\(unknown benchmark.task 'bogus'"),
+        (lambda c: c.pop("generation"), "not an evaluation run's config \\(no 'generation' field\\)"),
         (lambda c: c["generation"].update(n_samples="2"), "generation.n_samples='2', not a positive integer"),
         (lambda c: c["generation"].update(n_samples=0), "generation.n_samples=0, not a positive integer"),
         (lambda c: c.update(model="mini-base"), "needs a 'model' object with a 'name'"),
