@@ -331,3 +331,27 @@ def test_a_schedule_for_another_depth_is_refused_by_name_before_any_run_state(tm
     schedule.write_text(json.dumps({"quotas": [64, 64]}))
     stderr = train_refused(["+method=abridge", f"method.schedule={schedule}"], tmp_path / "run")
     assert f"invalid settings: method.schedule={schedule} / method.quota=None: quota schedule has 2 entries" in stderr
+
+
+NO_CUDA = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="these settings train on a CUDA machine")
+NO_DEEPSPEED = pytest.mark.skipif(
+    __import__("importlib.util").util.find_spec("deepspeed") is not None, reason="deepspeed is installed"
+)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        pytest.param(["+method=abridge", "method.bf16=true"], "invalid settings: the trainer refuses these settings: "
+                     "Your setup doesn't support bf16", marks=NO_CUDA),
+        pytest.param(["+method=abridge", "method.mask_backend=flex"], "invalid settings: method.mask_backend=flex "
+                     "trains on CUDA only", marks=NO_CUDA),
+        pytest.param(["+method=lightthinker", "data.max_samples=8", "deepspeed=zero2"],
+                     "deepspeed=zero2|zero3: pip install -e '.[deepspeed]'", marks=NO_DEEPSPEED),
+    ],
+)  # fmt: skip
+def test_loop_settings_the_trainer_refuses_are_named_before_any_run_state(overrides, message, tmp_path):
+    """The masked trainers built their ``TrainingArguments`` after ``settings.json``, ``config.json`` and
+    ``abridge.json``: bf16 on a CPU and a missing deepspeed were tracebacks there, and the flex mask a
+    ``NotImplementedError`` traceback at the first step, after ``checkpoints/``."""
+    assert message in train_refused(overrides, tmp_path / "run")
