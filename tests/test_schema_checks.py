@@ -355,3 +355,21 @@ def test_loop_settings_the_trainer_refuses_are_named_before_any_run_state(overri
     ``abridge.json``: bf16 on a CPU and a missing deepspeed were tracebacks there, and the flex mask a
     ``NotImplementedError`` traceback at the first step, after ``checkpoints/``."""
     assert message in train_refused(overrides, tmp_path / "run")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["method.max_length=8"], "invalid settings: method.max_length=8: every one of the 6 rows' prompts"),
+        (["method.lr_scheduler=bogus"], "the trainer refuses these settings: bogus is not a valid SchedulerType"),
+        (["method.lora.target_modules=[q_proj,qproj]"], "method.lora.target_modules: ['qproj'] name no module"),
+        (["data.eval_fraction=0.99"], "invalid settings: data.eval_fraction=0.99 holds out all 6 rows"),
+        pytest.param(["method.bf16=true"], "Your setup doesn't support bf16", marks=NO_CUDA),
+    ],
+)  # fmt: skip
+def test_sft_settings_the_trainer_refuses_are_named_before_any_run_state(overrides, message, tmp_path):
+    """``+method=sft`` wrote ``config.json`` and ``settings.json`` (and ``checkpoints/``) before it loaded the model
+    and the data or built TRL's arguments: each of these was a traceback after them (``max_length`` below every
+    prompt: ``num_samples=0`` in the sampler; a misspelt LoRA target beside a good one was skipped silently)."""
+    assert message in train_refused(["+method=sft", "data.max_samples=6", *overrides], tmp_path / "run")
+
