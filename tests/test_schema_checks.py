@@ -373,3 +373,29 @@ def test_sft_settings_the_trainer_refuses_are_named_before_any_run_state(overrid
     prompt: ``num_samples=0`` in the sampler; a misspelt LoRA target beside a good one was skipped silently)."""
     assert message in train_refused(["+method=sft", "data.max_samples=6", *overrides], tmp_path / "run")
 
+
+GOOD_MANIFEST = {
+    "format": "zoomr-kvzap-pairs/1", "model": {"name": "tiny-qwen2", "layers": 4, "hidden": 256, "kv_heads": 2},
+    "n_pairs": {"train": 10, "val": 5},
+    "shards": [{"file": "shard-train-00000.safetensors", "split": "train"},
+               {"file": "shard-val-00000.safetensors", "split": "val"}],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ({"format": "other"}, "format 'other', expected 'zoomr-kvzap-pairs/1'"),  # a ValueError traceback
+        ({"model": None}, "'model' must name the model and its integer layers"),  # KeyError: 'model'
+        ({"n_pairs": {"train": 10}}, "'n_pairs' must count the train and val pairs"),  # KeyError after the fit
+        ({"shards": GOOD_MANIFEST["shards"][:1]}, "no 'val' shard listed"),  # ValueError after settings.json
+    ],
+)
+def test_a_pairs_manifest_the_fit_cannot_read_is_named_before_any_run_state(edit, message, tmp_path):
+    """An edited or foreign KVzap pairs manifest was a KeyError / ValueError traceback (a split without shards
+    only after the fit's ``config.json`` and ``settings.json``); now a BadRowError naming the file."""
+    (tmp_path / "pairs").mkdir()
+    (tmp_path / "pairs" / "manifest.json").write_text(json.dumps(GOOD_MANIFEST | edit))
+    stderr = train_refused(["+method=kvzap", f"method.pairs_dir={tmp_path / 'pairs'}"], tmp_path / "run")
+    assert f"{tmp_path / 'pairs' / 'manifest.json'}: " in stderr and message in stderr
+
