@@ -399,3 +399,9 @@ def test_a_pairs_manifest_the_fit_cannot_read_is_named_before_any_run_state(edit
     stderr = train_refused(["+method=kvzap", f"method.pairs_dir={tmp_path / 'pairs'}"], tmp_path / "run")
     assert f"{tmp_path / 'pairs' / 'manifest.json'}: " in stderr and message in stderr
 
+
+def test_lightthinker_data_where_no_thought_ends_is_refused_before_any_run_state(tmp_path):
+    """A ``method.max_response_tokens`` that cuts every response before its first thought ends trained plain
+    full-KV attention (0 thoughts, no cache token) and finished with exit 0, as AbridgeKV's too-large block did."""
+    stderr = train_refused(["+method=lightthinker", "data.max_samples=6", "method.max_response_tokens=5"], tmp_path / "run")
+    assert "no thought ends within method.max_response_tokens=5" in stderr

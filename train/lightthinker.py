@@ -145,6 +145,13 @@ def run(cfg) -> dict[str, Any]:
     added = add_lightthinker_tokens(model, tokenizer, n)
     tt = ThoughtTokens.from_tokenizer(tokenizer, n)
     streams = load_streams(to_plain(cfg.data), tokenizer, tt, m)  # data that cannot train is refused before any state
+    stats = ThoughtStats.of(streams.streams)
+    if stats.thoughts == 0:  # no thought ends inside a response: the run would train plain full-KV attention
+        raise SettingsError(
+            f"{streams.describe()}: no thought ends within method.max_response_tokens={m.max_response_tokens} "
+            f"(method.min_thought_chars={m.min_thought_chars}), so no cache token would ever be trained and the "
+            "model would learn full KV; raise method.max_response_tokens or lower method.min_thought_chars"
+        )
     deepspeed = to_plain(cfg.deepspeed.config) if cfg.deepspeed.config else None
     check_loop(m, device, Path(cfg.run_dir) / "checkpoints", cfg.seed, deepspeed)
     # the guard compares the resolved n too (null resolves by architecture)
@@ -156,7 +163,6 @@ def run(cfg) -> dict[str, Any]:
     run_dir, logger = start_run(cfg, job_type="train")
     save_config(run_dir, n, min_thought_chars=m.min_thought_chars)
     heldout, train_set = streams.streams[: m.heldout_examples], streams.streams[m.heldout_examples :]
-    stats = ThoughtStats.of(streams.streams)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     log.info("LightThinker n=%d; %s; %s", n, streams.describe(), stats.describe())
 
