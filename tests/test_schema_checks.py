@@ -54,6 +54,7 @@ BAD = [
     (TestbedTrainMethod, "max_steps", 0, "max_steps=0 trains nothing"),
     (TestbedTrainMethod, "tokens_per_step", 0, "method.tokens_per_step=0"),
     (TestbedTrainMethod, "betas", [0.9, 1.2], "method.betas=[0.9, 1.2] (must be each in [0, 1))"),
+    (TestbedTrainMethod, "linear_init", "Torch", "method.linear_init must be torch|hub, got 'Torch'"),  # trained as hub
     (TestbedTrainMethod, "betas", [0.9], "AdamW takes two betas"),
     (TestbedTrainMethod, "min_lr_ratio", -0.5, "min_lr_ratio=-0.5"),
     (TestbedTrainMethod, "log_every", 0, "log_every=0"),
