@@ -390,8 +390,7 @@ def run(cfg) -> dict[str, Any]:
     if cfg.get("data") is None:
         raise SystemExit("summarize needs trace data: add data=traces (or +data=...; e.g. bespoke_stratos)")
     data = to_plain(cfg.data)
-    run_dir, logger = start_run(cfg, job_type="data_prep")
-    rows, load = load_trace_rows(
+    rows, load = load_trace_rows(  # an unusable input is refused before the run directory is written
         source=data["source"],
         path=data.get("path"),
         hub_id=data.get("hub_id"),
@@ -400,6 +399,7 @@ def run(cfg) -> dict[str, Any]:
         max_samples=pipe.max_rows if pipe.max_rows is not None else data.get("max_samples"),
     )
     tokenizer = load_tokenizer(model_spec(cfg), cfg.cache_dir) if pipe.count_tokens else None
+    run_dir, logger = start_run(cfg, job_type="data_prep")
     out_dir = Path(pipe.out_dir).expanduser().absolute()  # relative: the working directory, never the repo
     try:
         stats = summarize_traces(

@@ -9,10 +9,11 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from zoomr import tokens
-from zoomr.jsonl import JsonlReader
+from zoomr.jsonl import BadRowError, JsonlReader
 from zoomr.paths import MissingInput, resolve_repo_path
 
 log = logging.getLogger(__name__)
@@ -101,15 +102,8 @@ def iter_raw_rows(source: str, path: str | None, hub_id: str | None, split: str)
         p = resolve_repo_path(path)
         if not p.exists():
             raise MissingInput(f"trace file not found: {path} (looked at {p})")
-        if p.suffix == ".parquet":
-            import datasets
-
-            yield from datasets.Dataset.from_parquet(str(p))
-            return
-        if p.is_dir():  # an HF dataset written with save_to_disk (e.g. data_prep.summarize's output)
-            import datasets
-
-            yield from datasets.load_from_disk(str(p))
+        if p.suffix == ".parquet" or p.is_dir():
+            yield from local_dataset(p, path)
             return
         reader = JsonlReader(p, on_bad="skip")  # not UTF-8 / not JSON / not an object: counted, logged
         seen = 0
@@ -132,6 +126,25 @@ def iter_raw_rows(source: str, path: str | None, hub_id: str | None, split: str)
         yield from rows
     else:
         raise ValueError(f"data.source must be local or hub, got {source!r}")
+
+
+def local_dataset(p: Path, given: str):
+    """The rows of a parquet file or of a directory written with ``save_to_disk`` (e.g. data_prep.summarize's
+    ``dataset/``); one that is neither is a :class:`BadRowError` naming it (were pyarrow's ``ArrowInvalid`` and
+    datasets' ``FileNotFoundError`` tracebacks)."""
+    import datasets
+    import pyarrow
+
+    try:
+        if p.is_dir():
+            return datasets.load_from_disk(str(p))
+        return datasets.Dataset.from_parquet(str(p))
+    except (FileNotFoundError, pyarrow.ArrowException) as e:
+        kind = "a directory written with datasets' save_to_disk" if p.is_dir() else "a parquet file"
+        raise BadRowError(
+            f"data.path={given}: not {kind} ({e.__class__.__name__}: {str(e)[:200]}); give a JSONL file, a parquet "
+            "file or such a directory"
+        ) from None
 
 
 def load_trace_rows(

@@ -54,6 +54,7 @@ BAD = [
     (TestbedTrainMethod, "max_steps", 0, "max_steps=0 trains nothing"),
     (TestbedTrainMethod, "tokens_per_step", 0, "method.tokens_per_step=0"),
     (TestbedTrainMethod, "betas", [0.9, 1.2], "method.betas=[0.9, 1.2] (must be each in [0, 1))"),
+    (TestbedTrainMethod, "linear_init", "Torch", "method.linear_init must be torch|hub, got 'Torch'"),  # trained as hub
     (TestbedTrainMethod, "betas", [0.9], "AdamW takes two betas"),
     (TestbedTrainMethod, "min_lr_ratio", -0.5, "min_lr_ratio=-0.5"),
     (TestbedTrainMethod, "log_every", 0, "log_every=0"),
@@ -331,3 +332,77 @@ def test_a_schedule_for_another_depth_is_refused_by_name_before_any_run_state(tm
     schedule.write_text(json.dumps({"quotas": [64, 64]}))
     stderr = train_refused(["+method=abridge", f"method.schedule={schedule}"], tmp_path / "run")
     assert f"invalid settings: method.schedule={schedule} / method.quota=None: quota schedule has 2 entries" in stderr
+
+
+NO_CUDA = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="these settings train on a CUDA machine")
+NO_DEEPSPEED = pytest.mark.skipif(
+    __import__("importlib.util").util.find_spec("deepspeed") is not None, reason="deepspeed is installed"
+)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        pytest.param(["+method=abridge", "method.bf16=true"], "invalid settings: the trainer refuses these settings: "
+                     "Your setup doesn't support bf16", marks=NO_CUDA),
+        pytest.param(["+method=abridge", "method.mask_backend=flex"], "invalid settings: method.mask_backend=flex "
+                     "trains on CUDA only", marks=NO_CUDA),
+        pytest.param(["+method=lightthinker", "data.max_samples=8", "deepspeed=zero2"],
+                     "deepspeed=zero2|zero3: pip install -e '.[deepspeed]'", marks=NO_DEEPSPEED),
+    ],
+)  # fmt: skip
+def test_loop_settings_the_trainer_refuses_are_named_before_any_run_state(overrides, message, tmp_path):
+    """The masked trainers built their ``TrainingArguments`` after ``settings.json``, ``config.json`` and
+    ``abridge.json``: bf16 on a CPU and a missing deepspeed were tracebacks there, and the flex mask a
+    ``NotImplementedError`` traceback at the first step, after ``checkpoints/``."""
+    assert message in train_refused(overrides, tmp_path / "run")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["method.max_length=8"], "invalid settings: method.max_length=8: every one of the 6 rows' prompts"),
+        (["method.lr_scheduler=bogus"], "the trainer refuses these settings: bogus is not a valid SchedulerType"),
+        (["method.lora.target_modules=[q_proj,qproj]"], "method.lora.target_modules: ['qproj'] name no module"),
+        (["data.eval_fraction=0.99"], "invalid settings: data.eval_fraction=0.99 holds out all 6 rows"),
+        pytest.param(["method.bf16=true"], "Your setup doesn't support bf16", marks=NO_CUDA),
+    ],
+)  # fmt: skip
+def test_sft_settings_the_trainer_refuses_are_named_before_any_run_state(overrides, message, tmp_path):
+    """``+method=sft`` wrote ``config.json`` and ``settings.json`` (and ``checkpoints/``) before it loaded the model
+    and the data or built TRL's arguments: each of these was a traceback after them (``max_length`` below every
+    prompt: ``num_samples=0`` in the sampler; a misspelt LoRA target beside a good one was skipped silently)."""
+    assert message in train_refused(["+method=sft", "data.max_samples=6", *overrides], tmp_path / "run")
+
+
+GOOD_MANIFEST = {
+    "format": "zoomr-kvzap-pairs/1", "model": {"name": "tiny-qwen2", "layers": 4, "hidden": 256, "kv_heads": 2},
+    "n_pairs": {"train": 10, "val": 5},
+    "shards": [{"file": "shard-train-00000.safetensors", "split": "train"},
+               {"file": "shard-val-00000.safetensors", "split": "val"}],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ({"format": "other"}, "format 'other', expected 'zoomr-kvzap-pairs/1'"),  # a ValueError traceback
+        ({"model": None}, "'model' must name the model and its integer layers"),  # KeyError: 'model'
+        ({"n_pairs": {"train": 10}}, "'n_pairs' must count the train and val pairs"),  # KeyError after the fit
+        ({"shards": GOOD_MANIFEST["shards"][:1]}, "no 'val' shard listed"),  # ValueError after settings.json
+    ],
+)
+def test_a_pairs_manifest_the_fit_cannot_read_is_named_before_any_run_state(edit, message, tmp_path):
+    """An edited or foreign KVzap pairs manifest was a KeyError / ValueError traceback (a split without shards
+    only after the fit's ``config.json`` and ``settings.json``); now a BadRowError naming the file."""
+    (tmp_path / "pairs").mkdir()
+    (tmp_path / "pairs" / "manifest.json").write_text(json.dumps(GOOD_MANIFEST | edit))
+    stderr = train_refused(["+method=kvzap", f"method.pairs_dir={tmp_path / 'pairs'}"], tmp_path / "run")
+    assert f"{tmp_path / 'pairs' / 'manifest.json'}: " in stderr and message in stderr
+
+
+def test_lightthinker_data_where_no_thought_ends_is_refused_before_any_run_state(tmp_path):
+    """A ``method.max_response_tokens`` that cuts every response before its first thought ends trained plain
+    full-KV attention (0 thoughts, no cache token) and finished with exit 0, as AbridgeKV's too-large block did."""
+    stderr = train_refused(["+method=lightthinker", "data.max_samples=6", "method.max_response_tokens=5"], tmp_path / "run")
+    assert "no thought ends within method.max_response_tokens=5" in stderr

@@ -74,3 +74,19 @@ def test_entry_point_exits_non_zero_on_a_dead_endpoint_and_writes_relative_out_d
     assert "Traceback" not in proc.stderr
     assert json.loads((tmp_path / "rel_out" / "stats.json").read_text())["summaries_new"] == 0
     assert not (REPO_ROOT / "rel_out").exists()
+
+
+def test_an_input_without_usable_rows_is_refused_before_the_run_directory(tmp_path):
+    """An empty (or wholly malformed) trace file was refused only after ``config.json`` was written to the run
+    directory, so the refused run left a directory behind; now nothing is written and nothing is asked."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    proc = subprocess.run(
+        [sys.executable, "-m", "data_prep", "+pipeline=summarize", f"data.path={empty}",
+         f"pipeline.endpoint.base_url=http://127.0.0.1:{free_port()}/v1", f"pipeline.out_dir={tmp_path / 'out'}",
+         f"hydra.run.dir={tmp_path / 'run'}", "logger=none"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-1500:]
+    assert f"{empty}: no usable trace rows" in proc.stderr
+    assert not (tmp_path / "run").exists() and not (tmp_path / "out").exists()

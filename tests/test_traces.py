@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from data_prep.traces import load_trace_rows, sft_dataset
+from zoomr.jsonl import BadRowError
 from zoomr.paths import MissingInput
 
 
@@ -55,3 +57,19 @@ def test_sft_dataset_is_chat_messages():
                       "max_samples": 3})
     assert len(ds) == 3
     assert [m["role"] for m in ds[0]["messages"]] == ["user", "assistant"]
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("rows.parquet", "not a parquet file (ArrowInvalid"),
+    ("a_directory", "not a directory written with datasets' save_to_disk (FileNotFoundError"),
+])  # fmt: skip
+def test_a_local_path_that_is_no_dataset_is_named(name, message, tmp_path):
+    """A torn parquet file or a directory without a saved dataset was pyarrow's / datasets' traceback in every
+    trainer and the summarise pipeline; now a BadRowError (printed alone) naming data.path."""
+    path = tmp_path / name
+    if name.endswith(".parquet"):
+        path.write_text("not parquet")
+    else:
+        path.mkdir()
+    with pytest.raises(BadRowError, match=re.escape(f"data.path={path}: {message}")):
+        load_trace_rows(source="local", path=str(path))

@@ -23,6 +23,7 @@ from zoomr.abridge.layout import AbridgeLayout, add_pause_tokens
 from zoomr.abridge.quotas import resolve_quotas
 from zoomr.abridge.trainer import (
     AbridgeTrainer,
+    check_loop,
     load_start_model,
     load_streams,
     masked_trainer,
@@ -61,6 +62,8 @@ def run(cfg) -> dict[str, Any]:
             f"method.block_size={layout.block_size} exceeds method.max_response_tokens={m.max_response_tokens}: no "
             "response completes a block, so no pause token is ever inserted and the model would train as full KV"
         )
+    deepspeed = to_plain(cfg.deepspeed.config) if cfg.deepspeed.config else None
+    check_loop(m, device, Path(cfg.run_dir) / "checkpoints", cfg.seed, deepspeed)
     # the guard compares the resolved quotas too (a schedule file may change under the same name)
     plan = prepare_run(cfg.run_dir, to_plain(cfg), cfg.resume, derived={"quotas": quotas}, title="AbridgeKV training")
     if plan.finished:
@@ -76,7 +79,7 @@ def run(cfg) -> dict[str, Any]:
     ckpt_dir = run_dir / "checkpoints"
     trainer = masked_trainer(
         AbridgeTrainer, m, model, tokenizer, (train_set, heldout), ckpt_dir, cfg.seed,
-        ["wandb"] if logger.enabled else [], to_plain(cfg.deepspeed.config) if cfg.deepspeed.config else None,
+        ["wandb"] if logger.enabled else [], deepspeed,
         quotas=quotas,
     )
     elapsed = train_or_restore(trainer, plan, m.max_steps)

@@ -14,6 +14,7 @@ summary table.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,7 +23,7 @@ from zoomr import tokens
 from zoomr.abridge.attention import use_abridge_attention
 from zoomr.abridge.data import LazyStreams, StreamSet, lazy_streams
 from zoomr.abridge.forward import heldout_full_kv_ce, heldout_masked_ce
-from zoomr.abridge.trainer import AbridgeTrainer, load_start_model, masked_trainer, save_final
+from zoomr.abridge.trainer import AbridgeTrainer, check_loop, load_start_model, masked_trainer, save_final
 from zoomr.cache.lightthinker import LightThinkerMethod
 from zoomr.entry import model_spec, pick_device, start_run, to_plain
 from zoomr.lightthinker.data import ThoughtStats, build_streams
@@ -144,6 +145,15 @@ def run(cfg) -> dict[str, Any]:
     added = add_lightthinker_tokens(model, tokenizer, n)
     tt = ThoughtTokens.from_tokenizer(tokenizer, n)
     streams = load_streams(to_plain(cfg.data), tokenizer, tt, m)  # data that cannot train is refused before any state
+    stats = ThoughtStats.of(streams.streams)
+    if stats.thoughts == 0:  # no thought ends inside a response: the run would train plain full-KV attention
+        raise SettingsError(
+            f"{streams.describe()}: no thought ends within method.max_response_tokens={m.max_response_tokens} "
+            f"(method.min_thought_chars={m.min_thought_chars}), so no cache token would ever be trained and the "
+            "model would learn full KV; raise method.max_response_tokens or lower method.min_thought_chars"
+        )
+    deepspeed = to_plain(cfg.deepspeed.config) if cfg.deepspeed.config else None
+    check_loop(m, device, Path(cfg.run_dir) / "checkpoints", cfg.seed, deepspeed)
     # the guard compares the resolved n too (null resolves by architecture)
     plan = prepare_run(
         cfg.run_dir, to_plain(cfg), cfg.resume, derived={"num_cache_tokens": n}, title="LightThinker training"
@@ -153,7 +163,6 @@ def run(cfg) -> dict[str, Any]:
     run_dir, logger = start_run(cfg, job_type="train")
     save_config(run_dir, n, min_thought_chars=m.min_thought_chars)
     heldout, train_set = streams.streams[: m.heldout_examples], streams.streams[m.heldout_examples :]
-    stats = ThoughtStats.of(streams.streams)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     log.info("LightThinker n=%d; %s; %s", n, streams.describe(), stats.describe())
 
@@ -161,7 +170,7 @@ def run(cfg) -> dict[str, Any]:
     use_abridge_attention(model)
     trainer = masked_trainer(
         LightThinkerTrainer, m, model, tokenizer, (train_set, heldout), run_dir / "checkpoints", cfg.seed,
-        ["wandb"] if logger.enabled else [], to_plain(cfg.deepspeed.config) if cfg.deepspeed.config else None,
+        ["wandb"] if logger.enabled else [], deepspeed,
         num_layers=model.config.num_hidden_layers,
     )
     elapsed = train_or_restore(trainer, plan, m.max_steps)

@@ -16,10 +16,12 @@ from zoomr.entry import model_spec, start_run, to_plain
 from zoomr.models import load_model, load_tokenizer
 from zoomr.rundir import finish_run, prepare_run
 from zoomr.schemas import to_dataclass
+from zoomr.schemas.checks import SettingsError
 from zoomr.schemas.sft import SFTMethod
 from zoomr.training import (
     LogAtSave,
     check_data_source,
+    checked_arguments,
     load_sft_dataset,
     train_or_restore,
     trainer_arguments,
@@ -70,6 +72,31 @@ def held_out_split(dataset: Any, fraction: float, seed: int) -> tuple[Any, Any |
     return split["train"], split["test"]
 
 
+def check_lora_targets(model: Any, targets: list[str]) -> None:
+    """Refuse ``method.lora.target_modules`` naming a module the model lacks (PEFT raised a traceback when none
+    matched, after the run state, and skipped a misspelt one silently when another matched)."""
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = [t for t in targets if t not in names]
+    if missing:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if type(m).__name__ == "Linear"})
+        raise SettingsError(
+            f"method.lora.target_modules: {missing} name no module of the model; its linear layers: {linear}"
+        )
+
+
+def check_max_length(dataset: Any, tokenizer: Any, max_length: int) -> None:
+    """Refuse a ``method.max_length`` no row's prompt fits under: TRL truncates every row to it and drops the rows
+    left without an assistant token, so the run died in the sampler (``num_samples=0``) after its run state."""
+    for row in dataset:
+        prompt = tokenizer.apply_chat_template(row["messages"][:-1], tokenize=False, add_generation_prompt=True)
+        if len(tokenizer(prompt, add_special_tokens=False)["input_ids"]) < max_length:
+            return
+    raise SettingsError(
+        f"method.max_length={max_length}: every one of the {len(dataset)} rows' prompts is at least that long, so "
+        "truncation leaves no response token to learn from; raise method.max_length"
+    )
+
+
 def train_sft(cfg: Any, schema: type = SFTMethod, prepare: Callable | None = None) -> dict[str, Any]:
     """Train one SFT run from the entry point's composed config; recipes built on it pass their method ``schema`` (a subclass of SFTMethod) and
     ``prepare(model, tokenizer, method, peft_config) -> (model, peft_config, extra_summary)``,
@@ -79,23 +106,33 @@ def train_sft(cfg: Any, schema: type = SFTMethod, prepare: Callable | None = Non
     method: SFTMethod = to_dataclass(schema, cfg.method)
     spec = model_spec(cfg)
     check_data_source(to_plain(cfg.data))
-    plan = prepare_run(cfg.run_dir, to_plain(cfg), cfg.resume, title="SFT")
-    if plan.finished:
-        return plan.finished
-    run_dir, logger = start_run(cfg, job_type="train")
+    # everything the user's settings can break is built before prepare_run writes settings.json: the model, the
+    # LoRA targets, the data and the trainer's arguments (they came as tracebacks after the run state)
     tokenizer = load_tokenizer(spec, cfg.cache_dir)
     model = load_model(spec, cfg.cache_dir)
     peft_config = lora_config(method) if method.use_lora else None
+    if peft_config is not None:
+        check_lora_targets(model, method.lora.target_modules)
     extra: dict[str, Any] = {}
     if prepare is not None:
         model, peft_config, extra = prepare(model, tokenizer, method, peft_config)
     data = to_plain(cfg.data)
-    dataset, held_out = held_out_split(load_sft_dataset(data, tokenizer), float(data.get("eval_fraction") or 0), cfg.seed)
-    ckpt_dir = run_dir / "checkpoints"
+    rows = load_sft_dataset(data, tokenizer)
+    try:
+        dataset, held_out = held_out_split(rows, float(data.get("eval_fraction") or 0), cfg.seed)
+    except ValueError as e:  # every row held out
+        raise SettingsError(str(e)) from None
+    check_max_length(dataset, tokenizer, method.max_length)
+    ckpt_dir = Path(cfg.run_dir) / "checkpoints"
+    deepspeed = to_plain(cfg.deepspeed.config) if cfg.deepspeed.config else None
+    checked_arguments(lambda: sft_args(method, ckpt_dir, cfg.seed, [], deepspeed, evaluate=held_out is not None))
+    plan = prepare_run(cfg.run_dir, to_plain(cfg), cfg.resume, title="SFT")
+    if plan.finished:
+        return plan.finished
+    run_dir, logger = start_run(cfg, job_type="train")
     args = sft_args(
-        method, ckpt_dir, cfg.seed, ["wandb"] if logger.enabled else [],
-        to_plain(cfg.deepspeed.config) if cfg.deepspeed.config else None, evaluate=held_out is not None,
-    )  # fmt: skip
+        method, ckpt_dir, cfg.seed, ["wandb"] if logger.enabled else [], deepspeed, evaluate=held_out is not None
+    )
     trainer = SFTTrainer(
         model=model,
         args=args,

@@ -7,7 +7,9 @@
 - :func:`train_or_restore`: trains from the plan's checkpoint, or restores it when it already holds the last
   step (the HF loop would otherwise run past ``max_steps``);
 - :func:`load_sft_dataset`: the data config's loader (``data.loader`` names a module with ``sft_dataset``);
-  :func:`check_data_source`, its local file checked before a trainer writes any run state.
+  :func:`check_data_source`, its local file checked before a trainer writes any run state;
+- :func:`checked_arguments`: the ``TrainingArguments`` built before any run state, what transformers refuses there
+  named as the user's setting.
 """
 
 from __future__ import annotations
@@ -15,13 +17,17 @@ from __future__ import annotations
 import importlib
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from transformers import TrainerCallback
 
 from zoomr.paths import MissingInput, resolve_repo_path
 from zoomr.rundir import RunPlan
+from zoomr.schemas.checks import SettingsError
+
+T = TypeVar("T")
 
 
 def trainer_arguments(
@@ -53,6 +59,21 @@ def trainer_arguments(
         "disable_tqdm": False,
         "save_only_model": False,  # a resume needs the optimizer, scheduler and RNG state
     }
+
+
+def checked_arguments(build: Callable[[], T]) -> T:
+    """``build()`` (a ``TrainingArguments`` or TRL ``SFTConfig``), called by a trainer before any run state: what
+    transformers refuses only there is the user's setting, named without a traceback. ``method.bf16=true`` on a
+    machine without bf16 or an unknown ``method.lr_scheduler`` (``ValueError``) is a :class:`SettingsError`,
+    ``deepspeed=zero2`` without the package a :class:`MissingInput` (both were tracebacks after ``config.json``
+    and ``settings.json``)."""
+    try:
+        return build()
+    except ImportError as e:  # importlib.metadata.PackageNotFoundError: a backend's package is not installed
+        hint = " (deepspeed=zero2|zero3: pip install -e '.[deepspeed]')" if "deepspeed" in str(e) else ""
+        raise MissingInput(f"the trainer needs a package this environment lacks: {str(e).strip()}{hint}") from None
+    except ValueError as e:
+        raise SettingsError(f"the trainer refuses these settings: {e}") from None
 
 
 class LogAtSave(TrainerCallback):

@@ -28,7 +28,7 @@ from zoomr.paths import MissingInput, resolve_repo_path
 from zoomr.rundir import write_json
 from zoomr.schemas.abridge import AbridgeOptim
 from zoomr.schemas.checks import SettingsError
-from zoomr.training import LogAtSave, load_sft_dataset, trainer_arguments
+from zoomr.training import LogAtSave, checked_arguments, load_sft_dataset, trainer_arguments
 
 
 class AbridgeTrainer(Trainer):
@@ -105,6 +105,18 @@ def training_args(
         prediction_loss_only=True,
         dataloader_pin_memory=torch.cuda.is_available(),
     )
+
+
+def check_loop(m: AbridgeMethod | Any, device: torch.device, output_dir: Path, seed: int, deepspeed: dict | None) -> None:
+    """Refuse, before any run state, the loop settings the ``Trainer`` would refuse only once built or training:
+    ``method.mask_backend=flex`` off CUDA (FlexAttention has no backward on the CPU: a traceback at the first step,
+    after ``checkpoints/``), and whatever ``TrainingArguments`` refuses (:func:`zoomr.training.checked_arguments`)."""
+    if m.mask_backend == "flex" and device.type != "cuda":
+        raise SettingsError(
+            f"method.mask_backend=flex trains on CUDA only (FlexAttention has no backward on {device.type}): "
+            "use auto or chunked"
+        )
+    checked_arguments(lambda: training_args(m, output_dir, seed, [], deepspeed))
 
 
 def load_streams(

@@ -26,9 +26,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from zoomr.jsonl import read_json_object
+from zoomr.jsonl import BadRowError, read_json_object
 from zoomr.paths import MissingInput
 from zoomr.rundir import safetensors_whole
+from zoomr.schemas.checks import is_integer
 
 FORMAT = "zoomr-kvzap-pairs/1"
 TARGETS = {"kvzip_plus": "y", "kvzip": "y_kvzip"}
@@ -63,7 +64,8 @@ def read_manifest(pairs_dir: str | Path) -> dict[str, Any]:
         )
     manifest = read_json_object(path, "KVzap pairs manifest")
     if manifest.get("format") != FORMAT:
-        raise ValueError(f"{path}: format {manifest.get('format')!r}, expected {FORMAT!r}")
+        raise BadRowError(f"{path}: format {manifest.get('format')!r}, expected {FORMAT!r}")
+    check_manifest(path, manifest)
     bad = [s["file"] for s in manifest.get("shards", []) if not safetensors_whole(Path(pairs_dir) / s["file"])]
     if bad:
         raise MissingInput(
@@ -72,6 +74,26 @@ def read_manifest(pairs_dir: str | Path) -> dict[str, Any]:
             f"pipeline.out_dir={pairs_dir} and the same settings: it rebuilds only those"
         )
     return manifest
+
+
+def check_manifest(path: Path, manifest: dict[str, Any]) -> None:
+    """Refuse a manifest (edited, or written by something else) without what the fit reads: the model's name and
+    sizes, the pair counts, and shards of both splits (a missing key was a KeyError traceback, a split without
+    shards a ValueError traceback after the fit's run state)."""
+    model, shards, counts = manifest.get("model"), manifest.get("shards"), manifest.get("n_pairs")
+    wrong = []
+    if not (isinstance(model, dict) and isinstance(model.get("name"), str)
+            and all(is_integer(model.get(k)) for k in ("layers", "hidden", "kv_heads"))):  # fmt: skip
+        wrong.append(f"'model' must name the model and its integer layers, hidden, kv_heads (got {model!r})")
+    if not (isinstance(counts, dict) and all(is_integer(counts.get(k)) for k in ("train", "val"))):
+        wrong.append(f"'n_pairs' must count the train and val pairs (got {counts!r})")
+    if not (isinstance(shards, list) and all(isinstance(s, dict) and isinstance(s.get("file"), str) for s in shards)):
+        wrong.append("'shards' must be a list of {file, split} objects")
+    else:
+        splits = {s.get("split") for s in shards}
+        wrong += [f"no {split!r} shard listed" for split in ("train", "val") if split not in splits]
+    if wrong:
+        raise BadRowError(f"{path}: not a KVzap pairs manifest this fit can read: {'; '.join(wrong)}")
 
 
 def load_layer(

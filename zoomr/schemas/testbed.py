@@ -115,6 +115,9 @@ class CurriculumSettings:
                 raise ValueError(f"method.curriculum.{name}={lo_hi!r}: must be a range [low, high] with low <= high")
 
 
+LINEAR_INITS = ("torch", "hub")  # train/testbed_pretrain.init_weights
+
+
 @dataclass
 class TestbedTrainMethod:
     """From-scratch full training on freshly generated testbed traces (plain PyTorch loop).
@@ -195,6 +198,8 @@ class TestbedTrainMethod:
                      log_every=AT_LEAST_ONE, threads=NON_NEGATIVE)  # fmt: skip
         if len(self.betas) != 2:
             raise ValueError(f"method.betas={self.betas!r}: AdamW takes two betas")
+        if self.linear_init not in LINEAR_INITS:  # any other word kept the config's init, without a word
+            raise ValueError(f"method.linear_init must be {'|'.join(LINEAR_INITS)}, got {self.linear_init!r}")
 
 
 SCHEMAS = [("data", "testbed", TestbedData), ("method", "sft_testbed", TestbedTrainMethod)]
