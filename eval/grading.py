@@ -514,8 +514,8 @@ def check_grading_settings(workers: int, timeout_s: float, start_method: str, ma
     """The grader's settings, checked before any state is written (``eval`` validates them up front)."""
     if workers < 1:
         raise ValueError(f"grading.workers must be >= 1, got {workers}")
-    if not timeout_s > 0:
-        raise ValueError(f"grading.timeout_s must be > 0, got {timeout_s}")
+    if not 0 < timeout_s < float("inf"):  # inf was an OverflowError traceback after the fingerprint
+        raise ValueError(f"grading.timeout_s must be > 0 and finite, got {timeout_s}")
     if start_method not in ("forkserver", "spawn"):
         raise ValueError(f"grading.start_method must be forkserver|spawn, got {start_method!r}")
     if not 0.0 <= max_error_rate <= 1.0:

@@ -36,6 +36,7 @@ def _cfg(run_dir, cache_dir, *overrides):
         (["benchmark.problem_limit=-1"], "benchmark.problem_limit must be >= 1"),
         (["benchmark.problem_limit=0"], "benchmark.problem_limit must be >= 1"),
         (["grading.timeout_s=0"], "grading.timeout_s must be > 0"),
+        (["grading.timeout_s=inf"], "grading.timeout_s must be > 0 and finite"),  # was an OverflowError traceback
         (["grading.max_error_rate=2"], "grading.max_error_rate must lie in"),
         (["+method=rkv", "method.similarity_threshold=1.5"], "similarity_threshold is a cosine similarity"),
         (["+method=streaming", "method.budget_rows=2"], "budget_rows > n_sink"),
