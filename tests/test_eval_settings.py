@@ -32,6 +32,8 @@ def _cfg(run_dir, cache_dir, *overrides):
     [
         (["generation.top_p=2"], "top_p=2"),
         (["generation.temperature=-1"], "T=-1"),
+        (["generation.temperature=nan"], "T=nan"),  # was torch's "probability tensor contains nan" after config.json
+        (["generation.temperature=inf"], "T=inf"),  # was accepted: uniform sampling over the vocabulary
         (["generation.n_samples=0"], "generation.n_samples must be >= 1"),
         (["benchmark.problem_limit=-1"], "benchmark.problem_limit must be >= 1"),
         (["benchmark.problem_limit=0"], "benchmark.problem_limit must be >= 1"),
