@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import scipy.stats
 
-from eval.bootstrap import index_matrix, paired_bootstrap
+from eval.bootstrap import check_bootstrap_settings, index_matrix, paired_bootstrap
 from zoomr.paths import output_file
 
 
@@ -41,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     low = [f"--{k}" for k, floor in floors.items() if getattr(args, k) < floor]
     if low:
         ap.error(f"{', '.join(low)} too small: --problems must be >= 2, the others >= 1")
+    try:
+        check_bootstrap_settings(args.resamples, seed=args.seed)
+    except ValueError as e:  # --seed -1 was numpy's ValueError traceback
+        ap.error(str(e).replace("seed=", "--seed "))
     data = np.random.default_rng(0)
     ref = data.integers(0, 9, args.problems) / 8
     arms = [data.integers(0, 9, args.problems) / 8 for _ in range(args.arms)]

@@ -25,7 +25,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from eval.benchmarks import load_source
-from eval.grading import PRELOAD, Grader, exact_match, last_boxed
+from eval.grading import PRELOAD, Grader, check_grading_settings, exact_match, last_boxed
 from zoomr.paths import output_dir
 
 KINDS = ["correct", "correct", "correct", "unboxed", "wrong", "long_wrong", "truncated", "wrong"]
@@ -172,6 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.samples < 1 or args.repeats < 1 or args.pathological < 0:
         ap.error("--samples and --repeats must be >= 1, --pathological >= 0")
+    try:  # a worker count, timeout or start method the pool refuses was its ValueError traceback
+        for workers in args.workers:
+            check_grading_settings(workers, args.timeout, args.start_method)
+    except ValueError as e:
+        ap.error(str(e).replace("grading.workers", "--workers").replace("grading.timeout_s", "--timeout")
+                 .replace("grading.start_method", "--start-method"))
     samples = build_samples(args.samples, 0)
     warmup = build_samples(8 * max(args.workers), 0)[::-1]
     inner = max(1, int(args.timeout / 3))

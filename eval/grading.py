@@ -19,6 +19,7 @@ import functools
 import logging
 import multiprocessing as mp
 import re
+import signal
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -226,6 +227,14 @@ def _worker_loop(
                 done, last_flush = [], now
 
 
+def _worker_main(*args: Any) -> None:
+    """A worker process: :func:`_worker_loop` deaf to Ctrl-C, which reaches the whole process group; the parent
+    stops the pool (:meth:`Grader.close`). Each worker printed its own KeyboardInterrupt traceback under the run's
+    one-line "interrupted"."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _worker_loop(*args)
+
+
 @dataclass
 class _Worker:
     proc: Any
@@ -328,7 +337,7 @@ class Grader:
             parent, child = self._ctx.Pipe()
             status = self._ctx.Array("d", [IDLE, 0.0], lock=False)
             proc = self._ctx.Process(
-                target=_worker_loop, args=(child, self.inner_timeout, self.check, status), daemon=True
+                target=_worker_main, args=(child, self.inner_timeout, self.check, status), daemon=True
             )
             proc.start()
             child.close()
@@ -505,8 +514,8 @@ def check_grading_settings(workers: int, timeout_s: float, start_method: str, ma
     """The grader's settings, checked before any state is written (``eval`` validates them up front)."""
     if workers < 1:
         raise ValueError(f"grading.workers must be >= 1, got {workers}")
-    if not timeout_s > 0:
-        raise ValueError(f"grading.timeout_s must be > 0, got {timeout_s}")
+    if not 0 < timeout_s < float("inf"):  # inf was an OverflowError traceback after the fingerprint
+        raise ValueError(f"grading.timeout_s must be > 0 and finite, got {timeout_s}")
     if start_method not in ("forkserver", "spawn"):
         raise ValueError(f"grading.start_method must be forkserver|spawn, got {start_method!r}")
     if not 0.0 <= max_error_rate <= 1.0:

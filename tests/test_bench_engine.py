@@ -173,3 +173,20 @@ def test_policy_overhead_counts_what_a_scatter_writes_not_its_whole_buffer():
         with counter:
             op()
         assert counter.bytes_written == elements * 4
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--workers", "1", "0"], "--workers must be >= 1, got 0"),
+        (["--timeout", "nan"], "--timeout must be > 0 and finite, got nan"),
+        (["--start-method", "bogus"], "--start-method must be forkserver|spawn, got 'bogus'"),
+    ],
+)
+def test_bench_grading_rejects_a_pool_it_cannot_start(argv, message, capsys):
+    """Each was the pool's ValueError traceback (a NaN timeout: int(nan) while building the plain loop)."""
+    from eval import bench_grading
+
+    with pytest.raises(SystemExit):
+        bench_grading.main([*argv, "--out", "unused"])
+    assert message in capsys.readouterr().err

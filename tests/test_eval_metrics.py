@@ -146,3 +146,7 @@ def test_bench_bootstrap_refuses_sizes_it_cannot_time(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench_main(["--resamples", "0", "--problems", "1", "--out", str(tmp_path / "b.json")])  # was a ValueError traceback
     assert "--problems, --resamples too small" in capsys.readouterr().err and not (tmp_path / "b.json").exists()
+    with pytest.raises(SystemExit):
+        bench_main(["--seed", "-1", "--out", str(tmp_path / "b.json")])  # was numpy's ValueError traceback
+    assert "--seed -1: the resampling seed must be an integer >= 0" in capsys.readouterr().err
+    assert not (tmp_path / "b.json").exists()

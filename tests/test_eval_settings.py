@@ -32,10 +32,13 @@ def _cfg(run_dir, cache_dir, *overrides):
     [
         (["generation.top_p=2"], "top_p=2"),
         (["generation.temperature=-1"], "T=-1"),
+        (["generation.temperature=nan"], "T=nan"),  # was torch's "probability tensor contains nan" after config.json
+        (["generation.temperature=inf"], "T=inf"),  # was accepted: uniform sampling over the vocabulary
         (["generation.n_samples=0"], "generation.n_samples must be >= 1"),
         (["benchmark.problem_limit=-1"], "benchmark.problem_limit must be >= 1"),
         (["benchmark.problem_limit=0"], "benchmark.problem_limit must be >= 1"),
         (["grading.timeout_s=0"], "grading.timeout_s must be > 0"),
+        (["grading.timeout_s=inf"], "grading.timeout_s must be > 0 and finite"),  # was an OverflowError traceback
         (["grading.max_error_rate=2"], "grading.max_error_rate must lie in"),
         (["+method=rkv", "method.similarity_threshold=1.5"], "similarity_threshold is a cosine similarity"),
         (["+method=streaming", "method.budget_rows=2"], "budget_rows > n_sink"),

@@ -60,6 +60,23 @@ def test_workers_are_reused_and_each_sample_has_its_own_deadline():
     assert [x.method for x in grades] == ["math_verify"] * 4 and g.timeouts == 0 and g.restarts == 0
 
 
+def test_ctrl_c_leaves_the_workers_to_the_parent():
+    """Ctrl-C reaches the whole process group: each worker printed its own KeyboardInterrupt traceback under the
+    run's one-line "interrupted" (and died); the parent's Grader.close stops them."""
+    import os
+    import signal
+    import time
+
+    with Grader(workers=1, exact_first=False, check=raises_on_boom) as g:
+        g.start()
+        worker = g._workers[0].proc
+        os.kill(worker.pid, signal.SIGINT)
+        time.sleep(0.5)
+        assert worker.is_alive() and [x.method for x in g.grade([("1", "1")])] == ["math_verify"]
+        assert g.deaths == 0 and g.restarts == 0
+    assert not worker.is_alive()
+
+
 PROBLEMS = [Problem(id=f"t/{i}", question=f"Q{i}", answer="boom", competition="c") for i in range(3)]
 
 

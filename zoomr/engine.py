@@ -50,10 +50,10 @@ class DecodeSettings:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+        if not 0 <= self.temperature < float("inf") or not 0 < self.top_p <= 1 or self.top_k < 0:  # NaN fails too
             raise ValueError(
                 f"bad sampling settings: T={self.temperature}, top_p={self.top_p}, top_k={self.top_k}"
-                " (need temperature >= 0, 0 < top_p <= 1, top_k >= 0)"
+                " (need a finite temperature >= 0, 0 < top_p <= 1, top_k >= 0)"
             )
         if self.prefill_chunk is not None and self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
