@@ -406,3 +406,13 @@ def test_lightthinker_data_where_no_thought_ends_is_refused_before_any_run_state
     full-KV attention (0 thoughts, no cache token) and finished with exit 0, as AbridgeKV's too-large block did."""
     stderr = train_refused(["+method=lightthinker", "data.max_samples=6", "method.max_response_tokens=5"], tmp_path / "run")
     assert "no thought ends within method.max_response_tokens=5" in stderr
+
+
+@pytest.mark.parametrize("method", ["abridge", "lightthinker"])
+def test_an_eval_fraction_the_masked_trainers_ignore_is_refused(method, tmp_path):
+    """``data.eval_fraction=0.5`` is TRL SFT's held-out split; AbridgeKV and LightThinker hold out
+    ``method.heldout_examples`` and trained on every row asked to be held out, exit 0."""
+    stderr = train_refused([f"+method={method}", "model=tiny-qwen2", "data=traces", "data.eval_fraction=0.5",
+                            "method.max_steps=1", "method.testbed_eval_problems=0" if method == "abridge" else "method.save_steps=1"],
+                           tmp_path / "run")  # fmt: skip
+    assert "invalid settings: data.eval_fraction=0.5: this trainer holds out the first method.heldout_examples" in stderr
