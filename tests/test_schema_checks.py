@@ -34,6 +34,8 @@ BAD = [
     (AbridgeMethod, "per_device_batch_size", 0, "method.per_device_batch_size=0 (must be >= 1)"),
     (AbridgeMethod, "gradient_accumulation_steps", 0, "gradient_accumulation_steps=0"),
     (AbridgeMethod, "eval_steps", -1, "eval_steps=-1 (must be >= 0)"),
+    (AbridgeMethod, "heldout_examples", 0, "method.heldout_examples=0 (must be >= 1)"),  # a held-out CE of 0
+    (LightThinkerMethod, "heldout_examples", 0, "method.heldout_examples=0 (must be >= 1)"),  # crashed after training
     (AbridgeMethod, "logging_steps", 0, "logging_steps=0"),
     (AbridgeMethod, "mask_backend", "cuda", "mask_backend must be auto|dense|flex|chunked"),
     (AbridgeMethod, "num_pause", 0, "method: num_pause must be in [1, 256], got 0"),
