@@ -298,6 +298,19 @@ def _check_plan(out_dir: Path, plan: dict, overwrite: bool) -> None:
     write_json(path, plan)
 
 
+def check_context(p: KVzapPairsPipeline, model_config: Any) -> None:
+    """Refuse documents whose repeat pretext (the document, the instruction, the document again) cannot fit the
+    model's context: ``pipeline.min_tokens=100000`` packed documents past 32,768 positions on the tiny model and
+    scored them for hours (pairs from positions the model never saw). Testbed documents are sized by their data."""
+    context = getattr(model_config, "max_position_embeddings", None)
+    if p.testbed is None and context and 2 * p.max_tokens > context:
+        raise SettingsError(
+            f"pipeline.max_tokens={p.max_tokens}: the repeat pretext holds each document twice "
+            f"({2 * p.max_tokens} tokens and the instruction), past the model's {context} positions "
+            f"(max_position_embeddings); give pipeline.max_tokens (and min_tokens) below {context // 2}"
+        )
+
+
 def run(cfg) -> dict[str, Any]:
     """Entry glue: config → model, tokenizer → :func:`make_pairs` → summary."""
     from collections import Counter
@@ -309,9 +322,10 @@ def run(cfg) -> dict[str, Any]:
 
     p: KVzapPairsPipeline = to_dataclass(KVzapPairsPipeline, cfg.pipeline)
     spec = model_spec(cfg)
-    run_dir, logger = start_run(cfg, job_type="data_prep")
     tokenizer = load_tokenizer(spec, cfg.cache_dir)
     model = load_model(spec, cfg.cache_dir, device=pick_device(cfg.device), attn_implementation="eager")
+    check_context(p, model.config)
+    run_dir, logger = start_run(cfg, job_type="data_prep")
     info = {"name": spec.name, **{k: v for k, v in describe(model).items() if k != "params"}}
     manifest = make_pairs(model, tokenizer, p, int(cfg.seed), info, model_dir=spec.hf_id)
     per_subset = Counter((d["subset"], d["split"]) for d in manifest["documents"])

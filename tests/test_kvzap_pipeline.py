@@ -133,3 +133,21 @@ def test_flop_ratios_match_the_paper_bounds():
     assert all(r.mlp_ratio < 0.011 and r.linear_ratio < 0.0002 for n, r in rows.items() if "tiny" not in n)
     assert shapes_of(tiny_config("qwen2", vocab_size=64)) == KNOWN["tiny (foundation default)"]
 
+
+
+def test_documents_past_the_models_context_are_refused_before_any_state(tmp_path):
+    """``pipeline.min_tokens=max_tokens=100000`` packed documents past the tiny model's 32,768 positions and scored
+    their 200K-token repeat pretexts for hours (killed here after 5 min); now refused by name, nothing written."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "data_prep", "+pipeline=kvzap_pairs", f"pipeline.out_dir={tmp_path / 'pairs'}",
+         "pipeline.min_tokens=100000", "pipeline.max_tokens=100000", "logger=none", f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-1500:]
+    assert "invalid settings: pipeline.max_tokens=100000: the repeat pretext holds each document twice" in proc.stderr
+    assert "past the model's 32768 positions" in proc.stderr
+    assert not (tmp_path / "pairs").exists() and not (tmp_path / "run").exists()

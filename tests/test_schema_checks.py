@@ -34,6 +34,8 @@ BAD = [
     (AbridgeMethod, "per_device_batch_size", 0, "method.per_device_batch_size=0 (must be >= 1)"),
     (AbridgeMethod, "gradient_accumulation_steps", 0, "gradient_accumulation_steps=0"),
     (AbridgeMethod, "eval_steps", -1, "eval_steps=-1 (must be >= 0)"),
+    (AbridgeMethod, "heldout_examples", 0, "method.heldout_examples=0 (must be >= 1)"),  # a held-out CE of 0
+    (LightThinkerMethod, "heldout_examples", 0, "method.heldout_examples=0 (must be >= 1)"),  # crashed after training
     (AbridgeMethod, "logging_steps", 0, "logging_steps=0"),
     (AbridgeMethod, "mask_backend", "cuda", "mask_backend must be auto|dense|flex|chunked"),
     (AbridgeMethod, "num_pause", 0, "method: num_pause must be in [1, 256], got 0"),
@@ -406,3 +408,13 @@ def test_lightthinker_data_where_no_thought_ends_is_refused_before_any_run_state
     full-KV attention (0 thoughts, no cache token) and finished with exit 0, as AbridgeKV's too-large block did."""
     stderr = train_refused(["+method=lightthinker", "data.max_samples=6", "method.max_response_tokens=5"], tmp_path / "run")
     assert "no thought ends within method.max_response_tokens=5" in stderr
+
+
+@pytest.mark.parametrize("method", ["abridge", "lightthinker"])
+def test_an_eval_fraction_the_masked_trainers_ignore_is_refused(method, tmp_path):
+    """``data.eval_fraction=0.5`` is TRL SFT's held-out split; AbridgeKV and LightThinker hold out
+    ``method.heldout_examples`` and trained on every row asked to be held out, exit 0."""
+    stderr = train_refused([f"+method={method}", "model=tiny-qwen2", "data=traces", "data.eval_fraction=0.5",
+                            "method.max_steps=1", "method.testbed_eval_problems=0" if method == "abridge" else "method.save_steps=1"],
+                           tmp_path / "run")  # fmt: skip
+    assert "invalid settings: data.eval_fraction=0.5: this trainer holds out the first method.heldout_examples" in stderr

@@ -23,6 +23,7 @@ from zoomr.abridge.layout import AbridgeLayout, add_pause_tokens
 from zoomr.abridge.quotas import resolve_quotas
 from zoomr.abridge.trainer import (
     AbridgeTrainer,
+    check_heldout_setting,
     check_loop,
     load_start_model,
     load_streams,
@@ -46,6 +47,7 @@ def run(cfg) -> dict[str, Any]:
     m: AbridgeMethod = to_dataclass(AbridgeMethod, cfg.method)
     spec = model_spec(cfg)
     check_data_source(to_plain(cfg.data))
+    check_heldout_setting(to_plain(cfg.data))
     layout = AbridgeLayout(m.block_size, m.num_pause, m.code_positions)
     device = pick_device(cfg.device)  # checked at the entry: auto, cpu, cuda or cuda:N this machine has
     model, tokenizer = load_start_model(spec, m, cfg.cache_dir, device)

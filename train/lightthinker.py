@@ -23,7 +23,14 @@ from zoomr import tokens
 from zoomr.abridge.attention import use_abridge_attention
 from zoomr.abridge.data import LazyStreams, StreamSet, lazy_streams
 from zoomr.abridge.forward import heldout_full_kv_ce, heldout_masked_ce
-from zoomr.abridge.trainer import AbridgeTrainer, check_loop, load_start_model, masked_trainer, save_final
+from zoomr.abridge.trainer import (
+    AbridgeTrainer,
+    check_heldout_setting,
+    check_loop,
+    load_start_model,
+    masked_trainer,
+    save_final,
+)
 from zoomr.cache.lightthinker import LightThinkerMethod
 from zoomr.entry import model_spec, pick_device, start_run, to_plain
 from zoomr.lightthinker.data import ThoughtStats, build_streams
@@ -139,6 +146,7 @@ def run(cfg) -> dict[str, Any]:
     m: LightThinkerMethod = to_dataclass(LightThinkerMethod, cfg.method)
     spec = model_spec(cfg)
     check_data_source(to_plain(cfg.data))
+    check_heldout_setting(to_plain(cfg.data))
     device = pick_device(cfg.device)  # checked at the entry: auto, cpu, cuda or cuda:N this machine has
     model, tokenizer = load_start_model(spec, m, cfg.cache_dir, device)
     n = cache_token_count(m, model.config)

@@ -107,6 +107,17 @@ def training_args(
     )
 
 
+def check_heldout_setting(data: dict[str, Any]) -> None:
+    """Refuse ``data.eval_fraction`` > 0: the masked trainers hold out ``method.heldout_examples`` (the first N
+    examples) and never read it, so the rows the user asked to hold out were trained on without a word."""
+    if data.get("eval_fraction"):
+        raise SettingsError(
+            f"data.eval_fraction={data['eval_fraction']}: this trainer holds out the first method.heldout_examples "
+            "examples instead and would train on the rows asked for; set data.eval_fraction=0 (and "
+            "method.heldout_examples=N)"
+        )
+
+
 def check_loop(m: AbridgeMethod | Any, device: torch.device, output_dir: Path, seed: int, deepspeed: dict | None) -> None:
     """Refuse, before any run state, the loop settings the ``Trainer`` would refuse only once built or training:
     ``method.mask_backend=flex`` off CUDA (FlexAttention has no backward on the CPU: a traceback at the first step,

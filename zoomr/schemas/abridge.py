@@ -45,7 +45,9 @@ class MaskedTraining:
     init_from: str | None = None  # a checkpoint directory to start from (default: the model config)
     max_prompt_tokens: int = 512  # longer prompts are skipped (and counted), never truncated
     max_response_tokens: int = 512  # responses are truncated to this many tokens
-    heldout_examples: int = 4  # the first N examples are held out (AbridgeKV: the first 192 pairs)
+    # the first N examples are held out (AbridgeKV: the first 192 pairs); >= 1: the run ends with its held-out CE
+    # (and LightThinker's served sample) on them (0 reported a CE of 0, or crashed after training in LightThinker)
+    heldout_examples: int = 4
     optim: AbridgeOptim = field(default_factory=AbridgeOptim)
     max_steps: int = 100
     per_device_batch_size: int = 4
@@ -68,7 +70,7 @@ class MaskedTraining:
     def __post_init__(self) -> None:
         check_length(type(self).__name__, self.max_steps)
         check_fields(self, "method", max_prompt_tokens=AT_LEAST_ONE, max_response_tokens=AT_LEAST_ONE,
-                     heldout_examples=NON_NEGATIVE, per_device_batch_size=AT_LEAST_ONE,
+                     heldout_examples=AT_LEAST_ONE, per_device_batch_size=AT_LEAST_ONE,
                      gradient_accumulation_steps=AT_LEAST_ONE, logging_steps=AT_LEAST_ONE, eval_steps=NON_NEGATIVE,
                      save_steps=AT_LEAST_ONE, save_total_limit=AT_LEAST_ONE)  # fmt: skip
         check_mask_backend(self.mask_backend)
