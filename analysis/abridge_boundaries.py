@@ -57,7 +57,12 @@ def boundary_report(run_dir: str | Path, block_size: int) -> dict[str, Any]:
     config = run / "config.json"
     if not config.is_file():
         raise SystemExit(f"{run}: no config.json (not an evaluator run directory)")
-    options = (read_json_object(config, "run config").get("benchmark") or {}).get("options") or {}
+    bench = read_json_object(config, "run config").get("benchmark")
+    if not isinstance(bench, dict):
+        raise SystemExit(f"{run}: its config.json has no benchmark section (not an evaluator run config)")
+    if bench.get("task", "testbed") != "testbed":
+        raise SystemExit(f"{run}: not a testbed evaluation run (benchmark.task={bench['task']!r})")
+    options = bench.get("options") or {}
     rows = {pid: row for (pid, sample), row in ResultStore(run).load(repair=False).items() if sample == 0}
     if not rows:
         raise SystemExit(f"{run}: no finished samples in results.jsonl")
@@ -78,6 +83,9 @@ def boundary_report(run_dir: str | Path, block_size: int) -> dict[str, Any]:
             misses[key] += recalled.get(q["key"]) is False
             straddling_final |= q["final"] and key[0] == "fact_straddle"
         problems[(straddling_final, bool(row["correct"]))] += 1
+    if not problems:  # every row skipped: a report of zeros would read as "nothing missed"
+        raise SystemExit(f"{run}: none of its {len(rows)} finished rows is a test problem of the benchmark options in "
+                         "its config.json (an edited config, or rows of another run)")  # fmt: skip
     by_class = {
         f"{c}/{part}": {"queries": queries[(c, part)], "missed": misses[(c, part)],
                         "miss_rate": misses[(c, part)] / queries[(c, part)] if queries[(c, part)] else None}

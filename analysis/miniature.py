@@ -38,7 +38,7 @@ from analysis.miniature_plan import (
     renamed_hint,
     training_seeds,
 )
-from eval.arms import COMMAND_FILE, load_arm, run_arm, run_command, testbed_command
+from eval.arms import COMMAND_FILE, experiment, load_arm, run_arm, run_command, testbed_command
 from zoomr.jsonl import BadRowError, read_json, read_json_object
 from zoomr.paths import output_dir, output_problem
 from zoomr.rundir import write_json
@@ -148,14 +148,31 @@ def ensure_model(name: str, task: Any) -> Path:
     return checkpoint(name, task.trace_tokens)
 
 
+def arm_finished(name: str, task: Any) -> bool:
+    """Whether arm ``name``'s directory holds a finished run of the command it would run now, which
+    :func:`eval.arms.run_arm` reuses (an arm matched to another's rows: only once that arm is finished too)."""
+    arm, directory = ARMS[name], arm_dir(task, name)
+    saved = directory / COMMAND_FILE
+    if not ((directory / "metrics.json").exists() and saved.exists()):
+        return False
+    match_rows = None
+    if arm.match:
+        if not arm_finished(arm.match, task):
+            return False
+        match_rows = load_arm(arm_dir(task, arm.match)).rows.mean()
+    return experiment(read_json(saved, "arm command")) == experiment(eval_command(arm, task, match_rows)[1:])
+
+
 def check_checkpoints(arms: list[str], task: Any) -> None:
     """``task.train=false``: refuse, before anything runs, an arm that must be evaluated on a checkpoint that is
-    not there (an arm directory holding a finished run needs none)."""
-    unfinished = [a for a in arms if not (arm_dir(task, a) / "metrics.json").exists()]
+    not there (an arm directory holding a finished run of the same command needs none; one of another command,
+    e.g. another ``task.n``, is evaluated again)."""
+    unfinished = [a for a in arms if not arm_finished(a, task)]
     missing = {a: c for a in unfinished if not (c := checkpoint(ARMS[a].model, task.trace_tokens)).exists()}
     if missing and not task.dry_run:
         raise SystemExit(
-            "miniature: task.train=false, but these arms have no finished run and their checkpoints are missing: "
+            "miniature: task.train=false, but these arms have no finished run of the command they would run now "
+            "(task.n, task.test_seed, ... as given) and their checkpoints are missing: "
             + "; ".join(f"{a} ({c})" for a, c in missing.items())
             + ". Train them (task.train=true) or copy the checkpoints there."
         )
@@ -165,7 +182,7 @@ def expected_time(models: list[str], arms: list[str], task: Any) -> str:
     """What is left to do and, at the sizes it was measured at (:data:`MEASURED_AT`), how long it should take here:
     the models not trained yet (``task.train``) and the arms not evaluated yet."""
     todo = [m for m in models if task.train and not done_file(m, task.trace_tokens).exists()]
-    left = [a for a in arms if not (arm_dir(task, a) / "metrics.json").exists()]
+    left = [a for a in arms if not arm_finished(a, task)]
     what = f"to do: {len(todo)} models to train, {len(left)} arms to evaluate"
     if {k: getattr(task, k) for k in MEASURED_AT} != MEASURED_AT:
         return f"{what} (times were measured at {', '.join(f'task.{k}={v}' for k, v in MEASURED_AT.items())} only)"

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from analysis.cli import require_at_least, require_checkpoint
+from analysis.cli import require_at_least, require_checkpoint, require_testbed_data
 from zoomr.paths import output_dir
 
 
@@ -159,9 +159,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     require_at_least(p, args, 0, "window", "consensus")
     require_checkpoint(p, args.model)
 
-    from zoomr.testbed.checkpoint import load_testbed_model, trained_data
+    from zoomr.testbed.checkpoint import load_testbed_model
 
-    data = trained_data(args.model, test_seed=args.test_seed)
+    data = require_testbed_data(p, args.model, test_seed=args.test_seed)
     if not data.summaries:
         raise SystemExit(f"{args.model} was trained without summaries: there is nothing to point at")
     model, _ = load_testbed_model(args.model)

@@ -66,3 +66,21 @@ def test_cli_prints_a_table_and_writes_the_reports(tmp_path, capsys):
     assert saved[0]["answer_accuracy"] == 1.0 and saved[0]["without"]["problems"] > 0
     with pytest.raises(SystemExit):
         main([str(tmp_path), "--block-size", "1"])
+
+
+def test_a_run_of_other_problems_or_another_benchmark_is_refused_not_reported_as_zeros(tmp_path, capsys):
+    """A run whose config names other test problems than its rows (an edited config, rows of another run), or no
+    benchmark at all, had every row skipped: a report of 0 problems and no misses, written with exit 0. A run of
+    another benchmark is refused by name too."""
+    recs = load_test_problems(OPTIONS)
+    rows = [{"problem_id": r["id"], "sample": 0, "correct": True,
+             "recall": [{"key": q["key"], "correct": True} for q in r["queries"]]} for r in recs]  # fmt: skip
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for config, message in (({"benchmark": {"task": "testbed", "options": {**OPTIONS, "test_seed": 3_000_017}}},
+                             "none of its 48 finished rows is a test problem of the benchmark options"),
+                            ({"model": {"name": "m"}}, "its config.json has no benchmark section"),
+                            ({"benchmark": {"task": "math", "options": {}}}, "not a testbed evaluation run")):  # fmt: skip
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        with pytest.raises(SystemExit, match=message):
+            main([str(tmp_path), "--block-size", "128", "--out", str(tmp_path / "out.json")])
+    assert not (tmp_path / "out.json").exists()

@@ -38,6 +38,8 @@ def test_require_checkpoint_wants_a_config_json(tmp_path, capsys):
         (zoomr_testbed.main, ["--window", "-1"], "--window must be >= 0"),  # was a run on a negative window
         (testbed_pointer.main, ["--n", "0"], "--n must be >= 1"),  # wrote a hit-rate file of zero cues
         (testbed_pointer.main, ["--consensus", "-2"], "--consensus must be >= 0"),
+        # the training stream as the test set: a ValueError traceback from the data check after the checks above
+        (testbed_pointer.main, ["--test-seed", "0"], "data.test_seed=0 is the training stream's seed"),
         (testbed_table.main, ["--n", "0"], "--n must be >= 1"),  # testbed_table checked nothing
         (testbed_table.main, ["--fractions", "0.5", "1.5"], "--fractions [0.5, 1.5]: each must lie in (0, 1]"),
         (testbed_table.main, ["--trace-tokens", "10"], "trace_tokens=10 is too short"),  # was a traceback, out/ made

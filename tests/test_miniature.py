@@ -230,6 +230,7 @@ def test_the_start_line_says_what_is_left_and_how_long_it_should_take(tmp_path, 
     """From scratch the default command takes ≈ 2.5 h here, which a newcomer learned only from the README."""
     from analysis.miniature import arm_dir, expected_time
     from analysis.miniature_plan import ARM_MINUTES, TRAIN_MINUTES
+    from eval.arms import COMMAND_FILE
 
     monkeypatch.chdir(tmp_path)
     models, arms = plan([])
@@ -240,7 +241,8 @@ def test_the_start_line_says_what_is_left_and_how_long_it_should_take(tmp_path, 
     done_file("base", 1024).parent.mkdir(parents=True)
     done_file("base", 1024).write_text("{}")
     (arm_dir(task, "full")).mkdir(parents=True)
-    (arm_dir(task, "full") / "metrics.json").write_text("{}")
+    (arm_dir(task, "full") / "metrics.json").write_text("{}")  # finished, and of the command it would run now:
+    (arm_dir(task, "full") / COMMAND_FILE).write_text(json.dumps(eval_command(ARMS["full"], task, None)[1:]))
     left = expect - TRAIN_MINUTES["base"] - ARM_MINUTES
     assert f"11 models to train, 39 arms to evaluate; expect ≈ {left:.0f} min" in expected_time(models, arms, task)
     no_training = MiniatureTask(out="runs/miniature", train=False)
@@ -455,6 +457,23 @@ def test_without_training_the_table_is_rebuilt_from_finished_arm_dirs_and_a_miss
     with pytest.raises(SystemExit, match=r"kvzip \(runs/train/mini-base-T1024/final\)"):
         run_task(task)
     assert not (tmp_path / "runs/miniature/table.md").exists()
+
+
+def test_without_training_a_finished_arm_of_another_command_needs_its_checkpoint(tmp_path, monkeypatch):
+    """``task.train=false task.n=128`` over finished arms of 256 problems: they counted as finished (metrics.json), so
+    the missing checkpoints were not refused up front; each arm's evaluation started and failed inside its arm.log
+    ("arm full failed"), and the start line said 0 arms to evaluate. Now refused before anything runs, naming them."""
+    import shutil
+
+    from analysis.miniature import run_task
+
+    monkeypatch.chdir(tmp_path)
+    for arm in ("full", "kvzip"):
+        shutil.copytree(REPO_ROOT / "analysis/results/miniature/runs/arms" / arm, tmp_path / "runs/miniature/arms" / arm)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(SystemExit, match=r"no finished run of the command .* missing: full \(runs/train/mini-base-T1024"):
+        run_task({"arms": ["kvzip"], "train": False, "out": "runs/miniature", "n": 128})
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # no arm.log, no eval run state
 
 
 def test_the_whole_committed_table_is_rebuilt_from_the_slim_copies_under_any_out(tmp_path):

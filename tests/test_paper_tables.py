@@ -327,3 +327,15 @@ def test_a_side_input_of_another_shape_is_an_unusable_input_not_a_traceback(tmp_
         shutil.copytree(SLIM_ARMS / "full", tmp_path / "runs" / "full")
         _build([tmp_path / "runs" / "**"], tmp_path / "out")
         assert message in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_a_negative_resampling_seed_is_refused_before_anything_is_written(tmp_path):
+    """task.seed=-1 passed the task's checks and ended in numpy's ValueError traceback at the first bootstrap, after
+    the output directory was made; both entries refuse it first."""
+    from analysis.paper_tables import main, run_task
+
+    with pytest.raises(SystemExit, match=r"task.seed=-1 \(must be >= 0\)"):
+        run_task({"runs": [str(SLIM_ARMS / "full")], "out": str(tmp_path / "hydra"), "seed": -1}, {})
+    with pytest.raises(SystemExit, match="seed >= 0, got 8.0, 2000, -1"):
+        main([str(SLIM_ARMS / "full"), "--out", str(tmp_path / "cli"), "--seed", "-1"])
+    assert not list(tmp_path.iterdir())

@@ -45,8 +45,9 @@ def build_all(runs: list[str], out: str | Path, memory_gib: float = 8.0, n_resam
     """Read the inputs, write every table and figure (or its skip reason) under ``out``, log to W&B."""
     if not runs:
         raise SystemExit("paper_tables: no inputs; pass task.runs=[<run dir or glob>,...]")
-    if not (math.isfinite(memory_gib) and memory_gib > 0) or n_resamples < 1:
-        raise SystemExit(f"paper_tables: need memory_gib > 0 and n_resamples >= 1, got {memory_gib}, {n_resamples}")
+    if not (math.isfinite(memory_gib) and memory_gib > 0) or n_resamples < 1 or seed < 0:
+        raise SystemExit(f"paper_tables: need memory_gib > 0, n_resamples >= 1 and seed >= 0, got {memory_gib}, "
+                         f"{n_resamples}, {seed}")  # fmt: skip
     if logger_cfg and logger_cfg.get("mode", "disabled") != "disabled":
         from zoomr.tracking import resolve_mode
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from zoomr.schemas.checks import AT_LEAST_ONE, POSITIVE, check_fields
+from zoomr.schemas.checks import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, check_fields
 
 
 @dataclass
@@ -28,7 +28,7 @@ class PaperTablesTask(AnalysisTask):
     allow_different_settings: bool = False  # tabulate arms whose fingerprints differ (eval.compare lists how)
 
     def __post_init__(self) -> None:
-        check_fields(self, "task", memory_gib=POSITIVE, n_resamples=AT_LEAST_ONE)
+        check_fields(self, "task", memory_gib=POSITIVE, n_resamples=AT_LEAST_ONE, seed=NON_NEGATIVE)
 
 
 @dataclass
