@@ -410,6 +410,13 @@ def test_lightthinker_data_where_no_thought_ends_is_refused_before_any_run_state
     assert "no thought ends within method.max_response_tokens=5" in stderr
 
 
+def test_lightthinker_cache_tokens_as_many_as_a_thought_are_refused_before_any_run_state(tmp_path):
+    """``method.num_cache_tokens=1000`` was accepted: every thought grew by 1,000 rows instead of shrinking, a run
+    without end; a count not below the data's mean thought is refused, naming both."""
+    stderr = train_refused(["+method=lightthinker", "data.max_samples=6", "method.num_cache_tokens=1000"], tmp_path / "run")
+    assert "method.num_cache_tokens=1000 is not below the mean thought" in stderr and "nothing would be saved" in stderr
+
+
 @pytest.mark.parametrize("method", ["abridge", "lightthinker"])
 def test_an_eval_fraction_the_masked_trainers_ignore_is_refused(method, tmp_path):
     """``data.eval_fraction=0.5`` is TRL SFT's held-out split; AbridgeKV and LightThinker hold out

@@ -160,6 +160,12 @@ def run(cfg) -> dict[str, Any]:
             f"(method.min_thought_chars={m.min_thought_chars}), so no cache token would ever be trained and the "
             "model would learn full KV; raise method.max_response_tokens or lower method.min_thought_chars"
         )
+    if n >= (per_thought := stats.raw_tokens / (stats.thoughts + stats.streams)):  # LightThinker §3: n << a thought
+        raise SettingsError(
+            f"method.num_cache_tokens={n} is not below the mean thought of {streams.describe()} (~{per_thought:.0f} "
+            "tokens): each compressed thought would keep at least as many rows as it had, so nothing would be saved; "
+            "give fewer cache tokens (null: the paper's value for the architecture)"
+        )
     deepspeed = to_plain(cfg.deepspeed.config) if cfg.deepspeed.config else None
     check_loop(m, device, Path(cfg.run_dir) / "checkpoints", cfg.seed, deepspeed)
     # the guard compares the resolved n too (null resolves by architecture)
