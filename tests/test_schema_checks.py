@@ -308,6 +308,27 @@ def test_data_a_trainer_cannot_use_is_refused_before_any_run_state(overrides, me
 
 
 def train_refused(overrides: list[str], run_dir: Path) -> str:
+    """``python -m train <overrides>`` with ``run_dir``, in this process: the entry point's own function on the
+    composed config (Hydra's passthrough: the same checks, the same error handling, without a new interpreter);
+    asserts it refuses with a message (SystemExit; any other exception is a crash and fails the test) and writes no
+    run state; returns the message. :func:`train_refused_cli` runs the real command where its output matters."""
+    from hydra import compose, initialize_config_dir
+
+    from train.__main__ import main
+    from zoomr.entry import CONF_DIR
+    from zoomr.schemas import register_with_hydra
+
+    register_with_hydra()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("train", overrides=[*overrides, "logger=none", f"run_dir={run_dir}", "hydra.runtime.output_dir=."])
+    with pytest.raises(SystemExit) as stop:
+        main(cfg)
+    assert isinstance(stop.value.code, str), stop.value.code  # a message, not a bare exit status
+    assert not run_dir.exists()
+    return stop.value.code
+
+
+def train_refused_cli(overrides: list[str], run_dir: Path) -> str:
     """``python -m train <overrides>`` in ``run_dir``: asserts it exits 1 with a message, no traceback and no run
     state (the directory Hydra made for it is removed again); returns its stderr."""
     proc = subprocess.run(
@@ -323,7 +344,7 @@ def test_a_torn_pairs_manifest_is_printed_alone_before_any_run_state(tmp_path):
     """A malformed input file (:class:`zoomr.jsonl.BadRowError`) came out of every entry point as a traceback."""
     (tmp_path / "pairs").mkdir()
     (tmp_path / "pairs" / "manifest.json").write_text('{"format":')
-    stderr = train_refused(["+method=kvzap", f"method.pairs_dir={tmp_path / 'pairs'}"], tmp_path / "run")
+    stderr = train_refused_cli(["+method=kvzap", f"method.pairs_dir={tmp_path / 'pairs'}"], tmp_path / "run")
     assert "manifest.json: not valid JSON (expected a JSON KVzap pairs manifest" in stderr
 
 
