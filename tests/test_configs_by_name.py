@@ -43,3 +43,16 @@ def test_every_model_config_loads(name):
     spec = model_config(name)
     assert isinstance(spec, ModelSpec) and spec.name == name
     assert model_config(name, hf_id="runs/train/r/final").hf_id == "runs/train/r/final"
+
+
+@pytest.mark.parametrize(
+    ("name", "setting"),
+    [("zoomr", {"budget_rows": 64}), ("sumr", {"budget_rows": 64}), ("kvzap", {"budget_rows": 64}),
+     ("full", {"budget_rows": 64}), ("evict_recency", {"budget_fraction": 0.5})],
+)  # fmt: skip
+def test_a_budget_on_a_policy_without_one_is_refused(name, setting):
+    """ZoomR, KVzap, full KV, … keep rows by their own rule: method_config("zoomr", budget_rows=64) was accepted and
+    decoded without any budget (the field is PolicyConfig's, read only by the budgeted policies)."""
+    with pytest.raises(SettingsError, match=f"has no row budget, so {next(iter(setting))}=.* would be ignored"):
+        method_config(name, **setting)
+    assert method_config("h2o", budget_rows=64).budget_rows == 64  # the budgeted policies take it

@@ -78,7 +78,7 @@ def test_relative_budget_errors_say_what_to_do(tmp_path):
     with pytest.raises(SystemExit, match="not full KV"):
         resolve_budget(_cfg(tmp_path / "h2o", "+method=h2o", "method.budget_fraction=0.5",
                             f"method.budget_reference={tmp_path / 'snap'}"))  # fmt: skip
-    with pytest.raises(SystemExit, match="no row budget"):
+    with pytest.raises(ValueError, match="no row budget"):  # refused by the policy's config itself
         resolve_budget(_cfg(tmp_path / "e", "+method=evict_recency", f"method.budget_match={tmp_path / 'snap'}"))
     with pytest.raises(ValueError, match="budget_fraction must lie in"):
         H2OConfig(budget_fraction=1.5)

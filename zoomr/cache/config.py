@@ -12,7 +12,9 @@ Budget fields: ``budget_rows`` (rows per (layer, sequence, KV head) resident bet
 decoding, see ``eval/budget.py``): ``budget_fraction`` f = f x the rows full KV holds at the end of a
 sequence (its mean peak resident rows, read from the full-KV run ``budget_reference``, default the same
 benchmark and model's ``…/full`` run), or ``budget_match`` = a run directory whose mean resident rows the
-budget takes. In Python, ``zoomr.cache.match_budget(cfg, rows)`` does the same with a number.
+budget takes. In Python, ``zoomr.cache.match_budget(cfg, rows)`` does the same with a number. A policy evicts to
+a budget when its config declares a default ``budget_rows`` (:meth:`PolicyConfig.evicts_to_budget`); the others
+(full, offload, ZoomR, KVzap, KVzip, the block ablation) refuse any budget setting, which they would ignore.
 """
 
 from __future__ import annotations
@@ -73,12 +75,30 @@ class PolicyConfig:
         fill_names(self)
         name = type(self).__name__
         check_positive(name, page_size=self.page_size, budget_rows=self.budget_rows)
+        if not self.evicts_to_budget():
+            given = {k: v for k in ("budget_rows", "budget_fraction", "budget_match")
+                     if (v := getattr(self, k)) is not None}  # fmt: skip
+            if given:
+                settings = ", ".join(f"{k}={v!r}" for k, v in given.items())
+                label = repr(self.policy) if self.name == self.policy else f"{self.name!r} ({self.policy})"
+                raise ValueError(
+                    f"{name}: policy {label} has no row budget, so {settings} would be ignored (it keeps rows by "
+                    "its own rule); leave the budget unset, or use a budgeted policy (streaming, h2o, snapkv, rkv)"
+                )
         if self.budget_fraction is not None and not 0 < self.budget_fraction <= 1:
             raise ValueError(f"{name}: budget_fraction must lie in (0, 1], got {self.budget_fraction}")
         if self.budget_fraction is not None and self.budget_match is not None:
             raise ValueError(f"{name}: set budget_fraction or budget_match, not both")
         if self.budget_reference is not None and self.budget_fraction is None:
             raise ValueError(f"{name}: budget_reference is the full-KV run of budget_fraction; set budget_fraction")
+
+    @classmethod
+    def evicts_to_budget(cls) -> bool:
+        """Whether the policy evicts down to ``budget_rows``: its config declares a default budget (StreamingLLM,
+        H2O, SnapKV, R-KV). The others keep rows by their own rule, and refuse a budget they would ignore."""
+        import dataclasses
+
+        return next(f for f in dataclasses.fields(cls) if f.name == "budget_rows").default is not None
 
     @property
     def budget_pending(self) -> bool:

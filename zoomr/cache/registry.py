@@ -93,8 +93,8 @@ def has_row_budget(cfg: Any) -> bool:
     """Whether the policy evicts down to ``budget_rows`` (StreamingLLM, H2O, SnapKV, R-KV), as opposed to
     keeping everything (full, offload) or deciding by its own rule (thresholds, blocks, code rows)."""
     config = policy_config(cfg)
-    field = {f.name: f for f in dataclasses.fields(config)}.get("budget_rows")
-    return field is not None and field.default is not None
+    evicts = getattr(config, "evicts_to_budget", None)  # AbridgeKV / LightThinker configs have no budget fields
+    return bool(evicts and evicts())
 
 
 def match_budget(cfg: Any, rows: float) -> Any:
