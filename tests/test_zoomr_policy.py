@@ -179,6 +179,34 @@ def test_vote_layers_variant_counts_only_the_listed_layers(tiny2):
         zoomr(tok, model, vote_layers=[])
 
 
+@pytest.mark.parametrize("layers", [[1.5], ["1"], [True], [1, 1], 1])
+def test_vote_layers_that_name_no_layer_exactly_are_refused(layers):
+    """method_config("zoomr", vote_layers=[1.5]) was accepted and no layer ever voted (1.5 is no layer index: ZoomR
+    kept only the prompt and the window, without a word); ["1"] was a TypeError traceback, [True] layer 1."""
+    from zoomr.configs import method_config
+    from zoomr.schemas.checks import SettingsError
+
+    with pytest.raises(SettingsError, match=r"vote_layers must be null or a non-empty list of distinct layer indices"):
+        method_config("zoomr", vote_layers=layers)
+    assert method_config("zoomr", vote_layers=[2, 1]).vote_layers == [2, 1]
+
+
+def test_policy_configs_built_in_code_check_their_types():
+    """A config dataclass built directly (not through method_config) took offload="false" as True and
+    decoding="no" as pruning during decoding; budget_rows=16.5 kept 8.0 recent rows."""
+    from zoomr.cache.h2o import H2OConfig
+    from zoomr.cache.kvzap import KVzapMethod
+    from zoomr.cache.zoomr import ZoomRConfig
+
+    with pytest.raises(ValueError, match=r"method.offload='false' \(must be a bool\)"):
+        ZoomRConfig(offload="false")
+    with pytest.raises(ValueError, match=r"method.decoding='no' \(must be a bool\)"):
+        KVzapMethod(decoding="no")
+    with pytest.raises(ValueError, match=r"method.budget_rows=16.5 \(must be an int\)"):
+        H2OConfig(budget_rows=16.5)
+    assert ZoomRConfig(offload=False, window=8).window == 8 and KVzapMethod(threshold=-4).threshold == -4
+
+
 @torch.no_grad()
 def test_sumr_keeps_every_summary_and_no_regular_segment(tiny2):
     model, tok = tiny2

@@ -72,6 +72,9 @@ class PolicyConfig:
     budget_match: str | None = None  # a run directory: budget_rows = its mean resident rows
 
     def __post_init__(self) -> None:
+        from zoomr.schemas.checks import check_types
+
+        check_types(self, "method")  # a config built in code: offload="false" would be truthy, 16.5 rows a float
         fill_names(self)
         name = type(self).__name__
         check_positive(name, page_size=self.page_size, budget_rows=self.budget_rows)
