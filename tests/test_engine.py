@@ -39,6 +39,44 @@ def test_bad_settings_fail_clearly():
         DecodeSettings(top_p=0)
 
 
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [({"max_new_tokens": 2.5}, r"max_new_tokens=2.5 \(must be an int\)"),  # decoded 3 tokens
+     ({"top_k": 2.5}, r"top_k=2.5 \(must be an int\)"),  # torch's TypeError at the first sample
+     ({"temperature": True}, r"temperature=True \(must be a number\)"),  # sampled at T=1
+     ({"seed": 1.5}, r"seed=1.5 \(must be an int"),  # truncated to 1
+     ({"stop_strings": "\n\n"}, r"stop_strings='\\n\\n' \(must be a list of non-empty strings\)"),  # each char
+     ({"stop_strings": [""]}, "must be a list of non-empty strings"),  # every sample stopped after one token
+     ({"stop_token_ids": 2}, r"stop_token_ids=2 \(must be null or a list of token ids >= 0\)")],  # TypeError
+)  # fmt: skip
+def test_settings_of_the_wrong_type_are_refused_by_name(setting, message):
+    with pytest.raises(ValueError, match=message):
+        DecodeSettings(**setting)
+    assert DecodeSettings(stop_strings=["\n\n"], stop_token_ids=(2,), seed=[1, 2]).stop_strings == ["\n\n"]
+
+
+def test_bad_prompts_and_policies_fail_clearly(tiny2):
+    """A string as the prompt list decoded each character as a prompt; an id outside the vocabulary (prompt or
+    script) was torch's 'index out of range in self' from the embedding; a float id was truncated; a policy
+    name where a config goes was OmegaConf's 'Input cfg is not an OmegaConf config object'."""
+    model, tok = tiny2
+    s = DecodeSettings(max_new_tokens=2, progress=False)
+    vocab = model.get_input_embeddings().num_embeddings
+    with pytest.raises(ValueError, match="prompts is one string: pass a list of prompts"):
+        generate(model, tok, "What is 2 + 3?", None, s)
+    with pytest.raises(ValueError, match=rf"prompt 1: {vocab} is not a token id of this model \(ints in \[0, {vocab}\)\)"):
+        generate(model, tok, [[1, 2], [3, vocab]], None, s)
+    with pytest.raises(ValueError, match="prompt 0: -1 is not a token id"):
+        generate(model, tok, [[1, -1]], None, s)
+    with pytest.raises(ValueError, match="prompt 0: 2.0 is not a token id"):
+        generate(model, tok, [[1, 2.0]], None, s)
+    with pytest.raises(ValueError, match="script 0: -1 is not a token id"):
+        generate(model, tok, [[1, 2]], None, s, script=[[None, -1]])
+    with pytest.raises(ValueError, match=r"not the name 'h2o': zoomr.configs.method_config\('h2o'\)"):
+        generate(model, tok, [[1, 2]], "h2o", s)
+    assert generate(model, tok, [[1, 2]], None, s, script=[[None, 3]])[0].token_ids[1] == 3
+
+
 def test_sampling_is_per_sequence_reproducible(tiny2):
     """With per-sequence seeds a sampled sequence is the same alone or in a batch (eviction included)."""
     model, tok = tiny2

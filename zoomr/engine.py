@@ -20,6 +20,7 @@ import time
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,7 @@ class DecodeSettings:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        self._check_types()
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not 0 <= self.temperature < float("inf") or not 0 < self.top_p <= 1 or self.top_k < 0:  # NaN fails too
@@ -59,6 +61,36 @@ class DecodeSettings:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         if self.stats_every < 1:
             raise ValueError(f"stats_every must be >= 1, got {self.stats_every}")
+
+    def _check_types(self) -> None:
+        """Refuse values of the wrong type by field: a float token cap or top-k (2.5 decoded 3 tokens, and top_k a
+        torch TypeError), ``temperature=True``, ``stop_strings="\\n\\n"`` (its characters became the stop strings), an
+        empty stop string (every sample stopped after one token) and ``stop_token_ids=2`` (a TypeError)."""
+        wrong = []
+        for name in ("max_new_tokens", "top_k", "stats_every", "prefill_chunk"):
+            value = getattr(self, name)
+            if not (_integer(value) or (name == "prefill_chunk" and value is None)):
+                wrong.append(f"{name}={value!r} (must be an int)")
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, Real):
+                wrong.append(f"{name}={value!r} (must be a number)")
+        seeds = self.seed if isinstance(self.seed, list | tuple) else [self.seed]
+        if not all(_integer(x) for x in seeds):
+            wrong.append(f"seed={self.seed!r} (must be an int or a list of ints, one per prompt)")
+        stops = self.stop_strings
+        if not isinstance(stops, list | tuple) or not all(isinstance(x, str) and x for x in stops):
+            wrong.append(f"stop_strings={stops!r} (must be a list of non-empty strings)")
+        ids = self.stop_token_ids
+        if ids is not None and (not isinstance(ids, list | tuple) or not all(_integer(x) and x >= 0 for x in ids)):
+            wrong.append(f"stop_token_ids={ids!r} (must be null or a list of token ids >= 0)")
+        if wrong:
+            raise ValueError("DecodeSettings: " + "; ".join(wrong))
+
+
+def _integer(value: Any) -> bool:
+    """An integer that is not a bool (numpy's integers too)."""
+    return isinstance(value, Integral) and not isinstance(value, bool)
 
 
 @dataclass
@@ -423,6 +455,17 @@ class _Decode:
         return outputs
 
 
+def _check_token_ids(model: torch.nn.Module, ids: list[list[Any]], script: Sequence[Sequence[Any]] | None) -> None:
+    """Refuse a prompt or script token that is not an id of the model's embedding (an IndexError from deep in
+    torch's embedding otherwise; a float id was truncated without a word)."""
+    vocab = model.get_input_embeddings().num_embeddings
+    for what, rows in (("prompt", ids), ("script", script or [])):
+        for i, row in enumerate(rows):
+            for t in row:
+                if (t is not None or what == "prompt") and not (_integer(t) and 0 <= t < vocab):
+                    raise ValueError(f"{what} {i}: {t!r} is not a token id of this model (ints in [0, {vocab}))")
+
+
 @torch.no_grad()
 def generate(
     model: torch.nn.Module,
@@ -439,6 +482,8 @@ def generate(
     the model writes it); past the end of a script the model writes freely.
     """
     settings = settings or DecodeSettings()
+    if isinstance(prompts, str):  # iterating it would decode each character as a prompt of its own
+        raise ValueError("prompts is one string: pass a list of prompts (generate(model, tokenizer, [prompt]))")
     if policy is None:
         policy = {"policy": "full"}
     cache = policy if isinstance(policy, PolicyCache) else build_policy(policy, model.config, tokenizer)
@@ -450,6 +495,7 @@ def generate(
     ]
     if not ids or any(len(p) == 0 for p in ids):
         raise ValueError("every prompt must have at least one token")
+    _check_token_ids(model, ids, script)
     run = _Decode(model, tokenizer, cache, ids, settings, script)
     bar = tqdm(
         total=settings.max_new_tokens, desc=f"decode[{cache.policy_name}]", disable=not settings.progress

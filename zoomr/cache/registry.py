@@ -65,6 +65,11 @@ def policy_config(cfg: Any) -> Any:
     """The policy's config dataclass from a dataclass, a dict or an OmegaConf node (unknown keys are errors)."""
     if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
         return cfg
+    if isinstance(cfg, str):  # OmegaConf's 'Input cfg is not an OmegaConf config object (str)' otherwise
+        raise ValueError(
+            f"a cache policy config is a config dataclass, a dict or an OmegaConf node, not the name {cfg!r}: "
+            f"zoomr.configs.method_config({cfg!r}) loads conf/method/{cfg}.yaml"
+        )
     if not isinstance(cfg, Mapping):
         from omegaconf import OmegaConf
 
