@@ -77,6 +77,19 @@ def test_bad_prompts_and_policies_fail_clearly(tiny2):
     assert generate(model, tok, [[1, 2]], None, s, script=[[None, 3]])[0].token_ids[1] == 3
 
 
+@pytest.mark.parametrize(("field", "value"), [("num_hidden_layers", 3), ("num_hidden_layers", 1), ("num_key_value_heads", 1)])
+def test_a_cache_built_for_another_model_is_refused(tiny2, field, value):
+    """A cache built from another model's config: more layers decoded without a word, fewer layers or KV heads
+    were an IndexError / the store's shape error from inside the forward."""
+    import copy
+
+    model, tok = tiny2
+    other = copy.deepcopy(model.config)
+    setattr(other, field, value)
+    with pytest.raises(ValueError, match=r"the cache was built for another model: \(layers, query heads, KV heads"):
+        generate(model, tok, [[1, 2]], build_policy({"policy": "full"}, other), DecodeSettings(2, progress=False))
+
+
 def test_sampling_is_per_sequence_reproducible(tiny2):
     """With per-sequence seeds a sampled sequence is the same alone or in a batch (eviction included)."""
     model, tok = tiny2

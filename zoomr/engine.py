@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from zoomr.attention import ATTN_IMPLEMENTATION
 from zoomr.cache import ForcedInput, PolicyCache, build_policy
+from zoomr.cache.base import attention_shape
 from zoomr.decode_forward import DecoderForward
 
 
@@ -489,6 +490,12 @@ def generate(
     cache = policy if isinstance(policy, PolicyCache) else build_policy(policy, model.config, tokenizer)
     if cache.steps_done:
         raise ValueError("generate needs a fresh cache (build one per call with build_policy)")
+    built, model_shape = (cache.num_layers, cache.q_heads, cache.kv_heads, cache.head_dim), attention_shape(model.config)
+    if built != model_shape:  # more layers decoded and reported empty layers' rows; fewer were IndexErrors
+        raise ValueError(
+            f"the cache was built for another model: (layers, query heads, KV heads, head dim) = {built}, this model "
+            f"has {model_shape}; build it from this model's config (build_policy(cfg, model.config, tokenizer))"
+        )
     ids = [
         list(p) if not isinstance(p, str) else tokenizer(p, add_special_tokens=False).input_ids
         for p in prompts

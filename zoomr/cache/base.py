@@ -79,6 +79,14 @@ class PolicyLayer(CacheLayerMixin):
         pass
 
 
+def attention_shape(model_config: Any) -> tuple[int, int, int, int]:
+    """(layers, query heads, KV heads, head dim) of a model config: the shape a cache is built for."""
+    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    q_heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or q_heads
+    return text.num_hidden_layers, q_heads, kv_heads, getattr(text, "head_dim", None) or text.hidden_size // q_heads
+
+
 class PolicyCache(StepProtocol, Eviction, CacheStats, PolicyHooks, Cache):
     """Base class of every KV-cache policy. Subclasses override hooks; the base keeps storage and bookkeeping.
 
@@ -99,10 +107,7 @@ class PolicyCache(StepProtocol, Eviction, CacheStats, PolicyHooks, Cache):
         self.config = config
         self.model_config = text
         self.tokenizer = tokenizer
-        self.num_layers = text.num_hidden_layers
-        self.q_heads = text.num_attention_heads
-        self.kv_heads = getattr(text, "num_key_value_heads", None) or self.q_heads
-        self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // self.q_heads
+        self.num_layers, self.q_heads, self.kv_heads, self.head_dim = attention_shape(text)
         self.group = self.q_heads // self.kv_heads
         self.page_size = int(getattr(config, "page_size", 16))
         super().__init__(layers=[PolicyLayer(i, self) for i in range(self.num_layers)])
