@@ -108,6 +108,20 @@ def test_gqa_requirement_and_spec_validation():
         ModelSpec(name="x", arch="gpt2", tiny={})
 
 
+def test_a_tiny_override_no_config_reads_is_refused():
+    """model_config("tiny-qwen2", tiny={"num_hidden_layer": 2}) (or +model.tiny.num_hidden_layer=2) built the
+    default 4-layer model: transformers keeps any keyword as an attribute nobody reads."""
+    from zoomr.configs import model_config
+    from zoomr.schemas.checks import SettingsError
+
+    with pytest.raises(SettingsError, match=r"model.tiny has keys no llama config reads: \['num_hidden_layer'\]"):
+        model_config("tiny-testbed", tiny={"num_hidden_layer": 2})
+    with pytest.raises(SettingsError, match="no qwen2 config reads"):
+        tiny_spec("qwen2", num_layers=2)
+    spec = tiny_spec("phi3", partial_rotary_factor=0.5, head_dim=32, tie_word_embeddings=False)  # keys it reads
+    assert spec.tiny["head_dim"] == 32 and model_config("tiny-testbed").tiny["num_hidden_layers"] == 3
+
+
 def test_real_model_id_fails_fast_with_clear_message():
     code = (
         "from zoomr.models import ModelSpec, load_tokenizer\n"

@@ -64,6 +64,9 @@ class ModelSpec:
             raise SettingsError(f"model {self.name!r}: arch {self.arch!r} not in {ARCHITECTURES}")
         if self.dtype not in DTYPES:
             raise SettingsError(f"model {self.name!r}: dtype {self.dtype!r} not in {sorted(DTYPES)}")
+        unknown = sorted(set(self.tiny or {}) - tiny_keys(self.arch))
+        if unknown:  # transformers keeps any keyword as an attribute nobody reads: the model was built without it
+            raise SettingsError(f"model {self.name!r}: model.tiny has keys no {self.arch} config reads: {unknown}")
         bpe = self.hf_id is None and not (self.extra or {}).get("tokenizer")  # a locally trained BPE tokenizer
         if bpe and not (isinstance(self.vocab_size, int) and self.vocab_size >= BYTE_ALPHABET):
             raise SettingsError(f"model {self.name!r}: vocab_size={self.vocab_size} must be >= {BYTE_ALPHABET} "
@@ -72,6 +75,16 @@ class ModelSpec:
     @property
     def is_tiny(self) -> bool:
         return self.tiny is not None
+
+
+def tiny_keys(arch: str) -> set[str]:
+    """The ``model.tiny`` keys a tiny model of ``arch`` uses: its config class's fields, ``head_dim`` (every
+    supported attention reads it when set) and what :func:`tiny_config` turns into RoPE parameters."""
+    import inspect
+
+    config = AutoConfig.for_model(arch)
+    fields = set(config.to_dict()) | (set(inspect.signature(type(config).__init__).parameters) - {"self", "kwargs"})
+    return fields | {"head_dim", "rope_theta", "partial_rotary_factor"}
 
 
 TINY_SIZE = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
