@@ -57,18 +57,14 @@ def resolve_budget(cfg: Any, config: Any = None) -> str | None:
     """
     from omegaconf import open_dict
 
-    from zoomr.cache import has_row_budget, match_budget, policy_config
+    from zoomr.cache import match_budget, policy_config
 
     method = cfg.get("method")
     if method is None or not method.get("policy"):
         return None
     config = policy_config(method) if config is None else config
-    if not getattr(config, "budget_pending", False):
+    if not getattr(config, "budget_pending", False):  # a budget on a policy without one is refused by its config
         return None
-    if not has_row_budget(config):
-        raise SystemExit(
-            f"method {config.name!r} has no row budget, so budget_fraction / budget_match do not apply to it"
-        )
     benchmark, model = cfg.benchmark.name, cfg.model.name
     if config.budget_fraction is not None:
         ref = Path(config.budget_reference or Path(cfg.run_dir).parent / "full")
