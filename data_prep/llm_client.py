@@ -6,7 +6,8 @@ connection errors, malformed JSON and answers the caller's validator rejects; ot
 (nothing listening: wrong port, server not started) fails at once too (:class:`EndpointUnreachable`);
 once it has answered, a refused connection is a transient error. When no answer has been accepted for
 ``stall_timeout_s`` (a hanging or always-failing server) every request stops (:class:`EndpointStalled`),
-so a run's time is bounded by about ``stall_timeout_s + timeout_s``. The API key is read from the environment variable named in
+so a run's time is bounded by about ``stall_timeout_s + timeout_s`` (``timeout_s`` bounds a whole request,
+not each read: a server trickling its answer byte by byte is a timeout too). The API key is read from the environment variable named in
 the settings, sent only in the ``Authorization`` header, and never logged or stored.
 """
 
@@ -123,9 +124,11 @@ class ChatClient:
         for attempt in range(self.settings.max_retries + 1):
             self._check_stalled(last)
             retry_after = None
-            try:
-                resp = await self._client.post("/chat/completions", json=self._body(messages))
-            except httpx.TimeoutException:
+            try:  # timeout_s bounds the whole request: httpx's timeout is per read, so a trickling server never hit it
+                resp = await asyncio.wait_for(
+                    self._client.post("/chat/completions", json=self._body(messages)), self.settings.timeout_s
+                )
+            except (httpx.TimeoutException, TimeoutError):
                 last = "timeout"
             except httpx.ConnectError as e:
                 last = f"connect:{type(e).__name__}"

@@ -342,7 +342,9 @@ def summarize_traces(
     store_path = Path(store_path) if store_path else out_dir / "store.sqlite"
     planned, skipped = plan_rows(rows, settings)
     jobs = {k: (p.row.question, para.text) for p in planned for k, para in zip(p.keys, p.paragraphs)}
-    with SummaryStore(store_path, settings.endpoint.model, PROMPT_VERSION) as store:
+    validate = summary_validator(settings.reject_truncated_answers)
+    accept = lambda stored: validate(stored.summary, stored.finish_reason) is None  # noqa: E731
+    with SummaryStore(store_path, settings.endpoint.model, PROMPT_VERSION, accept) as store:  # rejected: asked again
         cached = len(jobs) - len(store.missing(list(jobs)))
         report = asyncio.run(fetch_summaries(jobs, store, settings, transport=transport))
         records, originals, incomplete = assemble(planned, store)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,10 +46,21 @@ class StoredSummary:
 
 
 class SummaryStore:
-    """``SummaryStore(path, model, prompt_version)``: get / put / missing over paragraph hashes."""
+    """``SummaryStore(path, model, prompt_version, accept)``: get / put / missing over paragraph hashes.
 
-    def __init__(self, path: str | Path, model: str, prompt_version: str):
+    ``accept(stored)`` is False for a stored summary this run would have rejected (e.g. one cut by ``max_tokens``,
+    stored by a run with ``reject_truncated_answers=false``): ``get`` does not return it and ``missing`` lists it,
+    so it is asked for again and replaced instead of being reused as a good summary."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        model: str,
+        prompt_version: str,
+        accept: Callable[[StoredSummary], bool] | None = None,
+    ):
         self.path = Path(path)
+        self.accept = accept
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.model = model
         self.prompt_version = prompt_version
@@ -77,7 +89,8 @@ class SummaryStore:
             "WHERE paragraph_hash=? AND model=? AND prompt_version=?",
             (key, self.model, self.prompt_version),
         ).fetchone()
-        return StoredSummary(*row) if row else None
+        stored = StoredSummary(*row) if row else None
+        return stored if stored is not None and (self.accept is None or self.accept(stored)) else None
 
     def put(self, key: str, value: StoredSummary) -> None:
         self._db.execute(
@@ -97,13 +110,15 @@ class SummaryStore:
         self._db.commit()
 
     def missing(self, keys: list[str]) -> list[str]:
-        """The keys (order kept, duplicates dropped) with no stored summary for this model and prompt."""
+        """The keys (order kept, duplicates dropped) with no accepted stored summary for this model and prompt."""
         have = {
             r[0]
             for r in self._db.execute(
-                "SELECT paragraph_hash FROM summaries WHERE model=? AND prompt_version=?",
+                "SELECT paragraph_hash, summary, finish_reason, prompt_tokens, completion_tokens, attempts "
+                "FROM summaries WHERE model=? AND prompt_version=?",
                 (self.model, self.prompt_version),
             )
+            if self.accept is None or self.accept(StoredSummary(*r[1:]))
         }
         return [k for k in dict.fromkeys(keys) if k not in have]
 

@@ -190,3 +190,26 @@ def test_select_reads_a_dotted_key_from_a_config_or_plain_dicts():
     for cfg in (plain, OmegaConf.create(plain)):
         assert select(cfg, "task.out") == "runs/x" and select(cfg, "run_dir") == "r"
         assert select(cfg, "pipeline.out_dir") is None and select(cfg, "task.missing") is None
+
+
+def test_a_refused_rerun_leaves_the_finished_runs_hydra_record(tmp_path, monkeypatch):
+    """Hydra writes ``.hydra/`` before any check: a refused rerun into a finished run's directory replaced its
+    config.yaml / overrides.yaml with the refused command's (config.json stayed right). Run in this process through
+    hydra.main (the callbacks run), with Hydra's logging off."""
+    from data_prep.__main__ import main
+
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text("seed: 1\n")
+    (run / ".hydra" / "overrides.yaml").write_text("- +pipeline=summarize\n")
+    (run / "config.json").write_text("{}")
+    fresh = tmp_path / "fresh"
+    for run_dir in (run, fresh):
+        monkeypatch.setattr(sys, "argv", ["data_prep", "+pipeline=summarize", "seed=-1", f"hydra.run.dir={run_dir}",
+                                          "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"])  # fmt: skip
+        with pytest.raises(SystemExit, match=r"seed=-1: must be in"):
+            main()
+    assert sorted(p.name for p in (run / ".hydra").iterdir()) == ["config.yaml", "overrides.yaml"]
+    assert (run / ".hydra" / "config.yaml").read_text() == "seed: 1\n"
+    assert (run / ".hydra" / "overrides.yaml").read_text() == "- +pipeline=summarize\n"
+    assert (run / "config.json").read_text() == "{}" and not fresh.exists()  # a new directory is still removed

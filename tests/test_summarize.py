@@ -242,6 +242,25 @@ def test_a_store_path_holding_another_file_is_named(tmp_path):
         assert store.get("k") is None
 
 
+def test_a_stored_summary_this_run_rejects_is_asked_for_again(tmp_path):
+    """Summaries cut by max_tokens, stored by a run with reject_truncated_answers=false, were reused as good ones by
+    a rerun that rejects them (0 requested, the cut summaries written); now they are asked for again and replaced."""
+    rows = small_rows()[:1]
+    with FakeServer() as server:
+        first, _ = run_pipeline(tmp_path, server.base_url, rows=rows, reject_truncated_answers=False)
+        with sqlite3.connect(tmp_path / "store.sqlite") as db:  # as a server that cut every answer stores them
+            db.execute("UPDATE summaries SET finish_reason='length', summary='cut'")
+        kept, text = run_pipeline(tmp_path, server.base_url, rows=rows, reject_truncated_answers=False)
+        assert kept["summaries_requested"] == 0 and "cut" in json.loads(text)["summaries"]
+        second, text = run_pipeline(tmp_path, server.base_url, rows=rows)
+    assert first["summaries_new"] > 0 and second["summaries_cached"] == 0
+    assert second["summaries_requested"] == second["summaries_new"] == first["summaries_new"]
+    assert "cut" not in json.loads(text)["summaries"]
+    with sqlite3.connect(tmp_path / "store.sqlite") as db:  # replaced, not stored twice
+        assert db.execute("SELECT COUNT(*), SUM(finish_reason='length') FROM summaries").fetchone() == (
+            first["summaries_new"], 0)
+
+
 def test_plan_counts_messy_rows():
     rows = small_rows()
     planned, skipped = plan_rows(rows, SummarizeSettings(keep_truncated=True))

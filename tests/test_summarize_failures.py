@@ -8,7 +8,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from test_summarize import run_pipeline
@@ -90,3 +92,47 @@ def test_an_input_without_usable_rows_is_refused_before_the_run_directory(tmp_pa
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-1500:]
     assert f"{empty}: no usable trace rows" in proc.stderr
     assert not (tmp_path / "run").exists() and not (tmp_path / "out").exists()
+
+
+class _TricklingHandler(BaseHTTPRequestHandler):
+    """Sends the headers of a 200 and then one byte of its body every 0.1 s for 8 s: each read is quick, the answer
+    never comes (a proxy keeping a dead upstream alive)."""
+
+    stop = threading.Event()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Length", "100000")
+        self.end_headers()
+        try:
+            for _ in range(80):
+                if self.stop.wait(0.1):
+                    return
+                self.wfile.write(b" ")
+                self.wfile.flush()
+        except OSError:  # the client gave up and closed the connection
+            pass
+
+
+def test_a_server_trickling_its_answer_is_bounded_by_the_request_timeout(tmp_path):
+    """httpx's timeout bounds each read, not the request: a server sending a byte every 0.1 s held a request (and
+    the run) for as long as it kept sending, past endpoint.timeout_s and stall_timeout_s."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _TricklingHandler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}/v1"
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(SummarizeFailed, match="no answer accepted") as e:
+            run_pipeline(tmp_path, url, timeout_s=0.5, max_retries=1000, stall_timeout_s=1.0)
+        seconds = time.monotonic() - t0
+    finally:
+        _TricklingHandler.stop.set()
+        server.shutdown()
+        server.server_close()
+    assert seconds < 1.0 + 0.5 + 3  # stall timeout + one request timeout + slack
+    assert url in str(e.value) and "timeout: " in str(e.value)

@@ -54,6 +54,7 @@ def hydra_entry(config_name: str, resumes_from: Callable[[Any], Any] | None = No
                 stop = interrupted(config_name, resumes_from(cfg) if resumes_from else None)
             except SystemExit as e:  # a refusal
                 stop = e
+            KeepRunRecord.restore()  # .hydra/ of the run already in the directory, when this one wrote nothing there
             discard_empty_run_dir()  # a refused run leaves no directory holding only Hydra's log behind
             raise stop from None
 
@@ -75,6 +76,54 @@ class LauncherCheck(Callback):
                 f"hydra/launcher={choice} submits the jobs to SLURM, but this machine has no `srun`: run it on a "
                 "SLURM login node, or sweep here with hydra/launcher=basic (one job after another) or submitit_local"
             )
+
+
+class KeepRunRecord(Callback):
+    """A Hydra callback (``hydra.callbacks.keep_run_record`` in every entry config): Hydra writes ``.hydra/`` (the
+    config and overrides) into the run directory before any of our checks, so a refused rerun into a finished run's
+    directory left ``.hydra/`` describing the refused command. ``on_run_start`` keeps the ``.hydra/`` files already
+    there and the state of the directory's other entries; :meth:`restore` (on every refusal, error or Ctrl-C) puts
+    them back when the refused run changed none of those entries."""
+
+    _kept: tuple[Path, dict[str, bytes], dict[str, tuple[int, int]]] | None = None
+
+    def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        KeepRunRecord._kept = None
+        subdir = select(config, "hydra.output_subdir")
+        try:
+            out = Path(str(select(config, "hydra.run.dir")))
+        except Exception:  # noqa: BLE001 - a directory Hydra cannot resolve yet: nothing to keep
+            return
+        record = out / str(subdir)
+        if subdir is None or not record.is_dir():
+            return
+        files = {p.name: p.read_bytes() for p in record.iterdir() if p.is_file()}
+        KeepRunRecord._kept = (record, files, _entries(out, config.hydra.job.name))
+
+    @staticmethod
+    def restore() -> None:
+        """Put back the ``.hydra/`` files of the run directory's earlier run if this run wrote nothing else there."""
+        from hydra.core.hydra_config import HydraConfig
+
+        kept, KeepRunRecord._kept = KeepRunRecord._kept, None
+        if kept is None or not HydraConfig.initialized():
+            return
+        record, files, entries = kept
+        if _entries(record.parent, HydraConfig.get().job.name) != entries:
+            return  # this run wrote into the directory: its .hydra/ describes what is there now
+        for p in record.iterdir():
+            if p.is_file() and p.name not in files:
+                p.unlink()
+        for name, data in files.items():
+            (record / name).write_bytes(data)
+
+
+def _entries(run_dir: Path, job_name: str) -> dict[str, tuple[int, int]]:
+    """(mtime_ns, size) of each entry of ``run_dir`` but ``.hydra`` and Hydra's job log."""
+    if not run_dir.is_dir():
+        return {}
+    own = {".hydra", f"{job_name}.log"}
+    return {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in run_dir.iterdir() if p.name not in own}
 
 
 SEED_RANGE = (0, 2**32 - 1)  # numpy's (and transformers.set_seed's) range; torch alone would take more
