@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from data_prep.llm_client import ChatClient, FatalRequestError, RequestFailed, Validator
-from data_prep.summary_store import StoredSummary, SummaryStore, paragraph_hash
+from data_prep.summary_store import StoredSummary, SummaryStore, check_request_settings, paragraph_hash
 from data_prep.traces import TraceRow
 from zoomr import tokens
 from zoomr.runlock import hold_run_lock
@@ -327,6 +327,14 @@ def write_outputs(out_dir: Path, records: list[dict[str, Any]], stats: dict[str,
     (out_dir / "stats.json").write_text(json.dumps(stats, indent=2, default=str))
 
 
+REQUEST_FIELDS = ("max_tokens", "temperature", "seed", "extra_body")  # what shapes a summary besides model and prompt
+
+
+def request_settings(settings: SummarizeSettings) -> dict[str, Any]:
+    """The endpoint settings a stored summary was asked for under (:data:`REQUEST_FIELDS`)."""
+    return {k: getattr(settings.endpoint, k) for k in REQUEST_FIELDS}
+
+
 def summarize_traces(
     rows: list[TraceRow],
     settings: SummarizeSettings,
@@ -344,7 +352,8 @@ def summarize_traces(
     jobs = {k: (p.row.question, para.text) for p in planned for k, para in zip(p.keys, p.paragraphs)}
     validate = summary_validator(settings.reject_truncated_answers)
     accept = lambda stored: validate(stored.summary, stored.finish_reason) is None  # noqa: E731
-    with SummaryStore(store_path, settings.endpoint.model, PROMPT_VERSION, accept) as store:  # rejected: asked again
+    with SummaryStore(store_path, settings.endpoint.model, PROMPT_VERSION, accept,  # rejected: asked again
+                      request_settings(settings)) as store:  # fmt: skip
         cached = len(jobs) - len(store.missing(list(jobs)))
         report = asyncio.run(fetch_summaries(jobs, store, settings, transport=transport))
         records, originals, incomplete = assemble(planned, store)
@@ -401,12 +410,15 @@ def run(cfg) -> dict[str, Any]:
         max_samples=pipe.max_rows if pipe.max_rows is not None else data.get("max_samples"),
     )
     tokenizer = load_tokenizer(model_spec(cfg), cfg.cache_dir) if pipe.count_tokens else None
-    run_dir, logger = start_run(cfg, job_type="data_prep")
     out_dir = Path(pipe.out_dir).expanduser().absolute()  # relative: the working directory, never the repo
+    settings = SummarizeSettings.from_pipeline(pipe)
+    check_request_settings(pipe.store or out_dir / "store.sqlite", settings.endpoint.model, PROMPT_VERSION,
+                           request_settings(settings))  # before the run directory is written  # fmt: skip
+    run_dir, logger = start_run(cfg, job_type="data_prep")
     try:
         stats = summarize_traces(
             rows,
-            SummarizeSettings.from_pipeline(pipe),
+            settings,
             out_dir,
             store_path=pipe.store,
             tokenizer=tokenizer,

@@ -2,12 +2,15 @@
 
 Each finished summary is committed at once (WAL journal), so a crash or Ctrl-C loses at most the
 requests in flight, and a rerun asks the server only for what is missing. The paragraph hash covers
-the problem text too, because the summariser sees both (ZoomR A.1).
+the problem text too, because the summariser sees both (ZoomR A.1). The request settings that shape a summary
+(``max_tokens``, ``temperature``, ...) are recorded once per (model, prompt version): a store is reused only under
+the same ones (:func:`check_request_settings`), so summaries asked for under other settings are never reused silently.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import sqlite3
 import time
 from collections.abc import Callable
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zoomr.jsonl import BadRowError
+from zoomr.schemas.checks import SettingsError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS summaries (
@@ -28,8 +32,41 @@ CREATE TABLE IF NOT EXISTS summaries (
     attempts INTEGER,
     created REAL NOT NULL,
     PRIMARY KEY (paragraph_hash, model, prompt_version)
+);
+CREATE TABLE IF NOT EXISTS request_settings (
+    model TEXT NOT NULL,
+    prompt_version TEXT NOT NULL,
+    settings TEXT NOT NULL,
+    PRIMARY KEY (model, prompt_version)
 )
 """
+
+
+def check_request_settings(path: str | Path, model: str, prompt_version: str, settings: dict) -> None:
+    """Refuse, reading ``path`` only, settings other than those the store's summaries for (``model``,
+    ``prompt_version``) were asked for under, naming each field; a store without a record (new, or made before
+    2026-12-06) passes and records them when opened."""
+    path = Path(path)
+    if not path.is_file():
+        return
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+            row = db.execute(
+                "SELECT settings FROM request_settings WHERE model=? AND prompt_version=?", (model, prompt_version)
+            ).fetchone()
+    except sqlite3.DatabaseError:  # no such table (an older store), or not a store: SummaryStore names the latter
+        return
+    if row is None:
+        return
+    was = json.loads(row[0])
+    changed = [f"pipeline.endpoint.{k}: was {was.get(k)!r}, now {settings.get(k)!r}" for k in sorted({*was, *settings})
+               if was.get(k) != settings.get(k)]  # fmt: skip
+    if changed:
+        raise SettingsError(
+            f"{path} holds summaries by {model} asked for under other settings ({'; '.join(changed)}); they would be "
+            "reused as if asked for now: give the same settings to reuse them, or another pipeline.store (or "
+            "pipeline.out_dir) to ask again"
+        )
 
 
 def paragraph_hash(problem: str, paragraph: str) -> str:
@@ -46,7 +83,8 @@ class StoredSummary:
 
 
 class SummaryStore:
-    """``SummaryStore(path, model, prompt_version, accept)``: get / put / missing over paragraph hashes.
+    """``SummaryStore(path, model, prompt_version, accept, request_settings)``: get / put / missing over paragraph
+    hashes. ``request_settings``: checked against, or else recorded as, those of the store's earlier summaries.
 
     ``accept(stored)`` is False for a stored summary this run would have rejected (e.g. one cut by ``max_tokens``,
     stored by a run with ``reject_truncated_answers=false``): ``get`` does not return it and ``missing`` lists it,
@@ -58,6 +96,7 @@ class SummaryStore:
         model: str,
         prompt_version: str,
         accept: Callable[[StoredSummary], bool] | None = None,
+        request_settings: dict | None = None,
     ):
         self.path = Path(path)
         self.accept = accept
@@ -68,11 +107,20 @@ class SummaryStore:
         try:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute(SCHEMA)
+            self._db.executescript(SCHEMA)
             self._db.commit()
         except sqlite3.DatabaseError as e:  # another file at the store's path
             self._db.close()
             raise BadRowError(f"{self.path}: not a summary store ({e}); give pipeline.store another path") from None
+        if request_settings is not None:
+            try:
+                check_request_settings(self.path, model, prompt_version, request_settings)
+            except SettingsError:
+                self._db.close()
+                raise
+            self._db.execute("INSERT OR IGNORE INTO request_settings VALUES (?,?,?)",
+                             (model, prompt_version, json.dumps(request_settings, sort_keys=True)))  # fmt: skip
+            self._db.commit()
 
     def close(self) -> None:
         self._db.close()

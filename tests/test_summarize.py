@@ -28,6 +28,7 @@ from data_prep.summarize import (
 )
 from data_prep.traces import TraceRow, load_trace_rows
 from zoomr import tokens
+from zoomr.schemas.checks import SettingsError
 from zoomr.segments import split_paragraphs, split_thought
 
 TRACES = "data_prep/data/traces/sky-t1-math-correct-5k-32b-ckpt140_aime24.jsonl"
@@ -58,7 +59,7 @@ def settings(url: str, concurrency: int = 4, **kw) -> SummarizeSettings:
         backoff_base_s=0.001,
         backoff_max_s=0.01,
         stall_timeout_s=kw.pop("stall_timeout_s", 600.0),
-        max_tokens=32,
+        **{"max_tokens": 32, **kw.pop("endpoint_overrides", {})},
     )
     return SummarizeSettings(
         endpoint=endpoint, min_paragraph_chars=kw.pop("min_chars", 300), progress=False, **kw
@@ -259,6 +260,25 @@ def test_a_stored_summary_this_run_rejects_is_asked_for_again(tmp_path):
     with sqlite3.connect(tmp_path / "store.sqlite") as db:  # replaced, not stored twice
         assert db.execute("SELECT COUNT(*), SUM(finish_reason='length') FROM summaries").fetchone() == (
             first["summaries_new"], 0)
+
+
+def test_a_store_is_reused_only_under_the_request_settings_its_summaries_were_asked_for_under(tmp_path):
+    """A rerun with another max_tokens (or temperature, seed, extra_body) reused every stored summary without a word
+    (the store is keyed by paragraph, model and prompt): refused now, naming the field, before a request is sent;
+    the same settings reuse them, and a store made before the record existed records the settings it is run with."""
+    rows = small_rows()[:1]
+    with FakeServer() as server:
+        first, _ = run_pipeline(tmp_path, server.base_url, rows=rows)
+        with pytest.raises(SettingsError, match=r"pipeline.endpoint.max_tokens: was 32, now 256"):
+            run_pipeline(tmp_path, server.base_url, rows=rows, endpoint_overrides={"max_tokens": 256})
+        again, _ = run_pipeline(tmp_path, server.base_url, rows=rows)
+        with sqlite3.connect(tmp_path / "store.sqlite") as db:  # as a store written before the record
+            db.execute("DROP TABLE request_settings")
+        older, _ = run_pipeline(tmp_path, server.base_url, rows=rows, endpoint_overrides={"temperature": 0.7})
+        with pytest.raises(SettingsError, match=r"pipeline.endpoint.temperature: was 0.7, now 0.0"):
+            run_pipeline(tmp_path, server.base_url, rows=rows)
+    assert first["summaries_new"] > 0 and again["summaries_cached"] == first["summaries_new"]
+    assert again["summaries_requested"] == 0 and older["summaries_requested"] == 0
 
 
 def test_plan_counts_messy_rows():
