@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from data_prep.llm_client import ChatClient, FatalRequestError, RequestFailed, Validator
-from data_prep.summary_store import StoredSummary, SummaryStore, check_request_settings, paragraph_hash
+from data_prep.summary_store import (
+    StoredSummary,
+    StoreUnavailable,
+    SummaryStore,
+    check_request_settings,
+    paragraph_hash,
+)
 from data_prep.traces import TraceRow
 from zoomr import tokens
 from zoomr.runlock import hold_run_lock
@@ -216,7 +222,7 @@ async def fetch_summaries(
             for t in done:
                 try:
                     t.result()
-                except FatalRequestError as e:  # every request would fail the same way: stop them all
+                except (FatalRequestError, StoreUnavailable) as e:  # every request would fail the same way: stop
                     report.fatal = str(e)
         finally:
             for t in tasks:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zoomr.jsonl import BadRowError
+from zoomr.paths import MissingInput
 from zoomr.schemas.checks import SettingsError
 
 SCHEMA = """
@@ -73,6 +74,11 @@ def paragraph_hash(problem: str, paragraph: str) -> str:
     return hashlib.sha256(f"{problem}\x00{paragraph}".encode()).hexdigest()
 
 
+class StoreUnavailable(MissingInput):
+    """The store could not be written (e.g. locked by another process past ``lock_timeout_s``): the run stops like
+    on a fatal endpoint error, writing what finished, instead of ending in sqlite's traceback."""
+
+
 @dataclass(frozen=True)
 class StoredSummary:
     summary: str
@@ -97,30 +103,32 @@ class SummaryStore:
         prompt_version: str,
         accept: Callable[[StoredSummary], bool] | None = None,
         request_settings: dict | None = None,
+        lock_timeout_s: float = 60.0,
     ):
         self.path = Path(path)
         self.accept = accept
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.model = model
         self.prompt_version = prompt_version
-        self._db = sqlite3.connect(str(self.path))
+        self._db = sqlite3.connect(str(self.path), timeout=lock_timeout_s)  # waits for another writer's lock
         try:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(SCHEMA)
+            if request_settings is not None:
+                check_request_settings(self.path, model, prompt_version, request_settings)
+                self._db.execute("INSERT OR IGNORE INTO request_settings VALUES (?,?,?)",
+                                 (model, prompt_version, json.dumps(request_settings, sort_keys=True)))  # fmt: skip
             self._db.commit()
+        except sqlite3.OperationalError as e:  # locked by another process past lock_timeout_s, a read-only file, ...
+            self._db.close()
+            raise StoreUnavailable(f"summary store {self.path}: {e} (is another process writing it?)") from None
         except sqlite3.DatabaseError as e:  # another file at the store's path
             self._db.close()
             raise BadRowError(f"{self.path}: not a summary store ({e}); give pipeline.store another path") from None
-        if request_settings is not None:
-            try:
-                check_request_settings(self.path, model, prompt_version, request_settings)
-            except SettingsError:
-                self._db.close()
-                raise
-            self._db.execute("INSERT OR IGNORE INTO request_settings VALUES (?,?,?)",
-                             (model, prompt_version, json.dumps(request_settings, sort_keys=True)))  # fmt: skip
-            self._db.commit()
+        except SettingsError:
+            self._db.close()
+            raise
 
     def close(self) -> None:
         self._db.close()
@@ -141,6 +149,12 @@ class SummaryStore:
         return stored if stored is not None and (self.accept is None or self.accept(stored)) else None
 
     def put(self, key: str, value: StoredSummary) -> None:
+        try:
+            self._put(key, value)
+        except sqlite3.OperationalError as e:  # "database is locked", a full disk, ...
+            raise StoreUnavailable(f"summary store {self.path}: {e} (is another process writing it?)") from None
+
+    def _put(self, key: str, value: StoredSummary) -> None:
         self._db.execute(
             "INSERT OR REPLACE INTO summaries VALUES (?,?,?,?,?,?,?,?,?)",
             (

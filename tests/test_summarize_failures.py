@@ -136,3 +136,35 @@ def test_a_server_trickling_its_answer_is_bounded_by_the_request_timeout(tmp_pat
         server.server_close()
     assert seconds < 1.0 + 0.5 + 3  # stall timeout + one request timeout + slack
     assert url in str(e.value) and "timeout: " in str(e.value)
+
+
+def test_a_store_locked_by_another_process_stops_the_run_naming_it(tmp_path):
+    """A store another process held a write lock on past sqlite's 5 s ended the run in its 'database is locked'
+    traceback, without stats.json; now saving a summary there stops the fetch like a fatal endpoint error (what
+    finished is written, the message names the store), and opening it is refused as an unavailable input."""
+    import asyncio
+    import sqlite3
+
+    from test_summarize import settings, small_rows
+
+    from data_prep.summarize import PROMPT_VERSION, fetch_summaries, plan_rows
+    from data_prep.summary_store import StoreUnavailable
+
+    path = tmp_path / "store.sqlite"
+    SummaryStore(path, "fake-70b", PROMPT_VERSION).close()
+    other = sqlite3.connect(path)
+    other.execute("BEGIN IMMEDIATE")  # another writer holds the lock
+    try:
+        with pytest.raises(StoreUnavailable, match=f"summary store {path}: database is locked"):
+            SummaryStore(path, "fake-70b", PROMPT_VERSION, request_settings={"max_tokens": 32}, lock_timeout_s=0.1)
+        store = SummaryStore(path, "fake-70b", PROMPT_VERSION, lock_timeout_s=0.1)  # reading needs no lock
+        planned, _ = plan_rows(small_rows()[:1], settings("http://unused"))
+        jobs = {k: (p.row.question, para.text) for p in planned for k, para in zip(p.keys, p.paragraphs)}
+        with FakeServer() as server:
+            report = asyncio.run(fetch_summaries(jobs, store, settings(server.base_url)))
+        store.close()
+    finally:
+        other.rollback()
+        other.close()
+    assert report.fatal is not None and f"summary store {path}: database is locked" in report.fatal
+    assert report.done == 0 and report.requested == len(jobs) > 0
