@@ -8,11 +8,14 @@ fingerprint and config. A corrected rerun is therefore never refused because of 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from zoomr.schemas import to_dataclass
 from zoomr.schemas.eval import BenchmarkConfig, GenerationConfig, GradingConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -100,4 +103,9 @@ def validate(cfg: Any) -> EvalSettings:
     problems += method_problems
     if problems:
         raise SystemExit("invalid eval settings (nothing was written):\n  " + "\n  ".join(problems))
+    gen = parsed["generation"]
+    if gen.temperature == 0 and gen.n_samples > 1:  # allowed (a paired design may want it), but never useful
+        log.warning("generation.temperature=0 with generation.n_samples=%d: greedy samples are identical, so pass@k "
+                    "is greedy accuracy and %d of every %d decodes are spent for nothing; set generation.n_samples=1",
+                    gen.n_samples, gen.n_samples - 1, gen.n_samples)  # fmt: skip
     return EvalSettings(parsed["benchmark"], parsed["generation"], parsed["grading"], method)

@@ -12,6 +12,7 @@ from hydra import compose, initialize_config_dir
 
 from eval.__main__ import run
 from eval.results import FINGERPRINT_FILE, RESULTS_FILE
+from eval.settings import validate
 from zoomr.cache.registry import policy_config
 from zoomr.entry import CONF_DIR
 from zoomr.runlock import RunLock
@@ -168,3 +169,13 @@ def test_rkv_similarity_threshold_is_range_checked():
         with pytest.raises(ValueError, match="similarity_threshold"):
             policy_config({"policy": "rkv", "similarity_threshold": bad})
     assert policy_config({"policy": "rkv", "similarity_threshold": 1.0}).similarity_threshold == 1.0
+
+
+@pytest.mark.parametrize("n, warned", [(1, False), (3, True)])
+def test_greedy_decoding_of_several_samples_is_warned_about(tmp_path, cache_dir, caplog, n, warned):
+    """T = 0 with n_samples > 1 decoded identical samples without a word (the default n_samples is 2): a warning
+    says so, and the run is not refused (the settings are valid)."""
+    with caplog.at_level("WARNING", logger="eval.settings"):
+        validate(_cfg(tmp_path / "run", cache_dir, f"generation.n_samples={n}"))
+    assert ("greedy samples are identical" in caplog.text) is warned
+    assert ("2 of every 3 decodes" in caplog.text) is warned
