@@ -246,32 +246,53 @@ def testbed_plan(tokenizer, p: KVzapPairsPipeline, model_dir: str | None) -> Pla
     return docs, settings, lambda doc: tb.build_testbed_pretext(source, data, tokenizer, doc.index)
 
 
-def make_pairs(
-    model, tokenizer, p: KVzapPairsPipeline, seed: int, model_info: dict[str, Any], model_dir: str | None = None
-) -> dict[str, Any]:
-    """Plan, score and write the pairs into ``p.out_dir``; returns the manifest.
+@dataclass
+class PairsPlan:
+    """What a pairs run will write (``plan``: recorded as ``plan.json``), its documents and their pretexts."""
 
-    Documents come from ``p.sources`` or, when ``p.testbed`` is set, from testbed traces (the model
-    directory ``model_dir``'s ``testbed_data.json`` is checked against them).
-    """
-    out_dir = Path(p.out_dir)
+    plan: dict[str, Any]
+    docs: list[Document]
+    pretext_of: Callable[[Document], RepeatPretext]
+
+
+def plan_pairs(
+    tokenizer, p: KVzapPairsPipeline, seed: int, model_info: dict[str, Any], model_dir: str | None = None
+) -> PairsPlan:
+    """The documents of ``p.sources`` or, when ``p.testbed`` is set, of testbed traces (the model directory
+    ``model_dir``'s ``testbed_data.json`` is checked against them), and the plan they make; writes nothing."""
     docs, settings, pretext_of = (
         testbed_plan(tokenizer, p, model_dir) if p.testbed is not None else text_plan(tokenizer, p, seed)
     )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    hold_run_lock(out_dir, "KVzap pairs pipeline")  # one writer of the shards and the manifest
-    shards = shard_plan(docs, p.docs_per_shard)
     plan = {
         "format": FORMAT,
         "seed": seed,
         "model": model_info,
         "settings": settings,
         "documents": [d.meta() for d in docs],
-        "shards": shards,
+        "shards": shard_plan(docs, p.docs_per_shard),
     }
+    return PairsPlan(plan, docs, pretext_of)
+
+
+def make_pairs(
+    model,
+    tokenizer,
+    p: KVzapPairsPipeline,
+    seed: int,
+    model_info: dict[str, Any],
+    model_dir: str | None = None,
+    planned: PairsPlan | None = None,
+) -> dict[str, Any]:
+    """Plan (:func:`plan_pairs`, unless ``planned``), score and write the pairs into ``p.out_dir``; returns the
+    manifest."""
+    out_dir = Path(p.out_dir)
+    planned = planned or plan_pairs(tokenizer, p, seed, model_info, model_dir)
+    plan, shards = planned.plan, planned.plan["shards"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    hold_run_lock(out_dir, "KVzap pairs pipeline")  # one writer of the shards and the manifest
     _check_plan(out_dir, plan, p.overwrite)
     t0 = time.time()
-    stats = write_shards(model, pretext_of, docs, shards, p, out_dir, seed)
+    stats = write_shards(model, planned.pretext_of, planned.docs, shards, p, out_dir, seed)
     count_pairs(out_dir, shards)
     manifest = {**plan, "seconds": round(time.time() - t0, 1), "floored_targets": stats["floored"]}
     manifest["n_pairs"] = {
@@ -282,20 +303,27 @@ def make_pairs(
     return manifest
 
 
-def _check_plan(out_dir: Path, plan: dict, overwrite: bool) -> None:
+def _other_plan(out_dir: Path, plan: dict) -> bool:
+    """Whether ``out_dir`` holds pairs of another plan than ``plan``."""
     path = out_dir / "plan.json"
-    if path.exists():
-        old = read_json_object(path, "KVzap pairs plan")
-        if old != json.loads(json.dumps(plan)):
-            if not overwrite:
-                raise SystemExit(
-                    f"{out_dir} holds pairs of a different plan (seed, model, settings or data differ); "
-                    "choose another pipeline.out_dir or set pipeline.overwrite=true"
-                )
-            for f in out_dir.glob("shard-*.safetensors"):
-                f.unlink()
-            (out_dir / "manifest.json").unlink(missing_ok=True)
-    write_json(path, plan)
+    return path.exists() and read_json_object(path, "KVzap pairs plan") != json.loads(json.dumps(plan))
+
+
+def refuse_other_plan(out_dir: Path, plan: dict, overwrite: bool) -> None:
+    if _other_plan(out_dir, plan) and not overwrite:
+        raise SettingsError(
+            f"{out_dir} holds pairs of a different plan (seed, model, settings or data differ); "
+            "choose another pipeline.out_dir or set pipeline.overwrite=true"
+        )
+
+
+def _check_plan(out_dir: Path, plan: dict, overwrite: bool) -> None:
+    refuse_other_plan(out_dir, plan, overwrite)
+    if _other_plan(out_dir, plan):  # overwrite=true: the other plan's shards go
+        for f in out_dir.glob("shard-*.safetensors"):
+            f.unlink()
+        (out_dir / "manifest.json").unlink(missing_ok=True)
+    write_json(out_dir / "plan.json", plan)
 
 
 def check_context(p: KVzapPairsPipeline, model_config: Any) -> None:
@@ -325,9 +353,11 @@ def run(cfg) -> dict[str, Any]:
     tokenizer = load_tokenizer(spec, cfg.cache_dir)
     model = load_model(spec, cfg.cache_dir, device=pick_device(cfg.device), attn_implementation="eager")
     check_context(p, model.config)
-    run_dir, logger = start_run(cfg, job_type="data_prep")
     info = {"name": spec.name, **{k: v for k, v in describe(model).items() if k != "params"}}
-    manifest = make_pairs(model, tokenizer, p, int(cfg.seed), info, model_dir=spec.hf_id)
+    planned = plan_pairs(tokenizer, p, int(cfg.seed), info, model_dir=spec.hf_id)  # documents that cannot be made,
+    refuse_other_plan(Path(p.out_dir), planned.plan, p.overwrite)  # or another plan there: before any run state
+    run_dir, logger = start_run(cfg, job_type="data_prep")
+    manifest = make_pairs(model, tokenizer, p, int(cfg.seed), info, model_dir=spec.hf_id, planned=planned)
     per_subset = Counter((d["subset"], d["split"]) for d in manifest["documents"])
     summary = {
         "pipeline": p.name,

@@ -16,6 +16,7 @@ from zoomr.kvzap.pairs import load_layer, read_manifest
 from zoomr.kvzap.pretext import build_repeat_pretext
 from zoomr.kvzap.scoring import kvzip_scores
 from zoomr.models import describe, load_model_and_tokenizer
+from zoomr.schemas.checks import SettingsError
 from zoomr.schemas.kvzap import KVzapPairsPipeline, TextSource
 
 
@@ -126,7 +127,7 @@ def test_pairs_deterministic_resumable_and_correct(model_tok, sources, tmp_path)
     assert victim.read_bytes() == (tmp_path / "a" / files[0]).read_bytes()
 
     # a different plan in the same directory is refused
-    with pytest.raises(SystemExit, match="different plan"):
+    with pytest.raises(SettingsError, match="different plan"):
         make_pairs(model, tok, replace(p, out_dir=str(tmp_path / "b")), seed=6, model_info=info)
 
     # the stored pairs are the scorer's outputs at the stored positions

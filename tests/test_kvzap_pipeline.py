@@ -151,3 +151,34 @@ def test_documents_past_the_models_context_are_refused_before_any_state(tmp_path
     assert "invalid settings: pipeline.max_tokens=100000: the repeat pretext holds each document twice" in proc.stderr
     assert "past the model's 32768 positions" in proc.stderr
     assert not (tmp_path / "pairs").exists() and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "plan", "message"),
+    [
+        (["pipeline.testbed.data.trace_tokens=10"], None, "testbed.trace_tokens=10 is too short"),
+        ([], {"format": "another plan"}, "holds pairs of a different plan"),
+    ],
+    ids=["documents-that-cannot-be-made", "another-plan"],
+)
+def test_testbed_pairs_that_cannot_be_made_here_are_refused_before_the_run_directory(tmp_path, overrides, plan, message):
+    """Both refusals came after the run directory's config.json was written (the documents were planned, and the
+    out_dir's plan compared, only once the run had started); now before any run state, through the entry point's
+    own function (Hydra passthrough). The out_dir's plan is left as it was."""
+    from data_prep.__main__ import main
+
+    out = tmp_path / "pairs"
+    if plan is not None:
+        out.mkdir()
+        (out / "plan.json").write_text(json.dumps(plan))
+    cfg = _compose("data_prep", [
+        "+pipeline=kvzap_pairs_testbed", "model=tiny-testbed", "model.hf_id=analysis/results/miniature/base_model",
+        "pipeline.testbed.n_train=4", "pipeline.testbed.n_val=1", f"pipeline.out_dir={out}", "logger=none",
+        f"run_dir={tmp_path / 'run'}", "hydra.runtime.output_dir=.", *overrides])  # fmt: skip
+    with pytest.raises(SystemExit) as stop:
+        main(cfg)
+    assert isinstance(stop.value.code, str) and message in stop.value.code
+    assert not (tmp_path / "run").exists()
+    assert sorted(p.name for p in out.iterdir()) == ["plan.json"] if plan else not out.exists()
+    if plan:
+        assert json.loads((out / "plan.json").read_text()) == plan
