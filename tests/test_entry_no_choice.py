@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import subprocess
 import sys
@@ -204,11 +205,19 @@ def test_a_refused_rerun_leaves_the_finished_runs_hydra_record(tmp_path, monkeyp
     (run / ".hydra" / "overrides.yaml").write_text("- +pipeline=summarize\n")
     (run / "config.json").write_text("{}")
     fresh = tmp_path / "fresh"
-    for run_dir in (run, fresh):
-        monkeypatch.setattr(sys, "argv", ["data_prep", "+pipeline=summarize", "seed=-1", f"hydra.run.dir={run_dir}",
-                                          "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"])  # fmt: skip
-        with pytest.raises(SystemExit, match=r"seed=-1: must be in"):
-            main()
+    loggers = [lg for lg in logging.root.manager.loggerDict.values() if isinstance(lg, logging.Logger)]
+    disabled, level = [lg.disabled for lg in loggers], logging.root.level
+    try:
+        for run_dir in (run, fresh):  # Hydra's logging config "none" leaves logging alone ("disabled" turns every
+            monkeypatch.setattr(sys, "argv", [  # existing logger off, for the tests after this one too)
+                "data_prep", "+pipeline=summarize", "seed=-1", f"hydra.run.dir={run_dir}",
+                "hydra/job_logging=none", "hydra/hydra_logging=none"])  # fmt: skip
+            with pytest.raises(SystemExit, match=r"seed=-1: must be in"):
+                main()
+    finally:
+        for lg, was in zip(loggers, disabled):
+            lg.disabled = was
+        logging.root.setLevel(level)
     assert sorted(p.name for p in (run / ".hydra").iterdir()) == ["config.yaml", "overrides.yaml"]
     assert (run / ".hydra" / "config.yaml").read_text() == "seed: 1\n"
     assert (run / ".hydra" / "overrides.yaml").read_text() == "- +pipeline=summarize\n"
