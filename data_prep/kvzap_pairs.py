@@ -303,23 +303,20 @@ def make_pairs(
     return manifest
 
 
-def _other_plan(out_dir: Path, plan: dict) -> bool:
-    """Whether ``out_dir`` holds pairs of another plan than ``plan``."""
+def refuse_other_plan(out_dir: Path, plan: dict, overwrite: bool) -> bool:
+    """Whether ``out_dir`` holds pairs of another plan than ``plan``; refused unless ``overwrite``."""
     path = out_dir / "plan.json"
-    return path.exists() and read_json_object(path, "KVzap pairs plan") != json.loads(json.dumps(plan))
-
-
-def refuse_other_plan(out_dir: Path, plan: dict, overwrite: bool) -> None:
-    if _other_plan(out_dir, plan) and not overwrite:
+    other = path.exists() and read_json_object(path, "KVzap pairs plan") != json.loads(json.dumps(plan))
+    if other and not overwrite:
         raise SettingsError(
             f"{out_dir} holds pairs of a different plan (seed, model, settings or data differ); "
             "choose another pipeline.out_dir or set pipeline.overwrite=true"
         )
+    return other
 
 
 def _check_plan(out_dir: Path, plan: dict, overwrite: bool) -> None:
-    refuse_other_plan(out_dir, plan, overwrite)
-    if _other_plan(out_dir, plan):  # overwrite=true: the other plan's shards go
+    if refuse_other_plan(out_dir, plan, overwrite):  # overwrite=true: the other plan's shards go
         for f in out_dir.glob("shard-*.safetensors"):
             f.unlink()
         (out_dir / "manifest.json").unlink(missing_ok=True)

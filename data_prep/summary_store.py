@@ -19,6 +19,7 @@ from pathlib import Path
 
 from zoomr.jsonl import BadRowError
 from zoomr.paths import MissingInput
+from zoomr.rundir import changed_settings
 from zoomr.schemas.checks import SettingsError
 
 SCHEMA = """
@@ -59,9 +60,8 @@ def check_request_settings(path: str | Path, model: str, prompt_version: str, se
         return
     if row is None:
         return
-    was = json.loads(row[0])
-    changed = [f"pipeline.endpoint.{k}: was {was.get(k)!r}, now {settings.get(k)!r}" for k in sorted({*was, *settings})
-               if was.get(k) != settings.get(k)]  # fmt: skip
+    named = lambda d: {f"pipeline.endpoint.{k}": v for k, v in d.items()}  # noqa: E731
+    changed = changed_settings(named(json.loads(row[0])), named(settings))
     if changed:
         raise SettingsError(
             f"{path} holds summaries by {model} asked for under other settings ({'; '.join(changed)}); they would be "
