@@ -8,10 +8,15 @@ A module with typed task fields (e.g. ``paper_tables``: ``task.runs``, ``task.ou
 
 from __future__ import annotations
 
-import importlib
-import sys
+if __name__ == "__main__":  # before the imports below: Ctrl-C while they run prints one line, not a traceback
+    from zoomr.startup import quiet_while_starting
 
-from zoomr.entry import hydra_entry, require_group, select, setup_logging
+    quiet_while_starting()
+
+import importlib  # noqa: E402
+import sys  # noqa: E402
+
+from zoomr.entry import hydra_entry, require_group, select, setup_logging  # noqa: E402
 
 RESUMABLE_TASKS = ("miniature",)  # modules whose rerun does only what is missing in task.out
 

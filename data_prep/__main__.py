@@ -6,9 +6,14 @@ The chosen pipeline's config names its module (``pipeline.module`` → ``data_pr
 
 from __future__ import annotations
 
-import importlib
+if __name__ == "__main__":  # before the imports below: Ctrl-C while they run prints one line, not a traceback
+    from zoomr.startup import quiet_while_starting
 
-from zoomr.entry import hydra_entry, require_group, select, setup_logging
+    quiet_while_starting()
+
+import importlib  # noqa: E402
+
+from zoomr.entry import hydra_entry, require_group, select, setup_logging  # noqa: E402
 
 
 # both pipelines resume into pipeline.out_dir: summaries kept in their store, complete pair shards kept

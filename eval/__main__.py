@@ -7,12 +7,17 @@ command resumes). Writes ``results.jsonl``, ``metrics.json``, ``summary.json``; 
 
 from __future__ import annotations
 
-import json
-import logging
-from pathlib import Path
-from typing import Any
+if __name__ == "__main__":  # before the imports below: Ctrl-C while they run prints one line, not a traceback
+    from zoomr.startup import quiet_while_starting
 
-from zoomr.entry import hydra_entry, model_spec, pick_device, setup_logging, start_run, to_plain
+    quiet_while_starting()
+
+import json  # noqa: E402
+import logging  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+from zoomr.entry import hydra_entry, model_spec, pick_device, setup_logging, start_run, to_plain  # noqa: E402
 
 log = logging.getLogger("eval")
 

@@ -6,9 +6,14 @@ whose ``run(cfg)`` turns the config into plain objects and calls the library.
 
 from __future__ import annotations
 
-import importlib
+if __name__ == "__main__":  # before the imports below: Ctrl-C while they run prints one line, not a traceback
+    from zoomr.startup import quiet_while_starting
 
-from zoomr.entry import hydra_entry, require_group, setup_logging
+    quiet_while_starting()
+
+import importlib  # noqa: E402
+
+from zoomr.entry import hydra_entry, require_group, setup_logging  # noqa: E402
 
 
 @hydra_entry("train", resumes_from=lambda cfg: cfg.run_dir if cfg.get("resume") == "auto" else None)  # checkpoints

@@ -22,6 +22,7 @@ from zoomr.rundir import write_json
 from zoomr.schemas import register_with_hydra
 from zoomr.schemas.checks import SettingsError
 from zoomr.script import USER_ERRORS, interrupted, user_error_message
+from zoomr.startup import started
 from zoomr.tracking import RunLogger, init_run, resolve_mode, run_identity
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -39,6 +40,7 @@ def hydra_entry(config_name: str, resumes_from: Callable[[Any], Any] | None = No
     def wrap(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def task(cfg: Any) -> Any:
+            started()  # from here on Ctrl-C is a KeyboardInterrupt, reported below with where a rerun resumes
             try:
                 check_seed(cfg.get("seed"))
                 for key in OUTPUT_DIRS:

@@ -17,9 +17,9 @@ from typing import Any
 from zoomr.jsonl import BadRowError
 from zoomr.paths import MissingInput
 from zoomr.schemas.checks import SettingsError
+from zoomr.startup import INTERRUPTED
 
 USER_ERRORS = (MissingInput, BadRowError, SettingsError)  # what the user gave is wrong: printed, not a traceback
-INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C
 
 
 def interrupted(name: str, resumes_from: str | None = None) -> SystemExit:
