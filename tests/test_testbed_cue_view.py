@@ -174,3 +174,14 @@ def test_with_paragraph_topics_every_cue_row_after_question_mark_is_blind_to_the
     spans, regular = batch.spans[0], paragraph_rows(batch.starts[0], batch.spans[0])
     assert shown[0] == [[regular[i] for i in s.zoomed] + [(spans[i][0] - 1, spans[i][1] + 1) for i in s.summarized]
                         for s in at_question]  # fmt: skip
+
+
+def test_a_run_inside_its_warm_up_is_said(caplog):
+    from train.testbed_pretrain import check_method
+    from zoomr.schemas.testbed import TestbedTrainMethod
+
+    with caplog.at_level("WARNING", logger="train.testbed_pretrain"):
+        check_method(TestbedTrainMethod(max_steps=101, warmup_steps=100), DATA)
+        assert not caplog.records
+        check_method(TestbedTrainMethod(max_steps=100, warmup_steps=100), DATA)
+    assert "warmup_steps=100 >= method.max_steps=100: the whole run is in the warm-up" in caplog.text

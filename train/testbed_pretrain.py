@@ -163,6 +163,9 @@ def check_method(method: TestbedTrainMethod, data: TestbedData) -> None:
         raise SettingsError(f"method.value_read_weight={method.value_read_weight}: > 0 needs data with summaries and query_form=cue")
     if method.init_from and (problem := checkpoint_dir_problem(resolve_repo_path(method.init_from))):
         raise ModelPathError(f"method.init_from={method.init_from}: {problem}")
+    if method.warmup_steps >= method.max_steps:  # legitimate in a short trial run, so said, not refused
+        log.warning("method.warmup_steps=%d >= method.max_steps=%d: the whole run is in the warm-up (the learning rate "
+                    "rises all along and never decays)", method.warmup_steps, method.max_steps)
 
 
 def run(cfg) -> dict[str, Any]:
