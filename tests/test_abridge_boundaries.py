@@ -29,6 +29,8 @@ def test_classes_follow_the_words_on_the_block_grid():
                 assert (c == "query_straddle") == (key // 128 != (q["answer_pos"] - 1) // 128)
     assert seen == {"fact_straddle", "query_straddle", "inside"}
 
+ROW = {"sample": 0, "competition": "testbed", "n_tokens": 1024, "truncated": False}  # a result row's other fields
+
 
 def test_report_counts_misses_by_class_and_splits_problems(tmp_path):
     """A run that misses exactly the straddling facts: every other class at 0, the problems with a straddling
@@ -38,7 +40,7 @@ def test_report_counts_misses_by_class_and_splits_problems(tmp_path):
     for rec in recs:
         recall = [{"key": q["key"], "correct": query_class(q, 128) != "fact_straddle"} for q in rec["queries"]]
         correct = all(r["correct"] for r, q in zip(recall, rec["queries"], strict=True) if q["final"])
-        rows.append({"problem_id": rec["id"], "sample": 0, "correct": correct, "recall": recall})
+        rows.append({**ROW, "problem_id": rec["id"], "correct": correct, "recall": recall})
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "config.json").write_text(json.dumps({"benchmark": {"options": OPTIONS}}))
     report = boundary_report(tmp_path, 128)
@@ -54,7 +56,7 @@ def test_report_counts_misses_by_class_and_splits_problems(tmp_path):
 def test_cli_prints_a_table_and_writes_the_reports(tmp_path, capsys):
     """``main``: one table row per run, classes no run has left out, the JSON beside it; a bad C is refused."""
     recs = load_test_problems(OPTIONS)
-    rows = [{"problem_id": r["id"], "sample": 0, "correct": True,
+    rows = [{**ROW, "problem_id": r["id"], "correct": True,
              "recall": [{"key": q["key"], "correct": True} for q in r["queries"]]} for r in recs]  # fmt: skip
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "config.json").write_text(json.dumps({"benchmark": {"options": OPTIONS}}))
@@ -73,7 +75,7 @@ def test_a_run_of_other_problems_or_another_benchmark_is_refused_not_reported_as
     benchmark at all, had every row skipped: a report of 0 problems and no misses, written with exit 0. A run of
     another benchmark is refused by name too."""
     recs = load_test_problems(OPTIONS)
-    rows = [{"problem_id": r["id"], "sample": 0, "correct": True,
+    rows = [{**ROW, "problem_id": r["id"], "correct": True,
              "recall": [{"key": q["key"], "correct": True} for q in r["queries"]]} for r in recs]  # fmt: skip
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     for config, message in (({"benchmark": {"task": "testbed", "options": {**OPTIONS, "test_seed": 3_000_017}}},

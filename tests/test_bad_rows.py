@@ -99,7 +99,30 @@ def test_benchmark_file_with_an_unreadable_line_is_refused(tmp_path):
 
 
 def _row(pid: str, sample: int = 0, **kw) -> dict:
-    return {"problem_id": pid, "sample": sample, "correct": False, "grade_method": "none", **kw}
+    return {"problem_id": pid, "sample": sample, "competition": "c", "n_tokens": 3, "truncated": False, "correct": False,
+            "grade_method": "none", "kv": {"rows_mean": 2.5}, **kw}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ({"n_tokens": float("nan")}, "n_tokens=nan"),
+        ({"n_tokens": "many"}, "n_tokens='many'"),
+        ({"n_tokens": -1}, "n_tokens=-1"),
+        ({"truncated": "no"}, "a boolean truncated"),
+        ({"competition": None}, "a string competition"),
+        ({"kv": {"rows_mean": None}}, "kv={'rows_mean': None}"),
+        ({"kv": {"rows_mean": float("inf")}}, "needs finite numbers"),
+        ({"recall_accuracy": 1.5}, "recall_accuracy=1.5"),
+    ],
+)
+def test_a_hand_edited_result_row_is_skipped_naming_the_field(tmp_path, caplog, edit, message):
+    """Such rows were averaged as they stood (a NaN or text n_tokens: a numpy traceback in eval.compare; a null
+    kv value: that sample left out of the resident-KV mean without a word)."""
+    _write(tmp_path / RESULTS_FILE, [json.dumps(_row("a")).encode(), json.dumps(_row("b", **edit)).encode()])
+    store = ResultStore(tmp_path, fsync=False)
+    assert set(store.load(repair=False)) == {("a", 0)} and store.bad == 1
+    assert "line 2: not a result row (" in caplog.text and message in caplog.text
 
 
 def test_result_store_skips_non_utf8_and_empty_object_lines(tmp_path):
