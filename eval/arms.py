@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from zoomr.jsonl import read_json, read_json_object, read_jsonl
+from eval.results import result_row_problem
+from zoomr.jsonl import BadRowError, read_json, read_json_object, read_jsonl
 from zoomr.rundir import write_json
 
 COMMAND_FILE = "arm_command.json"
@@ -112,7 +113,10 @@ def experiment(args: list[str]) -> list[str]:
 def load_arm(run_dir: str | Path) -> ArmResult:
     """Per-problem correctness, recall and resident rows of a finished eval run (first sample of each)."""
     run_dir = Path(run_dir)
-    rows = read_jsonl(run_dir / "results.jsonl")  # a torn or malformed row is named (BadRowError)
+    rows = read_jsonl(run_dir / "results.jsonl", _arm_row_problem)  # a torn or malformed row is named (BadRowError)
+    metrics = read_json_object(run_dir / "metrics.json", "eval metrics")
+    if not isinstance(metrics.get("pooled"), dict):
+        raise BadRowError(f"{run_dir / 'metrics.json'}: no pooled metrics (not an eval run's metrics.json)")
     first = {r["problem_id"]: r for r in sorted(rows, key=lambda r: r["sample"], reverse=True)}
     ordered = sorted(first.values(), key=lambda r: _problem_order(r["problem_id"]))
     return ArmResult(
@@ -120,8 +124,12 @@ def load_arm(run_dir: str | Path) -> ArmResult:
         correct=np.array([float(r["correct"]) for r in ordered]),
         recall=np.array([r.get("recall_accuracy", np.nan) for r in ordered], dtype=float),
         rows=np.array([r["kv"]["rows_mean"] for r in ordered], dtype=float),
-        metrics=read_json_object(run_dir / "metrics.json", "eval metrics"),
+        metrics=metrics,
     )
+
+
+def _arm_row_problem(row: dict[str, Any]) -> str | None:
+    return result_row_problem(row) or (None if "rows_mean" in row.get("kv", {}) else "an eval row without kv.rows_mean")
 
 
 def _problem_order(problem_id: str) -> tuple[str, int]:

@@ -223,13 +223,20 @@ def test_a_malformed_longbench_row_or_arm_result_row_is_named(tmp_path):
         load_rows("hotpotqa", str(tmp_path))
     arm = tmp_path / "arm"
     arm.mkdir()
-    (arm / "metrics.json").write_text("{}")
-    row = {"problem_id": "testbed-5-0", "sample": 0, "correct": True, "kv": {"rows_mean": 10.0}}
+    (arm / "metrics.json").write_text(json.dumps({"pooled": {}}))
+    row = _row("testbed-5-0", correct=True, kv={"rows_mean": 10.0})
     (arm / "results.jsonl").write_text(json.dumps(row) + '\n{"problem_id": "testbed-5-1", "sam')
     with pytest.raises(BadRowError, match=r"results.jsonl line 2"):
         load_arm(arm)
     (arm / "results.jsonl").write_text(json.dumps(row) + "\n")
     assert load_arm(arm).ids == ["testbed-5-0"]
+    (arm / "metrics.json").write_text('{"by_competition": {}}')  # a KeyError where the miniature reads it
+    with pytest.raises(BadRowError, match=r"metrics.json: no pooled metrics"):
+        load_arm(arm)
+    (arm / "metrics.json").write_text('{"pooled": {}}')
+    (arm / "results.jsonl").write_text(json.dumps(_row("testbed-5-0", kv={})) + "\n")
+    with pytest.raises(BadRowError, match=r"results.jsonl line 1: an eval row without kv.rows_mean"):
+        load_arm(arm)
 
 
 @pytest.mark.parametrize(

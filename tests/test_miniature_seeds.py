@@ -14,6 +14,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = REPO_ROOT / "analysis/results/miniature"
 
 
+ROW = {"sample": 0, "competition": "testbed", "n_tokens": 1024, "truncated": False}  # a result row's other fields
+
+
 def _fake_seed(root: Path, test_seed: int, arms: dict[str, list[int]], paired_with: str = "full") -> Path:
     """A miniature output with arms whose per-problem correctness is given (every other field fixed)."""
     out = root / f"s{test_seed}"
@@ -21,10 +24,10 @@ def _fake_seed(root: Path, test_seed: int, arms: dict[str, list[int]], paired_wi
     for name, correct in arms.items():
         run = out / "arms" / name.replace("@", "_at_")
         run.mkdir(parents=True)
-        rows = [{"problem_id": f"testbed-{test_seed}-{i}", "sample": 0, "correct": bool(c), "recall_accuracy": 1.0,
+        rows = [{**ROW, "problem_id": f"testbed-{test_seed}-{i}", "correct": bool(c), "recall_accuracy": 1.0,
                  "kv": {"rows_mean": 100.0 if name == "full" else 40.0}} for i, c in enumerate(correct)]  # fmt: skip
         (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        (run / "metrics.json").write_text("{}")
+        (run / "metrics.json").write_text('{"pooled": {}}')
         entries.append({"name": name, "paired_with": paired_with, "rows_over_full": 1.0 if name == "full" else 0.4})
     (out / "results.json").write_text(json.dumps({"meta": {"test_seed": test_seed}, "arms": entries}))
     return out
@@ -205,10 +208,10 @@ def test_an_arm_evaluated_by_hand_into_arms_joins_only_when_named(tmp_path):
     out = _fake_seed(tmp_path, 21, {"full": full, "abridge_uniform": abridge_uniform})
     run = out / "arms" / "abridge_k2q"
     run.mkdir()
-    rows = [{"problem_id": f"testbed-21-{i}", "sample": 0, "correct": bool(c), "kv": {"rows_mean": 25.0}}
+    rows = [{**ROW, "problem_id": f"testbed-21-{i}", "correct": bool(c), "kv": {"rows_mean": 25.0}}
             for i, c in enumerate(extra)]  # fmt: skip
     (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (run / "metrics.json").write_text("{}")
+    (run / "metrics.json").write_text(json.dumps({"pooled": {}}))
     assert {c["arm"] for c in seeds.run([out], None, [])["comparisons"]} == {"full", "abridge_uniform"}
     results = seeds.run([out], ["abridge_k2q"], ["abridge_k2q:abridge_uniform"])
     by_arm = {(c["arm"], c["vs"]): c for c in results["comparisons"]}
