@@ -3,6 +3,7 @@ run is named after the checkpoint, and a ``zoomr_sft`` LoRA adapter reloads with
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -117,6 +118,30 @@ def test_weights_that_do_not_fit_the_config_are_refused_naming_the_keys(tmp_path
     with caplog.at_level("WARNING", logger="zoomr.models"):  # a hub model is loaded, the report logged
         model = load_matching_weights(tmp_path / "layers2", strict=False)
     assert model.config.num_hidden_layers == 2 and "9 unexpected" in caplog.text
+
+
+def test_a_tokenizer_from_another_model_is_refused(tmp_path):
+    """A checkpoint whose tokenizer was copied from another model (more tokens than the model has embedding rows)
+    loaded without a word: ids past the rows failed in the embedding, the others named other tokens."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from zoomr.models import load_tokenizer
+    from zoomr.testbed.checkpoint import load_testbed_model
+
+    shipped = REPO_ROOT / "analysis/results/miniature/base_model"
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(shipped, ckpt)
+    other = AutoTokenizer.from_pretrained(shipped)
+    other.add_tokens([f"extra{i}" for i in range(5)])
+    other.save_pretrained(ckpt)
+    match = r"its tokenizer has 646 tokens, its model 641 embedding rows"
+    with pytest.raises(ModelPathError, match=f"model.hf_id={re.escape(str(ckpt))}: {match}"):
+        load_tokenizer(ModelSpec(name="x", hf_id=str(ckpt)))
+    with pytest.raises(ModelPathError, match=match):
+        load_testbed_model(ckpt)
+    assert len(load_tokenizer(ModelSpec(name="x", hf_id=str(shipped)))) == 641  # its own tokenizer loads
 
 
 def test_eval_and_train_print_the_bad_model_path_alone(tmp_path):

@@ -232,9 +232,27 @@ def load_tokenizer(spec: ModelSpec, cache_dir: Path | None = None):
             "save it beside the weights (tokenizer.save_pretrained(<dir>))"
         )
     try:
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=spec.trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=spec.trust_remote_code)
     except OSError as e:
         raise _hub_error(spec, e) from e
+    if local.is_dir() and (problem := tokenizer_vocab_problem(local, tokenizer)):
+        raise ModelPathError(f"model.hf_id={spec.hf_id}: {problem}")
+    return tokenizer
+
+
+def tokenizer_vocab_problem(path: str | Path, tokenizer) -> str | None:
+    """Why ``tokenizer`` cannot be the checkpoint ``path``'s own (None: it fits, or ``path`` holds no ``config.json``,
+    e.g. a PEFT adapter, whose base is grown to its tokenizer): it has more tokens than the model has embedding rows
+    (a tokenizer copied from another model: its ids past the rows fail in the embedding, the others name other tokens)."""
+    config = Path(path) / "config.json"
+    if not config.is_file() or (Path(path) / "adapter_config.json").is_file():
+        return None
+    record = read_json_object(config, "model config")
+    rows = record.get("vocab_size", (record.get("text_config") or {}).get("vocab_size"))
+    if isinstance(rows, int) and len(tokenizer) > rows:
+        return (f"its tokenizer has {len(tokenizer)} tokens, its model {rows} embedding rows (config.json vocab_size): "
+                "the tokenizer belongs to another model (save the model's own tokenizer beside its weights)")
+    return None
 
 
 def load_model(
@@ -426,4 +444,5 @@ __all__ = [
     "resolve_model_path",
     "spec_from_dict",
     "tiny_config",
+    "tokenizer_vocab_problem",
 ]
