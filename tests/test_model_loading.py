@@ -115,6 +115,13 @@ def test_weights_that_do_not_fit_the_config_are_refused_naming_the_keys(tmp_path
         (ckpt / "config.json").write_text(json.dumps({**config, "num_hidden_layers": layers}))
         with pytest.raises(ModelPathError, match=f"its weights do not match its config.json: 9 {re.escape(kind)}"):
             load_model(ModelSpec(name="x", hf_id=str(ckpt)))
+    wider = tmp_path / "vocab600"  # a tensor of another shape: transformers' RuntimeError ("look at the above report")
+    shutil.copytree(shipped, wider)
+    config = json.loads((wider / "config.json").read_text())
+    (wider / "config.json").write_text(json.dumps({**config, "vocab_size": 600}))
+    with pytest.raises(ModelPathError, match=re.escape("1 of another shape (model.embed_tokens.weight: [641, 128] in "
+                                                       "the weights, [600, 128] by config.json)")):
+        load_model(ModelSpec(name="x", hf_id=str(wider)))
     with caplog.at_level("WARNING", logger="zoomr.models"):  # a hub model is loaded, the report logged
         model = load_matching_weights(tmp_path / "layers2", strict=False)
     assert model.config.num_hidden_layers == 2 and "9 unexpected" in caplog.text

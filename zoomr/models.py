@@ -290,10 +290,12 @@ def load_matching_weights(path: str | Path, strict: bool = True, model_class: An
     fit its ``config.json``: missing (randomly initialised), unexpected (ignored) or of another shape. transformers
     only prints a load report and runs the wrong model (e.g. a config with fewer layers than the weights).
     ``strict=False`` (a hub model) logs the report as a warning instead."""
+    if strict:  # else transformers raises on a tensor of another shape ("look at the above report"), naming none here
+        kwargs.setdefault("ignore_mismatched_sizes", True)
     model, info = model_class.from_pretrained(path, output_loading_info=True, **kwargs)
     kinds = {"missing": info.get("missing_keys"), "unexpected": info.get("unexpected_keys"),
              "of another shape": info.get("mismatched_keys")}  # fmt: skip
-    wrong = [f"{len(keys)} {kind} ({', '.join(str(k) for k in sorted(keys, key=str)[:3])}{', …' if len(keys) > 3 else ''})"
+    wrong = [f"{len(keys)} {kind} ({', '.join(_key_text(k) for k in sorted(keys, key=str)[:3])}{', …' if len(keys) > 3 else ''})"
              for kind, keys in kinds.items() if keys]  # fmt: skip
     if wrong:
         message = f"{path}: its weights do not match its config.json: {'; '.join(wrong)}"
@@ -301,6 +303,14 @@ def load_matching_weights(path: str | Path, strict: bool = True, model_class: An
             raise ModelPathError(message + " (a config.json edited or copied from another model?)")
         log.warning(message)
     return model
+
+
+def _key_text(key: Any) -> str:
+    """A load report's key: a name, or (name, checkpoint shape, config shape) for a tensor of another shape."""
+    if isinstance(key, tuple) and len(key) == 3:
+        name, saved, wanted = key
+        return f"{name}: {list(saved)} in the weights, {list(wanted)} by config.json"
+    return str(key)
 
 
 def adapter_base(path: str | Path) -> str | None:
