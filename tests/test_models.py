@@ -122,6 +122,18 @@ def test_a_tiny_override_no_config_reads_is_refused():
     assert spec.tiny["head_dim"] == 32 and model_config("tiny-testbed").tiny["num_hidden_layers"] == 3
 
 
+def test_tiny_rope_parameters_are_kept():
+    """model.tiny.rope_parameters (e.g. linear scaling) was replaced by the default RoPE without a word: the model
+    was built, and named, as if scaled."""
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config("llama", 100, hidden_size=64, num_hidden_layers=1, rope_theta=500.0,
+                         rope_parameters={"rope_type": "linear", "factor": 4.0})  # fmt: skip
+    assert config.rope_parameters == {"rope_type": "linear", "rope_theta": 500.0, "factor": 4.0}
+    assert AutoModelForCausalLM.from_config(config).model.rotary_emb.rope_type == "linear"
+    assert tiny_config("llama", 100).rope_parameters == {"rope_type": "default", "rope_theta": 10000.0}
+
+
 def test_real_model_id_fails_fast_with_clear_message():
     code = (
         "from zoomr.models import ModelSpec, load_tokenizer\n"

@@ -120,7 +120,8 @@ def tiny_config(arch: str, vocab_size: int, **overrides: Any):
     heads, kv = base["num_attention_heads"], base["num_key_value_heads"]
     if heads % kv or heads // kv < 2:
         raise ValueError(f"tiny {arch}: need GQA with >= 2 query heads per KV head, got {heads}/{kv}")
-    rope = {"rope_type": "default", "rope_theta": base.pop("rope_theta")}
+    # model.tiny.rope_parameters (e.g. linear scaling) on top: the assignment below replaced it without a word
+    rope = {"rope_type": "default", "rope_theta": base.pop("rope_theta"), **(base.get("rope_parameters") or {})}
     if "partial_rotary_factor" in base:  # RoPE on the first fraction of each head's dims, none on the rest
         if arch != "phi3":
             raise ValueError(f"tiny {arch}: partial_rotary_factor needs arch phi3 (llama/qwen rotate every dim)")
