@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from tests.conftest import tiny_spec
 from zoomr import tokens
 from zoomr.models import ModelSpec, build_tiny, describe, load_model, load_tokenizer, tiny_config
+from zoomr.schemas.checks import SettingsError
 from zoomr.tokenizer import special_token_ids
 
 TEXTS = [
@@ -102,6 +103,13 @@ def test_build_is_cached_and_keyed_on_config(cache_dir):
 def test_gqa_requirement_and_spec_validation():
     with pytest.raises(ValueError, match="GQA"):
         tiny_config("llama", 100, num_attention_heads=4, num_key_value_heads=4)
+    # a ZeroDivisionError; a model with meaningless positions; a shape error in the first forward
+    with pytest.raises(SettingsError, match="num_key_value_heads=0 must be ints >= 1"):
+        tiny_config("llama", 100, num_attention_heads=4, num_key_value_heads=0)
+    with pytest.raises(SettingsError, match="rope_theta=0.0 must be > 0"):
+        tiny_config("llama", 100, rope_theta=0.0)
+    with pytest.raises(SettingsError, match=r"partial_rotary_factor=1.5 must be in \[0, 1\]"):
+        tiny_config("phi3", 100, partial_rotary_factor=1.5)
     with pytest.raises(ValueError, match="set model.hf_id"):
         ModelSpec(name="x", arch="qwen2")
     with pytest.raises(ValueError, match="arch"):

@@ -118,6 +118,13 @@ def tiny_config(arch: str, vocab_size: int, **overrides: Any):
         base["head_dim"] = 64
     base.update(overrides)
     heads, kv = base["num_attention_heads"], base["num_key_value_heads"]
+    if not all(isinstance(n, int) and n >= 1 for n in (heads, kv)):  # kv = 0 was a ZeroDivisionError here
+        raise SettingsError(f"tiny {arch}: num_attention_heads={heads!r} and num_key_value_heads={kv!r} must be ints >= 1")
+    theta, factor = base["rope_theta"], base.get("partial_rotary_factor", 1.0)
+    if not (isinstance(theta, int | float) and theta > 0):  # 0 or below built a model whose positions mean nothing
+        raise SettingsError(f"tiny {arch}: rope_theta={theta!r} must be > 0")
+    if not (isinstance(factor, int | float) and 0 <= factor <= 1):  # above 1: a shape error in the first forward
+        raise SettingsError(f"tiny {arch}: partial_rotary_factor={factor!r} must be in [0, 1] (the share of each head's dims)")
     if heads % kv or heads // kv < 2:
         raise ValueError(f"tiny {arch}: need GQA with >= 2 query heads per KV head, got {heads}/{kv}")
     # model.tiny.rope_parameters (e.g. linear scaling) on top: the assignment below replaced it without a word
