@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 
 import pytest
 
 from zoomr import tokens
+from zoomr.schemas.checks import SettingsError
 from zoomr.schemas.testbed import CurriculumSettings, TestbedData
 from zoomr.testbed import vocab as tt
 from zoomr.testbed.curriculum import Curriculum, copy_batch, max_length_at, scaled_data
@@ -220,6 +222,10 @@ def test_invalid_configs_fail_clearly():
         generate(TestbedData(model_writes_summaries=True), random.Random(0))
     with pytest.raises(ValueError, match="filler_after"):
         generate(TestbedData(filler_after=[5, 2]), random.Random(0))
+    # ranges given as benchmark.options (untyped): a ValueError from randrange, a TypeError, True taken as 1
+    for bad in ([3.5, 4], 3, ["a", "b"], [True, 2]):
+        with pytest.raises(SettingsError, match=re.escape(f"testbed.facts_per_paragraph must be [lo, hi] of ints, got {bad!r}")):
+            generate(TestbedData(facts_per_paragraph=bad), random.Random(0))
 
 
 def test_grader_on_reference_and_corruptions():
