@@ -95,6 +95,14 @@ def test_a_local_model_path_that_is_not_a_checkpoint_is_named(tmp_path, monkeypa
 
     with pytest.raises(ModelPathError, match=r"no_tokenizer: no tokenizer in the checkpoint \(none of tokenizer.json"):
         load_tokenizer(ModelSpec(name="n", hf_id=str(no_tokenizer)))
+    (no_tokenizer / "tokenizer_config.json").write_bytes((Path(shipped) / "tokenizer_config.json").read_bytes())
+    with pytest.raises(ModelPathError, match=r"no_tokenizer: the tokenizer in the checkpoint cannot be loaded from "
+                                             r"tokenizer_config.json \(Couldn't instantiate the backend tokenizer"):
+        load_tokenizer(ModelSpec(name="n", hf_id=str(no_tokenizer)))  # it was transformers' traceback
+    from zoomr.testbed.checkpoint import load_testbed_model
+
+    with pytest.raises(ModelPathError, match=r"no_tokenizer: no tokenizer.json \(the testbed's word-level tokenizer\)"):
+        load_testbed_model(no_tokenizer)
 
 
 def test_weights_that_do_not_fit_the_config_are_refused_naming_the_keys(tmp_path, caplog):

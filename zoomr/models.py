@@ -243,6 +243,14 @@ def load_tokenizer(spec: ModelSpec, cache_dir: Path | None = None):
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=spec.trust_remote_code)
     except OSError as e:
         raise _hub_error(spec, e) from e
+    except ValueError as e:  # e.g. tokenizer_config.json without its vocabulary: "You need to have sentencepiece …"
+        if not local.is_dir():
+            raise
+        held = ", ".join(f for f in TOKENIZER_FILES if (local / f).exists())
+        raise ModelPathError(
+            f"model.hf_id={spec.hf_id}: the tokenizer in the checkpoint cannot be loaded from {held} "
+            f"({str(e).strip().splitlines()[0]}); save the whole tokenizer beside the weights (tokenizer.save_pretrained(<dir>))"
+        ) from None
     if local.is_dir() and (problem := tokenizer_vocab_problem(local, tokenizer)):
         raise ModelPathError(f"model.hf_id={spec.hf_id}: {problem}")
     return tokenizer

@@ -35,6 +35,9 @@ def load_testbed_model(path: str | Path, attn_implementation: str | None = None)
 
     if problem := checkpoint_dir_problem(path):  # never sent to the hub as a repo id
         raise ModelPathError(f"testbed checkpoint {path}: {problem}")
+    if not (Path(path) / "tokenizer.json").is_file():  # transformers: "You need to have sentencepiece or tiktoken …"
+        raise ModelPathError(f"testbed checkpoint {path}: no tokenizer.json (the testbed's word-level tokenizer); save it "
+                             "beside the weights (tokenizer.save_pretrained(<dir>))")  # fmt: skip
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
     model = load_matching_weights(path, dtype=torch.float32, **kwargs)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
