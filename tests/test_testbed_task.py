@@ -211,6 +211,20 @@ def test_boundary_data_puts_facts_and_queries_across_block_boundaries():
         TestbedData(boundary_period=64, boundary_rate=1.5)
 
 
+def test_a_curriculum_starting_too_short_for_the_data_is_refused_before_training():
+    """start_tokens too short for one paragraph and the answer passed the trainer's checks; the first trace batch
+    (after the copy and recall steps) raised, and a resumed run raised again at the same step."""
+    from train.testbed_pretrain import check_method
+    from zoomr.schemas.testbed import TestbedTrainMethod
+
+    data = TestbedData(trace_tokens=256)
+    with pytest.raises(SettingsError, match=r"method.curriculum.start_tokens=16: the curriculum's shortest traces are too "
+                                            r"short for this data \(testbed.trace_tokens=16 is too short"):
+        check_method(TestbedTrainMethod(curriculum=CurriculumSettings(start_tokens=16)), data)
+    check_method(TestbedTrainMethod(), data)  # the default start (64 tokens) fits
+    check_method(TestbedTrainMethod(curriculum=CurriculumSettings(start_tokens=100)), TestbedData(trace_tokens=60))
+
+
 def test_invalid_configs_fail_clearly():
     with pytest.raises(ValueError, match="facts_per_paragraph"):
         generate(TestbedData(facts_per_paragraph=[0, 2]), random.Random(0))
