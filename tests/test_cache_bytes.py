@@ -91,3 +91,14 @@ def test_eviction_shrinks_the_pools(tiny2):
     store = cache.layers[0].store
     assert store.n_pages == cache.kv_heads * 2  # 8 rows in pages of 4 per head, nothing else held
     assert store.k.numel() == cache.kv_heads * 8 * cache.head_dim
+
+
+def test_full_kv_bytes_refuses_unknown_dtypes_and_impossible_counts(tiny2):
+    """An unknown dtype name was a bare KeyError ('fp16'); negative or fractional counts returned such byte counts."""
+    config = tiny2[0].config
+    assert full_kv_bytes(config, 0) == 0 and kv_bytes_per_token(config, "bfloat16") * 2 == kv_bytes_per_token(config)
+    with pytest.raises(ValueError, match=r"dtype 'fp16': not a torch.dtype nor one of \['bfloat16', 'float16', 'float32'\]"):
+        kv_bytes_per_token(config, "fp16")
+    for bad in ({"tokens": -5}, {"tokens": 2.5}, {"tokens": 4, "batch": -1}):
+        with pytest.raises(ValueError, match=r"full_kv_bytes: .* \(must be ints >= 0\)"):
+            full_kv_bytes(config, **bad)

@@ -77,6 +77,23 @@ def test_bad_prompts_and_policies_fail_clearly(tiny2):
     assert generate(model, tok, [[1, 2]], None, s, script=[[None, 3]])[0].token_ids[1] == 3
 
 
+def test_a_prompt_past_max_position_embeddings_is_warned_about_unless_rope_scales(tiny2, monkeypatch, caplog):
+    """A prompt longer than max_position_embeddings decoded without a word (as transformers does): positions the
+    model never trained on. Rope scaling makes such prompts legitimate: no warning then."""
+    model, tok = tiny2
+    s = DecodeSettings(max_new_tokens=1, progress=False)
+    monkeypatch.setattr(model.config, "max_position_embeddings", 4)
+    with caplog.at_level("WARNING", logger="zoomr.engine"):
+        generate(model, tok, [[1, 2, 3], [1, 2, 3, 4, 5]], None, s)
+    assert "1 prompt(s) (first: prompt 1, 5 tokens) are longer than the model's max_position_embeddings=4" in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(model.config, "rope_parameters", {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4})
+    with caplog.at_level("WARNING", logger="zoomr.engine"):
+        generate(model, tok, [[1, 2, 3, 4, 5]], None, s)
+        generate(model, tok, [[1, 2, 3]], None, s)
+    assert "max_position_embeddings" not in caplog.text
+
+
 @pytest.mark.parametrize(("field", "value"), [("num_hidden_layers", 3), ("num_hidden_layers", 1), ("num_key_value_heads", 1)])
 def test_a_cache_built_for_another_model_is_refused(tiny2, field, value):
     """A cache built from another model's config: more layers decoded without a word, fewer layers or KV heads

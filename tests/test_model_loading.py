@@ -3,6 +3,7 @@ run is named after the checkpoint, and a ``zoomr_sft`` LoRA adapter reloads with
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -94,6 +95,14 @@ def test_a_local_model_path_that_is_not_a_checkpoint_is_named(tmp_path, monkeypa
 
     with pytest.raises(ModelPathError, match=r"no_tokenizer: no tokenizer in the checkpoint \(none of tokenizer.json"):
         load_tokenizer(ModelSpec(name="n", hf_id=str(no_tokenizer)))
+    (no_tokenizer / "tokenizer_config.json").write_bytes((Path(shipped) / "tokenizer_config.json").read_bytes())
+    with pytest.raises(ModelPathError, match=r"no_tokenizer: the tokenizer in the checkpoint cannot be loaded from "
+                                             r"tokenizer_config.json \(Couldn't instantiate the backend tokenizer"):
+        load_tokenizer(ModelSpec(name="n", hf_id=str(no_tokenizer)))  # it was transformers' traceback
+    from zoomr.testbed.checkpoint import load_testbed_model
+
+    with pytest.raises(ModelPathError, match=r"no_tokenizer: no tokenizer.json \(the testbed's word-level tokenizer\)"):
+        load_testbed_model(no_tokenizer)
 
 
 def test_weights_that_do_not_fit_the_config_are_refused_naming_the_keys(tmp_path, caplog):
@@ -114,9 +123,40 @@ def test_weights_that_do_not_fit_the_config_are_refused_naming_the_keys(tmp_path
         (ckpt / "config.json").write_text(json.dumps({**config, "num_hidden_layers": layers}))
         with pytest.raises(ModelPathError, match=f"its weights do not match its config.json: 9 {re.escape(kind)}"):
             load_model(ModelSpec(name="x", hf_id=str(ckpt)))
+    wider = tmp_path / "vocab600"  # a tensor of another shape: transformers' RuntimeError ("look at the above report")
+    shutil.copytree(shipped, wider)
+    config = json.loads((wider / "config.json").read_text())
+    (wider / "config.json").write_text(json.dumps({**config, "vocab_size": 600}))
+    with pytest.raises(ModelPathError, match=re.escape("1 of another shape (model.embed_tokens.weight: [641, 128] in "
+                                                       "the weights, [600, 128] by config.json)")):
+        load_model(ModelSpec(name="x", hf_id=str(wider)))
     with caplog.at_level("WARNING", logger="zoomr.models"):  # a hub model is loaded, the report logged
         model = load_matching_weights(tmp_path / "layers2", strict=False)
     assert model.config.num_hidden_layers == 2 and "9 unexpected" in caplog.text
+
+
+def test_a_tokenizer_from_another_model_is_refused(tmp_path):
+    """A checkpoint whose tokenizer was copied from another model (more tokens than the model has embedding rows)
+    loaded without a word: ids past the rows failed in the embedding, the others named other tokens."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from zoomr.models import load_tokenizer
+    from zoomr.testbed.checkpoint import load_testbed_model
+
+    shipped = REPO_ROOT / "analysis/results/miniature/base_model"
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(shipped, ckpt)
+    other = AutoTokenizer.from_pretrained(shipped)
+    other.add_tokens([f"extra{i}" for i in range(5)])
+    other.save_pretrained(ckpt)
+    match = r"its tokenizer has 646 tokens, its model 641 embedding rows"
+    with pytest.raises(ModelPathError, match=f"model.hf_id={re.escape(str(ckpt))}: {match}"):
+        load_tokenizer(ModelSpec(name="x", hf_id=str(ckpt)))
+    with pytest.raises(ModelPathError, match=match):
+        load_testbed_model(ckpt)
+    assert len(load_tokenizer(ModelSpec(name="x", hf_id=str(shipped)))) == 641  # its own tokenizer loads
 
 
 def test_eval_and_train_print_the_bad_model_path_alone(tmp_path):

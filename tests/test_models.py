@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from tests.conftest import tiny_spec
 from zoomr import tokens
 from zoomr.models import ModelSpec, build_tiny, describe, load_model, load_tokenizer, tiny_config
+from zoomr.schemas.checks import SettingsError
 from zoomr.tokenizer import special_token_ids
 
 TEXTS = [
@@ -102,6 +103,13 @@ def test_build_is_cached_and_keyed_on_config(cache_dir):
 def test_gqa_requirement_and_spec_validation():
     with pytest.raises(ValueError, match="GQA"):
         tiny_config("llama", 100, num_attention_heads=4, num_key_value_heads=4)
+    # a ZeroDivisionError; a model with meaningless positions; a shape error in the first forward
+    with pytest.raises(SettingsError, match="num_key_value_heads=0 must be ints >= 1"):
+        tiny_config("llama", 100, num_attention_heads=4, num_key_value_heads=0)
+    with pytest.raises(SettingsError, match="rope_theta=0.0 must be > 0"):
+        tiny_config("llama", 100, rope_theta=0.0)
+    with pytest.raises(SettingsError, match=r"partial_rotary_factor=1.5 must be in \[0, 1\]"):
+        tiny_config("phi3", 100, partial_rotary_factor=1.5)
     with pytest.raises(ValueError, match="set model.hf_id"):
         ModelSpec(name="x", arch="qwen2")
     with pytest.raises(ValueError, match="arch"):
@@ -120,6 +128,18 @@ def test_a_tiny_override_no_config_reads_is_refused():
         tiny_spec("qwen2", num_layers=2)
     spec = tiny_spec("phi3", partial_rotary_factor=0.5, head_dim=32, tie_word_embeddings=False)  # keys it reads
     assert spec.tiny["head_dim"] == 32 and model_config("tiny-testbed").tiny["num_hidden_layers"] == 3
+
+
+def test_tiny_rope_parameters_are_kept():
+    """model.tiny.rope_parameters (e.g. linear scaling) was replaced by the default RoPE without a word: the model
+    was built, and named, as if scaled."""
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config("llama", 100, hidden_size=64, num_hidden_layers=1, rope_theta=500.0,
+                         rope_parameters={"rope_type": "linear", "factor": 4.0})  # fmt: skip
+    assert config.rope_parameters == {"rope_type": "linear", "rope_theta": 500.0, "factor": 4.0}
+    assert AutoModelForCausalLM.from_config(config).model.rotary_emb.rope_type == "linear"
+    assert tiny_config("llama", 100).rope_parameters == {"rope_type": "default", "rope_theta": 10000.0}
 
 
 def test_real_model_id_fails_fast_with_clear_message():

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 
 import pytest
 
 from zoomr import tokens
+from zoomr.schemas.checks import SettingsError
 from zoomr.schemas.testbed import CurriculumSettings, TestbedData
 from zoomr.testbed import vocab as tt
 from zoomr.testbed.curriculum import Curriculum, copy_batch, max_length_at, scaled_data
@@ -209,6 +211,20 @@ def test_boundary_data_puts_facts_and_queries_across_block_boundaries():
         TestbedData(boundary_period=64, boundary_rate=1.5)
 
 
+def test_a_curriculum_starting_too_short_for_the_data_is_refused_before_training():
+    """start_tokens too short for one paragraph and the answer passed the trainer's checks; the first trace batch
+    (after the copy and recall steps) raised, and a resumed run raised again at the same step."""
+    from train.testbed_pretrain import check_method
+    from zoomr.schemas.testbed import TestbedTrainMethod
+
+    data = TestbedData(trace_tokens=256)
+    with pytest.raises(SettingsError, match=r"method.curriculum.start_tokens=16: the curriculum's shortest traces are too "
+                                            r"short for this data \(testbed.trace_tokens=16 is too short"):
+        check_method(TestbedTrainMethod(curriculum=CurriculumSettings(start_tokens=16)), data)
+    check_method(TestbedTrainMethod(), data)  # the default start (64 tokens) fits
+    check_method(TestbedTrainMethod(curriculum=CurriculumSettings(start_tokens=100)), TestbedData(trace_tokens=60))
+
+
 def test_invalid_configs_fail_clearly():
     with pytest.raises(ValueError, match="facts_per_paragraph"):
         generate(TestbedData(facts_per_paragraph=[0, 2]), random.Random(0))
@@ -220,6 +236,10 @@ def test_invalid_configs_fail_clearly():
         generate(TestbedData(model_writes_summaries=True), random.Random(0))
     with pytest.raises(ValueError, match="filler_after"):
         generate(TestbedData(filler_after=[5, 2]), random.Random(0))
+    # ranges given as benchmark.options (untyped): a ValueError from randrange, a TypeError, True taken as 1
+    for bad in ([3.5, 4], 3, ["a", "b"], [True, 2]):
+        with pytest.raises(SettingsError, match=re.escape(f"testbed.facts_per_paragraph must be [lo, hi] of ints, got {bad!r}")):
+            generate(TestbedData(facts_per_paragraph=bad), random.Random(0))
 
 
 def test_grader_on_reference_and_corruptions():

@@ -32,3 +32,16 @@ def test_rejects_inconsistent_inputs():
         ZoomRFootprint(512, 1024, 512, consensus=3, mean_regular_len=250, mean_summary_len=20, n_selected=2)
     with pytest.raises(ValueError):
         ZoomRFootprint(-1, 1024, 512, consensus=2, mean_regular_len=250, mean_summary_len=20, n_selected=2)
+
+
+def test_rejects_lengths_and_footprints_the_formula_cannot_use():
+    """A NaN or negative mean length gave a NaN or meaningless MS without a word; a footprint holding no rows, or a
+    base that generated nothing, was a ZeroDivisionError."""
+    for field in ("mean_regular_len", "mean_summary_len"):
+        for bad in (float("nan"), -50.0, float("inf")):
+            with pytest.raises(ValueError, match=f"{field}=.*: mean lengths must be finite numbers >= 0"):
+                dataclasses.replace(PAPER_EXAMPLE, **{field: bad})
+    with pytest.raises(ValueError, match="ZoomR holds no rows"):
+        memory_saving(ZoomRFootprint(0, 0, 0, 0, 0, 0, 0))
+    with pytest.raises(ValueError, match="the base footprint generated no tokens"):
+        memory_saving_at(dataclasses.replace(PAPER_EXAMPLE, n_generated=0), 1024)

@@ -57,7 +57,7 @@ from zoomr.summary_pointer import capture_qk, key_spread_penalty, pointer_loss, 
 from zoomr.testbed import vocab as tt
 from zoomr.testbed.checkpoint import finalize
 from zoomr.testbed.cue_view import batch_cue_view, previous_selection
-from zoomr.testbed.curriculum import Batch, Curriculum
+from zoomr.testbed.curriculum import Batch, Curriculum, check_lengths
 from zoomr.testbed.task import validate as validate_data
 from zoomr.testbed.teacher_forced import held_out_batches, teacher_forced_eval, token_kinds
 from zoomr.testbed.vocab import check_tokenizer
@@ -153,6 +153,7 @@ def save_checkpoint(model, tokenizer, opt, step: int, elapsed: float, ckpt_dir: 
 def check_method(method: TestbedTrainMethod, data: TestbedData) -> None:
     """Refuse settings that cannot work with this data, before any state is written (ranges: the schema)."""
     validate_data(data)  # the task's own ranges (e.g. traces too short for a paragraph and the answer)
+    check_lengths(data, method.curriculum)  # and the curriculum's shortest traces
     if method.summary_pointer_at_key and (not data.summaries or data.query_form != "cue"):
         raise SettingsError("method.summary_pointer_at_key needs data with summaries and query_form=cue (a key before ':')")
     if method.cue_view_previous_selection_from is not None and method.cue_view_window is None:

@@ -16,6 +16,7 @@ decoded like any other (one step, seen and evicted by the policy); at ``None`` p
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -31,6 +32,8 @@ from zoomr.attention import ATTN_IMPLEMENTATION
 from zoomr.cache import ForcedInput, PolicyCache, build_policy
 from zoomr.cache.base import attention_shape
 from zoomr.decode_forward import DecoderForward
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -467,6 +470,30 @@ def _check_token_ids(model: torch.nn.Module, ids: list[list[Any]], script: Seque
                     raise ValueError(f"{what} {i}: {t!r} is not a token id of this model (ints in [0, {vocab}))")
 
 
+def position_limit(model_config: Any) -> int | None:
+    """``max_position_embeddings`` when the model's RoPE is unscaled (positions past it were never trained), None
+    when it has none or scales RoPE (``rope_parameters`` / ``rope_scaling`` of another type than ``default``)."""
+    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    limit = getattr(text, "max_position_embeddings", None)
+    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
+    per_kind = [v for v in rope.values() if isinstance(v, dict)] or [rope]  # per attention type (full, sliding)
+    scaled = any(r.get("rope_type", r.get("type", "default")) != "default" for r in per_kind)
+    return limit if isinstance(limit, int) and not scaled else None
+
+
+def _warn_past_positions(model_config: Any, ids: list[list[int]]) -> None:
+    """Log a warning for prompts longer than an unscaled model's ``max_position_embeddings`` (decoded as transformers
+    does, without a word: the positions past it were never trained)."""
+    limit = position_limit(model_config)
+    long = [i for i, p in enumerate(ids) if limit is not None and len(p) > limit]
+    if long:
+        log.warning(
+            "%d prompt(s) (first: prompt %d, %d tokens) are longer than the model's max_position_embeddings=%d and it "
+            "scales no RoPE: positions past it were never trained, expect degraded outputs",
+            len(long), long[0], len(ids[long[0]]), limit,
+        )
+
+
 @torch.no_grad()
 def generate(
     model: torch.nn.Module,
@@ -503,6 +530,7 @@ def generate(
     if not ids or any(len(p) == 0 for p in ids):
         raise ValueError("every prompt must have at least one token")
     _check_token_ids(model, ids, script)
+    _warn_past_positions(model.config, ids)
     run = _Decode(model, tokenizer, cache, ids, settings, script)
     bar = tqdm(
         total=settings.max_new_tokens, desc=f"decode[{cache.policy_name}]", disable=not settings.progress

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from numbers import Integral
 from typing import Any
 
 import torch
@@ -79,6 +80,8 @@ def kv_bytes_per_token(model_config: Any, dtype: str | torch.dtype = "float32") 
     c = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
     heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    if not isinstance(dtype, torch.dtype) and str(dtype) not in _DTYPE_BYTES:  # a KeyError before
+        raise ValueError(f"dtype {dtype!r}: not a torch.dtype nor one of {sorted(_DTYPE_BYTES)}")
     size = dtype.itemsize if isinstance(dtype, torch.dtype) else _DTYPE_BYTES[str(dtype)]
     return 2 * c.num_hidden_layers * heads * head_dim * size
 
@@ -87,4 +90,8 @@ def full_kv_bytes(
     model_config: Any, tokens: int, batch: int = 1, dtype: str | torch.dtype = "float32"
 ) -> int:
     """Bytes of a full (uncompressed) KV cache of ``tokens`` tokens for ``batch`` sequences."""
+    bad = [f"{name}={v!r}" for name, v in (("tokens", tokens), ("batch", batch))
+           if isinstance(v, bool) or not isinstance(v, Integral) or v < 0]  # fmt: skip
+    if bad:  # a negative or fractional byte count was returned without a word
+        raise ValueError(f"full_kv_bytes: {', '.join(bad)} (must be ints >= 0)")
     return batch * tokens * kv_bytes_per_token(model_config, dtype)

@@ -13,6 +13,7 @@ fixed at 80 the formula gives 10.8×. :func:`memory_saving_at` makes that scalin
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -31,6 +32,9 @@ class ZoomRFootprint:
     def __post_init__(self) -> None:
         if min(self.n_prompt, self.n_generated, self.n_window, self.consensus) < 0:
             raise ValueError("token counts must be >= 0")
+        lengths = {"mean_regular_len": self.mean_regular_len, "mean_summary_len": self.mean_summary_len}
+        if bad := [f"{k}={v!r}" for k, v in lengths.items() if not (isinstance(v, int | float) and 0 <= v < math.inf)]:
+            raise ValueError(f"{', '.join(bad)}: mean lengths must be finite numbers >= 0")  # MS came out NaN or off
         if self.n_selected < self.consensus:
             raise ValueError(f"|I_all| = {self.n_selected} < c = {self.consensus}: I_c is a subset of I_all")
 
@@ -51,6 +55,8 @@ class ZoomRFootprint:
 
 def memory_saving(fp: ZoomRFootprint) -> float:
     """MS = full rows / ZoomR resident rows (paper §3.5)."""
+    if fp.resident_rows <= 0:  # a ZeroDivisionError before
+        raise ValueError(f"{fp}: ZoomR holds no rows (no prompt, window, zoomed segments or summaries): MS is undefined")
     return fp.full_rows / fp.resident_rows
 
 
@@ -60,6 +66,8 @@ def memory_saving_at(base: ZoomRFootprint, n_generated: int) -> float:
     The number of summaries grows linearly with the generated length, so the worst-case |I_all|
     does too (paper §3.5: "the denominator grows sub-linearly ... as the number of summaries increases").
     """
+    if base.n_generated <= 0:  # a ZeroDivisionError before
+        raise ValueError("memory_saving_at: the base footprint generated no tokens, |I_all| per token is undefined")
     scaled = round(base.n_selected * n_generated / base.n_generated)
     return memory_saving(
         ZoomRFootprint(

@@ -118,9 +118,17 @@ def tiny_config(arch: str, vocab_size: int, **overrides: Any):
         base["head_dim"] = 64
     base.update(overrides)
     heads, kv = base["num_attention_heads"], base["num_key_value_heads"]
+    if not all(isinstance(n, int) and n >= 1 for n in (heads, kv)):  # kv = 0 was a ZeroDivisionError here
+        raise SettingsError(f"tiny {arch}: num_attention_heads={heads!r} and num_key_value_heads={kv!r} must be ints >= 1")
+    theta, factor = base["rope_theta"], base.get("partial_rotary_factor", 1.0)
+    if not (isinstance(theta, int | float) and theta > 0):  # 0 or below built a model whose positions mean nothing
+        raise SettingsError(f"tiny {arch}: rope_theta={theta!r} must be > 0")
+    if not (isinstance(factor, int | float) and 0 <= factor <= 1):  # above 1: a shape error in the first forward
+        raise SettingsError(f"tiny {arch}: partial_rotary_factor={factor!r} must be in [0, 1] (the share of each head's dims)")
     if heads % kv or heads // kv < 2:
         raise ValueError(f"tiny {arch}: need GQA with >= 2 query heads per KV head, got {heads}/{kv}")
-    rope = {"rope_type": "default", "rope_theta": base.pop("rope_theta")}
+    # model.tiny.rope_parameters (e.g. linear scaling) on top: the assignment below replaced it without a word
+    rope = {"rope_type": "default", "rope_theta": base.pop("rope_theta"), **(base.get("rope_parameters") or {})}
     if "partial_rotary_factor" in base:  # RoPE on the first fraction of each head's dims, none on the rest
         if arch != "phi3":
             raise ValueError(f"tiny {arch}: partial_rotary_factor needs arch phi3 (llama/qwen rotate every dim)")
@@ -232,9 +240,35 @@ def load_tokenizer(spec: ModelSpec, cache_dir: Path | None = None):
             "save it beside the weights (tokenizer.save_pretrained(<dir>))"
         )
     try:
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=spec.trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=spec.trust_remote_code)
     except OSError as e:
         raise _hub_error(spec, e) from e
+    except ValueError as e:  # e.g. tokenizer_config.json without its vocabulary: "You need to have sentencepiece …"
+        if not local.is_dir():
+            raise
+        held = ", ".join(f for f in TOKENIZER_FILES if (local / f).exists())
+        raise ModelPathError(
+            f"model.hf_id={spec.hf_id}: the tokenizer in the checkpoint cannot be loaded from {held} "
+            f"({str(e).strip().splitlines()[0]}); save the whole tokenizer beside the weights (tokenizer.save_pretrained(<dir>))"
+        ) from None
+    if local.is_dir() and (problem := tokenizer_vocab_problem(local, tokenizer)):
+        raise ModelPathError(f"model.hf_id={spec.hf_id}: {problem}")
+    return tokenizer
+
+
+def tokenizer_vocab_problem(path: str | Path, tokenizer) -> str | None:
+    """Why ``tokenizer`` cannot be the checkpoint ``path``'s own (None: it fits, or ``path`` holds no ``config.json``,
+    e.g. a PEFT adapter, whose base is grown to its tokenizer): it has more tokens than the model has embedding rows
+    (a tokenizer copied from another model: its ids past the rows fail in the embedding, the others name other tokens)."""
+    config = Path(path) / "config.json"
+    if not config.is_file() or (Path(path) / "adapter_config.json").is_file():
+        return None
+    record = read_json_object(config, "model config")
+    rows = record.get("vocab_size", (record.get("text_config") or {}).get("vocab_size"))
+    if isinstance(rows, int) and len(tokenizer) > rows:
+        return (f"its tokenizer has {len(tokenizer)} tokens, its model {rows} embedding rows (config.json vocab_size): "
+                "the tokenizer belongs to another model (save the model's own tokenizer beside its weights)")
+    return None
 
 
 def load_model(
@@ -272,10 +306,12 @@ def load_matching_weights(path: str | Path, strict: bool = True, model_class: An
     fit its ``config.json``: missing (randomly initialised), unexpected (ignored) or of another shape. transformers
     only prints a load report and runs the wrong model (e.g. a config with fewer layers than the weights).
     ``strict=False`` (a hub model) logs the report as a warning instead."""
+    if strict:  # else transformers raises on a tensor of another shape ("look at the above report"), naming none here
+        kwargs.setdefault("ignore_mismatched_sizes", True)
     model, info = model_class.from_pretrained(path, output_loading_info=True, **kwargs)
     kinds = {"missing": info.get("missing_keys"), "unexpected": info.get("unexpected_keys"),
              "of another shape": info.get("mismatched_keys")}  # fmt: skip
-    wrong = [f"{len(keys)} {kind} ({', '.join(str(k) for k in sorted(keys, key=str)[:3])}{', …' if len(keys) > 3 else ''})"
+    wrong = [f"{len(keys)} {kind} ({', '.join(_key_text(k) for k in sorted(keys, key=str)[:3])}{', …' if len(keys) > 3 else ''})"
              for kind, keys in kinds.items() if keys]  # fmt: skip
     if wrong:
         message = f"{path}: its weights do not match its config.json: {'; '.join(wrong)}"
@@ -283,6 +319,14 @@ def load_matching_weights(path: str | Path, strict: bool = True, model_class: An
             raise ModelPathError(message + " (a config.json edited or copied from another model?)")
         log.warning(message)
     return model
+
+
+def _key_text(key: Any) -> str:
+    """A load report's key: a name, or (name, checkpoint shape, config shape) for a tensor of another shape."""
+    if isinstance(key, tuple) and len(key) == 3:
+        name, saved, wanted = key
+        return f"{name}: {list(saved)} in the weights, {list(wanted)} by config.json"
+    return str(key)
 
 
 def adapter_base(path: str | Path) -> str | None:
@@ -426,4 +470,5 @@ __all__ = [
     "resolve_model_path",
     "spec_from_dict",
     "tiny_config",
+    "tokenizer_vocab_problem",
 ]

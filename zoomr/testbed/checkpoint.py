@@ -26,13 +26,24 @@ def load_testbed_model(path: str | Path, attn_implementation: str | None = None)
     """(model in eval mode, tokenizer) of a checkpoint saved by ``+method=sft_testbed``."""
     from transformers import PreTrainedTokenizerFast
 
-    from zoomr.models import ModelPathError, checkpoint_dir_problem, load_matching_weights
+    from zoomr.models import (
+        ModelPathError,
+        checkpoint_dir_problem,
+        load_matching_weights,
+        tokenizer_vocab_problem,
+    )
 
     if problem := checkpoint_dir_problem(path):  # never sent to the hub as a repo id
         raise ModelPathError(f"testbed checkpoint {path}: {problem}")
+    if not (Path(path) / "tokenizer.json").is_file():  # transformers: "You need to have sentencepiece or tiktoken …"
+        raise ModelPathError(f"testbed checkpoint {path}: no tokenizer.json (the testbed's word-level tokenizer); save it "
+                             "beside the weights (tokenizer.save_pretrained(<dir>))")  # fmt: skip
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
     model = load_matching_weights(path, dtype=torch.float32, **kwargs)
-    return model.eval(), PreTrainedTokenizerFast.from_pretrained(path)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
+    if problem := tokenizer_vocab_problem(path, tokenizer):
+        raise ModelPathError(f"testbed checkpoint {path}: {problem}")
+    return model.eval(), tokenizer
 
 
 def testbed_record(path: str | Path) -> tuple[Path, dict[str, Any]] | None:

@@ -25,10 +25,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from zoomr.schemas.checks import SettingsError
 from zoomr.schemas.testbed import CurriculumSettings, TestbedData
 from zoomr.summary_pointer import Cue
 from zoomr.testbed import vocab as tt
-from zoomr.testbed.task import generate
+from zoomr.testbed.task import generate, validate
 
 IGNORE = -100
 
@@ -68,6 +69,18 @@ def scaled_data(data: TestbedData, length: int, cur: CurriculumSettings) -> Test
         filler_before=[round(v * s) for v in data.filler_before],
         filler_after=[round(v * s) for v in data.filler_after],
     )
+
+
+def check_lengths(data: TestbedData, cur: CurriculumSettings) -> None:
+    """Refuse (:class:`SettingsError`) a curriculum whose shortest traces (``start_tokens``, or the target when it is
+    shorter) cannot hold one paragraph and the answer: the first trace batch, after the copy and recall steps, raised
+    it, and a resumed run raised it again at the same step."""
+    shortest = min(cur.start_tokens, data.trace_tokens)
+    try:
+        validate(scaled_data(data, shortest, cur))
+    except SettingsError as e:
+        raise SettingsError(f"method.curriculum.start_tokens={cur.start_tokens}: the curriculum's shortest traces are "
+                            f"too short for this data ({e}); raise it") from None  # fmt: skip
 
 
 def encode_problem(problem, enc: tt.FastEncoder, window: int = 64) -> tuple[list[int], list[int], list[int], dict]:

@@ -52,11 +52,12 @@ have not been attended to yet.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from zoomr import tokens
-from zoomr.schemas.checks import SettingsError
+from zoomr.schemas.checks import SettingsError, is_integer
 from zoomr.schemas.testbed import TestbedData
 from zoomr.testbed import vocab as tt
 
@@ -167,6 +168,8 @@ def paragraph_cost(
 
 
 def _range(r: list[int], what: str) -> tuple[int, int]:
+    if not isinstance(r, Sequence) or isinstance(r, str) or not all(is_integer(v) for v in r):  # benchmark.options are untyped:
+        raise SettingsError(f"testbed.{what} must be [lo, hi] of ints, got {r!r}")  # 3.5 failed in randrange, 3 in len
     if len(r) != 2 or r[0] > r[1] or r[0] < 0:
         raise SettingsError(f"testbed.{what} must be [lo, hi] with 0 <= lo <= hi, got {list(r)}")
     return int(r[0]), int(r[1])
