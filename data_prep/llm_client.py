@@ -56,7 +56,7 @@ class EndpointStalled(FatalRequestError):
     """No answer was accepted for ``stall_timeout_s``: the server hangs or fails every request."""
 
 
-Validator = Callable[[str, str | None], str | None]  # (text, finish_reason) -> rejection reason or None
+Validator = Callable[[str, str | None, int | None], str | None]  # (text, finish_reason, completion_tokens) -> rejection reason or None
 
 
 class ChatClient:
@@ -156,7 +156,7 @@ class ChatClient:
                         last = parsed
                     else:
                         text, finish, usage = parsed
-                        reason = validate(text, finish) if validate else None
+                        reason = validate(text, finish, usage.get("completion_tokens")) if validate else None
                         if reason is None:
                             self.stats["ok"] += 1
                             self._last_ok = time.monotonic()
@@ -203,4 +203,5 @@ def _parse(resp: httpx.Response) -> tuple[str, str | None, dict[str, Any]] | str
     if not isinstance(text, str):
         return "bad_json"
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-    return text, choice.get("finish_reason"), usage
+    counts = {k: v for k, v in usage.items() if k.endswith("_tokens") and type(v) is int}  # a count, or unknown
+    return text, choice.get("finish_reason"), counts

@@ -70,10 +70,12 @@ def clean_summary(text: str) -> str:
     return " ".join(text.split())
 
 
-def summary_validator(reject_truncated: bool) -> Validator:
-    """Reject empty answers, answers with special-token strings, and (optionally) length-truncated ones."""
+def summary_validator(reject_truncated: bool, max_tokens: int | None = None) -> Validator:
+    """Reject empty answers, answers with special-token strings, and (optionally) those that do not fit ``max_tokens``:
+    cut by it (``finish_reason`` "length"), or longer than it by the server's own count (``usage.completion_tokens``)
+    while reported as finished (a server that ignores or caps ``max_tokens`` otherwise)."""
 
-    def validate(text: str, finish_reason: str | None) -> str | None:
+    def validate(text: str, finish_reason: str | None, completion_tokens: int | None = None) -> str | None:
         cleaned = clean_summary(text)
         if not cleaned:
             return "empty"
@@ -81,6 +83,8 @@ def summary_validator(reject_truncated: bool) -> Validator:
             return "special_token"
         if reject_truncated and finish_reason == "length":
             return "truncated"
+        if reject_truncated and max_tokens is not None and completion_tokens is not None and completion_tokens > max_tokens:
+            return "too_long"
         return None
 
     return validate
@@ -93,7 +97,7 @@ class SummarizeSettings:
     endpoint: EndpointSettings = field(default_factory=EndpointSettings)
     min_paragraph_chars: int = 400  # merge shorter blank-line paragraphs forward (see zoomr.segments)
     keep_truncated: bool = False  # traces without <|end_of_thought|>: drop (default) or summarise anyway
-    reject_truncated_answers: bool = True  # a summary cut by max_tokens is retried
+    reject_truncated_answers: bool = True  # a summary cut by max_tokens, or longer than it, is retried
     progress: bool = True
 
     @classmethod
@@ -179,7 +183,7 @@ async def fetch_summaries(
     queue: asyncio.Queue[str] = asyncio.Queue()
     for key in todo:
         queue.put_nowait(key)
-    validate = summary_validator(settings.reject_truncated_answers)
+    validate = summary_validator(settings.reject_truncated_answers, settings.endpoint.max_tokens)
     bar = tqdm(
         total=len(todo), unit="summary", desc="summarising", disable=not settings.progress, smoothing=0.1
     )
@@ -356,8 +360,8 @@ def summarize_traces(
     store_path = Path(store_path) if store_path else out_dir / "store.sqlite"
     planned, skipped = plan_rows(rows, settings)
     jobs = {k: (p.row.question, para.text) for p in planned for k, para in zip(p.keys, p.paragraphs)}
-    validate = summary_validator(settings.reject_truncated_answers)
-    accept = lambda stored: validate(stored.summary, stored.finish_reason) is None  # noqa: E731
+    validate = summary_validator(settings.reject_truncated_answers, settings.endpoint.max_tokens)
+    accept = lambda stored: validate(stored.summary, stored.finish_reason, stored.completion_tokens) is None  # noqa: E731
     with SummaryStore(store_path, settings.endpoint.model, PROMPT_VERSION, accept,  # rejected: asked again
                       request_settings(settings)) as store:  # fmt: skip
         cached = len(jobs) - len(store.missing(list(jobs)))

@@ -308,3 +308,23 @@ def test_entry_point(tmp_path):
     assert summary["compression_ratio"] > 1
     assert len((tmp_path / "out" / "summarized.jsonl").read_text().splitlines()) == 1
     assert "HTTP Request" not in proc.stderr  # per-request logging is silenced
+
+
+def test_a_summary_longer_than_max_tokens_is_asked_for_again_though_reported_finished(tmp_path):
+    """A server that ignores max_tokens answered summaries longer than it with finish_reason "stop" (by its own
+    usage.completion_tokens), and they were written as good ones; only a "length" answer was rejected. Now both are
+    rejected under reject_truncated_answers (asked again, and not reused from the store), both kept without it."""
+    rows = small_rows()[:1]
+    with FakeServer(FaultPlan(overlong_rate=0.5, seed=1)) as server:
+        stats, text = run_pipeline(tmp_path / "a", server.base_url, rows=rows)
+        assert server.log.by_outcome["overlong"] > 0
+    assert stats["attempts"]["rejected:too_long"] == server.log.by_outcome["overlong"]
+    assert stats["summaries_failed"] == 0
+    assert all(s == fake_summary(p) for s, p in zip(*(json.loads(text)[k] for k in ("summaries", "paragraphs"))))
+    with FakeServer(FaultPlan(overlong_rate=1.0)) as server:  # kept without the check, not reused with it
+        kept, text = run_pipeline(tmp_path / "b", server.base_url, rows=rows, reject_truncated_answers=False)
+        assert "and so on" in json.loads(text)["summaries"][0]
+    with FakeServer() as server:
+        again, text = run_pipeline(tmp_path / "b", server.base_url, rows=rows)
+    assert again["summaries_cached"] == 0 and again["summaries_new"] == kept["summaries_new"] > 0
+    assert "and so on" not in text
