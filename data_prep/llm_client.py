@@ -1,7 +1,7 @@
 """Async client for an OpenAI-compatible ``/v1/chat/completions`` endpoint (vLLM, ``transformers serve``, …).
 
 Retries with exponential backoff (full jitter, ``Retry-After`` honoured) on 429, 5xx, timeouts,
-connection errors, malformed JSON and answers the caller's validator rejects; other 4xx answers
+connection errors, malformed JSON (or a body its Content-Encoding does not decode) and answers the caller's validator rejects; other 4xx answers
 (bad model name, bad key) fail at once. A refused connection before the endpoint has ever answered
 (nothing listening: wrong port, server not started) fails at once too (:class:`EndpointUnreachable`);
 once it has answered, a refused connection is a transient error. When no answer has been accepted for
@@ -140,6 +140,8 @@ class ChatClient:
                     ) from None
             except httpx.TransportError as e:
                 last = f"connect:{type(e).__name__}"
+            except httpx.DecodingError:  # a body its Content-Encoding does not decode: not a chat completion either
+                last = "bad_json"
             else:
                 self._answered = True
                 if resp.status_code != 200:
