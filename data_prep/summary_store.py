@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zoomr.jsonl import BadRowError
-from zoomr.paths import MissingInput
+from zoomr.paths import MissingInput, output_problem
 from zoomr.rundir import changed_settings
 from zoomr.schemas.checks import SettingsError
 
@@ -47,8 +47,9 @@ CREATE TABLE IF NOT EXISTS request_settings (
 def check_request_settings(path: str | Path, model: str, prompt_version: str, settings: dict) -> None:
     """Refuse, reading ``path`` only, settings other than those the store's summaries for (``model``,
     ``prompt_version``) were asked for under, naming each field; a store without a record (new, or made before
-    2026-12-06) passes and records them when opened."""
+    2026-12-06) passes and records them when opened. A path no store can be at is refused too."""
     path = Path(path)
+    check_store_path(path)
     if not path.is_file():
         return
     try:
@@ -68,6 +69,13 @@ def check_request_settings(path: str | Path, model: str, prompt_version: str, se
             "reused as if asked for now: give the same settings to reuse them, or another pipeline.store (or "
             "pipeline.out_dir) to ask again"
         )
+
+
+def check_store_path(path: Path) -> None:
+    """Refuse a store path no store can be at (a directory, or under a file): sqlite's 'unable to open database
+    file' traceback otherwise, after the run directory was written."""
+    if problem := output_problem(path, directory=False):
+        raise MissingInput(f"summary store {problem} (pipeline.store)")
 
 
 def paragraph_hash(problem: str, paragraph: str) -> str:
@@ -106,6 +114,7 @@ class SummaryStore:
         lock_timeout_s: float = 60.0,
     ):
         self.path = Path(path)
+        check_store_path(self.path)
         self.accept = accept
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.model = model

@@ -243,6 +243,21 @@ def test_a_store_path_holding_another_file_is_named(tmp_path):
         assert store.get("k") is None
 
 
+def test_a_store_path_no_store_can_be_at_is_refused_before_the_run(tmp_path):
+    """``pipeline.store=<a directory>`` (or a path under a file) ended in sqlite's 'unable to open database file'
+    traceback when the store was opened, after the run directory was written; now the check made before it refuses
+    the path by name, and so does the store itself."""
+    from data_prep.summary_store import SummaryStore, check_request_settings
+    from zoomr.paths import MissingInput
+
+    (tmp_path / "a_file").write_text("x")
+    for path, why in ((tmp_path, "is a directory"), (tmp_path / "a_file" / "store.sqlite", "a_file is a file")):
+        with pytest.raises(MissingInput, match=f"summary store {path}.*{why}"):
+            check_request_settings(path, "m", "v1", {"max_tokens": 32})
+        with pytest.raises(MissingInput, match=f"summary store {path}.*{why}"):
+            SummaryStore(path, "m", "v1")
+
+
 def test_a_stored_summary_this_run_rejects_is_asked_for_again(tmp_path):
     """Summaries cut by max_tokens, stored by a run with reject_truncated_answers=false, were reused as good ones by
     a rerun that rejects them (0 requested, the cut summaries written); now they are asked for again and replaced."""
