@@ -57,8 +57,10 @@ def check_request_settings(path: str | Path, model: str, prompt_version: str, se
             row = db.execute(
                 "SELECT settings FROM request_settings WHERE model=? AND prompt_version=?", (model, prompt_version)
             ).fetchone()
-    except sqlite3.DatabaseError:  # no such table (an older store), or not a store: SummaryStore names the latter
+    except sqlite3.OperationalError:  # no such table: an older store
         return
+    except sqlite3.DatabaseError as e:  # another file at the store's path
+        raise not_a_store(path, e) from None
     if row is None:
         return
     named = lambda d: {f"pipeline.endpoint.{k}": v for k, v in d.items()}  # noqa: E731
@@ -76,6 +78,10 @@ def check_store_path(path: Path) -> None:
     file' traceback otherwise, after the run directory was written."""
     if problem := output_problem(path, directory=False):
         raise MissingInput(f"summary store {problem} (pipeline.store)")
+
+
+def not_a_store(path: Path, error: Exception) -> BadRowError:
+    return BadRowError(f"{path}: not a summary store ({error}); give pipeline.store another path")
 
 
 def paragraph_hash(problem: str, paragraph: str) -> str:
@@ -134,7 +140,7 @@ class SummaryStore:
             raise StoreUnavailable(f"summary store {self.path}: {e} (is another process writing it?)") from None
         except sqlite3.DatabaseError as e:  # another file at the store's path
             self._db.close()
-            raise BadRowError(f"{self.path}: not a summary store ({e}); give pipeline.store another path") from None
+            raise not_a_store(self.path, e) from None
         except SettingsError:
             self._db.close()
             raise

@@ -232,13 +232,16 @@ def test_validation_and_cleaning():
 
 
 def test_a_store_path_holding_another_file_is_named(tmp_path):
-    """``pipeline.store=<a file that is not SQLite>`` ended in a sqlite3.DatabaseError traceback."""
-    from data_prep.summary_store import SummaryStore
+    """``pipeline.store=<a file that is not SQLite>`` ended in a sqlite3.DatabaseError traceback; then it was refused
+    only when the store was opened, after the run directory was written (the check made before it let it pass)."""
+    from data_prep.summary_store import SummaryStore, check_request_settings
     from zoomr.jsonl import BadRowError
 
     (tmp_path / "notes.txt").write_text("not a database, and long enough for sqlite to read a header " * 4)
     with pytest.raises(BadRowError, match="notes.txt: not a summary store .*give pipeline.store another path"):
         SummaryStore(tmp_path / "notes.txt", "m", "v1")
+    with pytest.raises(BadRowError, match="notes.txt: not a summary store"):  # before the run directory: it passed
+        check_request_settings(tmp_path / "notes.txt", "m", "v1", {"max_tokens": 32})
     with SummaryStore(tmp_path / "store.sqlite", "m", "v1") as store:  # a new path is created
         assert store.get("k") is None
 
