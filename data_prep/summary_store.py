@@ -42,6 +42,20 @@ CREATE TABLE IF NOT EXISTS request_settings (
     PRIMARY KEY (model, prompt_version)
 )
 """
+COLUMNS = {  # of each table above: a table of that name without them is another program's (sqlite's "no such column")
+    "summaries": ("paragraph_hash", "model", "prompt_version", "summary", "finish_reason", "prompt_tokens",
+                  "completion_tokens", "attempts", "created"),
+    "request_settings": ("model", "prompt_version", "settings"),
+}  # fmt: skip
+
+
+def schema_problem(db: sqlite3.Connection) -> str | None:
+    """Why ``db``'s tables are not a summary store's (a table of a store's name lacking a column), or None."""
+    for table, columns in COLUMNS.items():
+        have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+        if have and (lacking := [c for c in columns if c not in have]):
+            return f"its table {table} has no column {', '.join(lacking)}"
+    return None
 
 
 def check_request_settings(path: str | Path, model: str, prompt_version: str, settings: dict) -> None:
@@ -54,6 +68,8 @@ def check_request_settings(path: str | Path, model: str, prompt_version: str, se
         return
     try:
         with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+            if problem := schema_problem(db):
+                raise not_a_store(path, problem)
             row = db.execute(
                 "SELECT settings FROM request_settings WHERE model=? AND prompt_version=?", (model, prompt_version)
             ).fetchone()
@@ -80,7 +96,7 @@ def check_store_path(path: Path) -> None:
         raise MissingInput(f"summary store {problem} (pipeline.store)")
 
 
-def not_a_store(path: Path, error: Exception) -> BadRowError:
+def not_a_store(path: Path, error: Exception | str) -> BadRowError:
     return BadRowError(f"{path}: not a summary store ({error}); give pipeline.store another path")
 
 
@@ -127,6 +143,8 @@ class SummaryStore:
         self.prompt_version = prompt_version
         self._db = sqlite3.connect(str(self.path), timeout=lock_timeout_s)  # waits for another writer's lock
         try:
+            if problem := schema_problem(self._db):  # before anything is written to another program's database
+                raise sqlite3.DatabaseError(problem)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(SCHEMA)

@@ -246,6 +246,25 @@ def test_a_store_path_holding_another_file_is_named(tmp_path):
         assert store.get("k") is None
 
 
+def test_another_programs_sqlite_file_is_not_taken_for_a_store(tmp_path):
+    """A SQLite file whose ``summaries`` table has other columns was opened as a store (WAL mode and the settings
+    table written into it) and the run ended in sqlite's 'no such column' traceback; now it is refused by name, before
+    the run directory by the early check, and left as it was."""
+    from data_prep.summary_store import check_request_settings
+    from zoomr.jsonl import BadRowError
+
+    path = tmp_path / "store.sqlite"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE summaries (id INTEGER, text TEXT)")
+    before = path.read_bytes()
+    with pytest.raises(BadRowError, match="store.sqlite: not a summary store .*table summaries has no column "
+                                          "paragraph_hash, model,"):  # fmt: skip
+        check_request_settings(path, "fake-70b", "v1", {"max_tokens": 32})
+    with pytest.raises(BadRowError, match="store.sqlite: not a summary store .*table summaries has no column"):
+        run_pipeline(tmp_path, "http://127.0.0.1:9/v1", rows=small_rows()[:1])
+    assert path.read_bytes() == before and not (tmp_path / "store.sqlite-wal").exists()
+
+
 def test_a_store_path_no_store_can_be_at_is_refused_before_the_run(tmp_path):
     """``pipeline.store=<a directory>`` (or a path under a file) ended in sqlite's 'unable to open database file'
     traceback when the store was opened, after the run directory was written; now the check made before it refuses
