@@ -171,6 +171,9 @@ def load_trace_rows(
         if isinstance(parsed, str):
             report.defects[parsed] += 1
             continue
+        if not _unicode(parsed.question, parsed.response, parsed.system):
+            report.defects["lone_surrogate"] += 1
+            continue
         parsed.defects = trace_defects(parsed.response)
         report.defects.update(parsed.defects)
         rows.append(parsed)
@@ -182,6 +185,18 @@ def load_trace_rows(
         raise MissingInput(f"{where}: no usable trace rows in format {format!r} ({report.summary()})")
     log.info("traces: %s", report.summary())
     return rows, report
+
+
+def _unicode(*texts: str | None) -> bool:
+    """Whether every text is valid Unicode: a JSON line may escape a lone surrogate (``"\\ud800"``), which no file,
+    hash or tokenizer can encode (the summariser's paragraph hash failed on it with a UnicodeEncodeError traceback)."""
+    try:
+        for text in texts:
+            if isinstance(text, str):
+                text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def sft_dataset(data: dict[str, Any], tokenizer=None):
