@@ -89,7 +89,10 @@ def _from_bespoke(row: dict[str, Any], i: int) -> TraceRow | str:
         return "no_question"
     if not isinstance(assistant, str) or not assistant.strip():
         return "no_response"
-    return TraceRow(id=str(row.get("id", i)), question=user, response=assistant, system=row.get("system"))
+    system = row.get("system")
+    if system is not None and not isinstance(system, str):  # went into the chat as a message's content
+        return "system_not_text"
+    return TraceRow(id=str(row.get("id", i)), question=user, response=assistant, system=system)
 
 
 PARSERS = {"skythought_eval": _from_skythought_eval, "bespoke": _from_bespoke}
