@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import re
+import shutil
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
@@ -334,6 +335,8 @@ def write_outputs(out_dir: Path, records: list[dict[str, Any]], stats: dict[str,
     tmp.replace(out_dir / "summarized.jsonl")
     if records:
         datasets.Dataset.from_list(records).save_to_disk(str(out_dir / "dataset"))
+    elif (out_dir / "dataset").is_dir():  # an earlier run's rows, not this one's (summarized.jsonl is empty)
+        shutil.rmtree(out_dir / "dataset")
     (out_dir / "stats.json").write_text(json.dumps(stats, indent=2, default=str))
 
 

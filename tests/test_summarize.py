@@ -192,6 +192,18 @@ def test_killed_run_loses_nothing(tmp_path):
     assert text == clean_text
 
 
+def test_a_rerun_writing_no_row_leaves_no_earlier_dataset_behind(tmp_path):
+    """A rerun into the same out_dir whose rows all were skipped wrote an empty summarized.jsonl and stats saying 0
+    rows, but left the earlier run's dataset/ (its rows, loadable as this run's output); now dataset/ goes too."""
+    rows = small_rows()
+    with FakeServer() as server:
+        first, _ = run_pipeline(tmp_path, server.base_url, rows=rows[:1])
+        assert (tmp_path / "dataset").is_dir()
+        second, text = run_pipeline(tmp_path, server.base_url, rows=rows[3:])  # truncated, no thought, empty
+    assert first["rows_written"] == 1 and second["rows_written"] == 0 and text == ""
+    assert not (tmp_path / "dataset").exists()
+
+
 def test_fatal_http_errors_stop_at_once(tmp_path):
     os.environ.pop("ZOOMR_TEST_KEY", None)
     with (
