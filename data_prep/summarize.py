@@ -408,19 +408,25 @@ def run(cfg) -> dict[str, Any]:
     from zoomr.models import load_tokenizer
     from zoomr.rundir import write_summary
     from zoomr.schemas import to_dataclass
+    from zoomr.schemas.checks import SettingsError
+    from zoomr.schemas.sft import TracesData
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
     pipe: SummarizePipeline = to_dataclass(SummarizePipeline, cfg.pipeline)
     if cfg.get("data") is None:
         raise SystemExit("summarize needs trace data: add data=traces (or +data=...; e.g. bespoke_stratos)")
     data = to_plain(cfg.data)
+    if data.get("loader", TracesData.loader) != TracesData.loader:  # data=testbed was a KeyError traceback ('source')
+        raise SettingsError(f"data={data.get('name')}: summarize reads reasoning traces (data=traces, bespoke_stratos "
+                            f"or zoomr_summaries), not data read by {data['loader']}")  # fmt: skip
+    traces = to_dataclass(TracesData, data)  # the schema's checks, which Hydra skips: data.max_samples=0 read a row
     rows, load = load_trace_rows(  # an unusable input is refused before the run directory is written
-        source=data["source"],
-        path=data.get("path"),
-        hub_id=data.get("hub_id"),
-        split=data.get("split", "train"),
-        format=data.get("format", "skythought_eval"),
-        max_samples=pipe.max_rows if pipe.max_rows is not None else data.get("max_samples"),
+        source=traces.source,
+        path=traces.path,
+        hub_id=traces.hub_id,
+        split=traces.split,
+        format=traces.format,
+        max_samples=pipe.max_rows if pipe.max_rows is not None else traces.max_samples,
     )
     tokenizer = load_tokenizer(model_spec(cfg), cfg.cache_dir) if pipe.count_tokens else None
     out_dir = Path(pipe.out_dir).expanduser().absolute()  # relative: the working directory, never the repo

@@ -200,3 +200,24 @@ def test_a_body_that_does_not_decode_is_a_failed_attempt_not_a_traceback(tmp_pat
         server.server_close()
     assert e.value.stats["attempts"]["bad_json"] == 2 * e.value.stats["summaries_requested"] > 0
     assert (tmp_path / "stats.json").exists()
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("data=testbed", "data=testbed: summarize reads reasoning traces"),  # a KeyError traceback ('source')
+    ("data.max_samples=0", r"data.max_samples=0 \(must be >= 1\)"),  # read one row without a word
+    ("data.format=csv", "data.format must be one of"),  # a ValueError traceback from the loader
+])  # fmt: skip
+def test_data_settings_the_summariser_cannot_use_are_refused_by_name(tmp_path, override, message):
+    from hydra import compose, initialize_config_dir
+
+    from data_prep.summarize import run
+    from zoomr.entry import CONF_DIR
+    from zoomr.schemas import register_with_hydra
+    from zoomr.schemas.checks import SettingsError
+
+    register_with_hydra()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("data_prep", overrides=["+pipeline=summarize", override, f"pipeline.out_dir={tmp_path / 'out'}"])
+    with pytest.raises(SettingsError, match=message):
+        run(cfg)
+    assert not (tmp_path / "out").exists()
