@@ -243,6 +243,15 @@ def test_validation_and_cleaning():
             EndpointSettings(**{field: bad})
 
 
+def test_extra_body_cannot_replace_what_the_client_sends(tmp_path):
+    """extra_body={"stream": true} made the server stream, and every attempt was read as bad JSON until the run gave
+    up; extra_body={"max_tokens": 512} replaced max_tokens behind the store's record and the length check. Refused."""
+    for extra in ({"stream": True}, {"max_tokens": 512, "top_p": 0.9}, {"model": "other"}):
+        with pytest.raises(ValueError, match=f"pipeline.endpoint.extra_body sets {next(iter(extra))}, which"):
+            EndpointSettings(extra_body=extra)
+    assert EndpointSettings(extra_body={"top_p": 0.9, "min_tokens": 4}).extra_body["top_p"] == 0.9
+
+
 def test_a_store_path_holding_another_file_is_named(tmp_path):
     """``pipeline.store=<a file that is not SQLite>`` ended in a sqlite3.DatabaseError traceback; then it was refused
     only when the store was opened, after the run directory was written (the check made before it let it pass)."""
