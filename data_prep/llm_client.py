@@ -148,6 +148,11 @@ class ChatClient:
                     last = f"http_{resp.status_code}"
                     if resp.status_code not in RETRY_STATUS and not 500 <= resp.status_code < 600:
                         self.stats[last] += 1
+                        if resp.has_redirect_location:  # not followed: a POST's body may not survive a redirect
+                            raise FatalRequestError(
+                                f"{self.settings.base_url}: HTTP {resp.status_code}: redirected to "
+                                f"{resp.headers['location']}; give the endpoint's own address as endpoint.base_url"
+                            )
                         raise FatalRequestError(
                             f"{self.settings.base_url}: HTTP {resp.status_code}: {resp.text[:300]!r}"
                         )

@@ -221,3 +221,31 @@ def test_data_settings_the_summariser_cannot_use_are_refused_by_name(tmp_path, o
     with pytest.raises(SettingsError, match=message):
         run(cfg)
     assert not (tmp_path / "out").exists()
+
+
+class _RedirectHandler(BaseHTTPRequestHandler):
+    """Answers every request with a 308 to https (a proxy moving the endpoint), with no body."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(308)
+        self.send_header("Location", "https://llm.example/v1/chat/completions")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+def test_a_redirect_names_where_the_endpoint_moved(tmp_path):
+    """A redirect stopped the run with "HTTP 308: ''", not saying where to; the message now names the Location."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _RedirectHandler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(SummarizeFailed, match="HTTP 308: redirected to https://llm.example/v1/chat/completions; "
+                                                  "give the endpoint's own address as endpoint.base_url"):  # fmt: skip
+            run_pipeline(tmp_path, f"http://127.0.0.1:{server.server_port}/v1", rows=small_rows()[:1])
+    finally:
+        server.shutdown()
+        server.server_close()
