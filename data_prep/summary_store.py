@@ -79,8 +79,14 @@ def check_request_settings(path: str | Path, model: str, prompt_version: str, se
         raise not_a_store(path, e) from None
     if row is None:
         return
+    try:
+        recorded = json.loads(row[0])
+    except (TypeError, ValueError):
+        recorded = None
+    if not isinstance(recorded, dict):  # a JSONDecodeError / AttributeError traceback
+        raise not_a_store(path, f"its request settings for {model} are not a JSON object: {str(row[0])[:80]!r}")
     named = lambda d: {f"pipeline.endpoint.{k}": v for k, v in d.items()}  # noqa: E731
-    changed = changed_settings(named(json.loads(row[0])), named(settings))
+    changed = changed_settings(named(recorded), named(settings))
     if changed:
         raise SettingsError(
             f"{path} holds summaries by {model} asked for under other settings ({'; '.join(changed)}); they would be "

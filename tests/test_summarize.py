@@ -286,6 +286,21 @@ def test_another_programs_sqlite_file_is_not_taken_for_a_store(tmp_path):
     assert path.read_bytes() == before and not (tmp_path / "store.sqlite-wal").exists()
 
 
+def test_a_store_whose_settings_record_is_not_an_object_is_named(tmp_path):
+    """A request settings record that is not a JSON object (a store edited by hand, a torn copy) was a JSONDecodeError
+    or AttributeError traceback from the check made before the run; now the store is named."""
+    from data_prep.summary_store import SummaryStore, check_request_settings
+    from zoomr.jsonl import BadRowError
+
+    path = tmp_path / "store.sqlite"
+    SummaryStore(path, "m", "v1", request_settings={"max_tokens": 32}).close()
+    for record in ("not json", "[32]"):
+        with sqlite3.connect(path) as db:
+            db.execute("UPDATE request_settings SET settings=?", (record,))
+        with pytest.raises(BadRowError, match=r"store.sqlite: not a summary store \(its request settings for m are"):
+            check_request_settings(path, "m", "v1", {"max_tokens": 32})
+
+
 def test_a_store_path_no_store_can_be_at_is_refused_before_the_run(tmp_path):
     """``pipeline.store=<a directory>`` (or a path under a file) ended in sqlite's 'unable to open database file'
     traceback when the store was opened, after the run directory was written; now the check made before it refuses
