@@ -82,16 +82,24 @@ def run_once(rows, url: str, model: str, concurrency: int, max_tokens: int, min_
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--servers", nargs="+", default=["fake", "serve", "serve-cb"])
+    p.add_argument("--servers", nargs="+", choices=["fake", "serve", "serve-cb"], default=["fake", "serve", "serve-cb"])
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 8])
     p.add_argument("--rows", type=int, default=3)
     p.add_argument("--min-chars", type=int, default=300)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--latency", type=float, default=0.2, help="fake server: seconds per request")
     p.add_argument("--out", type=output_file, default="runs/bench/summarize.json")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    # checked before any server starts: --concurrency 0 / --max-tokens 0 were EndpointSettings' ValueError traceback
+    # after the warm-up (and after the servers before), --rows -1 benched all rows but one without a word
+    for flag, values, least in (("--concurrency", args.concurrency, 1), ("--rows", [args.rows], 1),
+                                ("--max-tokens", [args.max_tokens], 1), ("--min-chars", [args.min_chars], 0)):
+        if any(v < least for v in values):
+            p.error(f"{flag} must be >= {least}, got {' '.join(map(str, values))}")
+    if not args.latency >= 0 or args.latency == float("inf"):
+        p.error(f"--latency must be a number of seconds >= 0, got {args.latency}")
 
     from zoomr.models import build_tiny, tiny_spec  # the tiny model the tests serve
 

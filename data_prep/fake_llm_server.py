@@ -3,7 +3,8 @@
 Answers are a deterministic function of the paragraph in the request, so a run through faults must
 give byte-identical output to a clean run. Faults, drawn per request: HTTP 429 (with ``Retry-After``)
 or 500, responses slower than the client's timeout, garbage JSON, empty content, special-token
-content. ``latency_s`` simulates a batching server (each request waits, none blocks another).
+content, content longer than the request's ``max_tokens`` reported as finished (``"stop"``). ``latency_s``
+simulates a batching server (each request waits, none blocks another).
 
     server = FakeServer(FaultPlan(error_rate=0.2, ...)); server.start(); ...; server.stop()
 """
@@ -30,6 +31,7 @@ class FaultPlan:
     garbage_rate: float = 0.0  # 200 with a body that is not a chat completion
     empty_rate: float = 0.0  # 200 with empty content
     special_rate: float = 0.0  # 200 with a special token in the content
+    overlong_rate: float = 0.0  # 200 with more words than max_tokens, finish_reason "stop" (max_tokens ignored)
     slow_s: float = 1.0
     latency_s: float = 0.0  # added to every answer (a server busy elsewhere)
     seed: int = 0
@@ -82,9 +84,10 @@ def make_app(plan: FaultPlan, log: ServerLog):
         if plan.latency_s:
             await asyncio.sleep(plan.latency_s)
         r = rng.random()
-        edges = [plan.error_rate, plan.slow_rate, plan.garbage_rate, plan.empty_rate, plan.special_rate]
+        edges = [plan.error_rate, plan.slow_rate, plan.garbage_rate, plan.empty_rate, plan.special_rate,
+                 plan.overlong_rate]  # fmt: skip
         kind, acc = "ok", 0.0
-        for name, p in zip(["error", "slow", "garbage", "empty", "special"], edges):
+        for name, p in zip(["error", "slow", "garbage", "empty", "special", "overlong"], edges):
             acc += p
             if r < acc:
                 kind = name
@@ -100,6 +103,8 @@ def make_app(plan: FaultPlan, log: ServerLog):
             return PlainTextResponse(rng.choice(['{"choices": [', "<html>oops</html>", '{"choices": []}']))
         paragraph = _paragraph_of(body.get("messages", []))
         content = {"empty": "  ", "special": "<|end_of_summary|> oops"}.get(kind, fake_summary(paragraph))
+        if kind == "overlong":
+            content += " and so on" * int(body.get("max_tokens") or 16)
         if kind in ("ok", "slow"):
             log.paragraphs[paragraph] = log.paragraphs.get(paragraph, 0) + 1
         return {
@@ -173,6 +178,7 @@ def main() -> None:
         "garbage_rate",
         "empty_rate",
         "special_rate",
+        "overlong_rate",
         "slow_s",
         "latency_s",
     ):

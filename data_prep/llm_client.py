@@ -1,7 +1,7 @@
 """Async client for an OpenAI-compatible ``/v1/chat/completions`` endpoint (vLLM, ``transformers serve``, …).
 
 Retries with exponential backoff (full jitter, ``Retry-After`` honoured) on 429, 5xx, timeouts,
-connection errors, malformed JSON and answers the caller's validator rejects; other 4xx answers
+connection errors, malformed JSON (or a body its Content-Encoding does not decode) and answers the caller's validator rejects; other 4xx answers
 (bad model name, bad key) fail at once. A refused connection before the endpoint has ever answered
 (nothing listening: wrong port, server not started) fails at once too (:class:`EndpointUnreachable`);
 once it has answered, a refused connection is a transient error. When no answer has been accepted for
@@ -56,7 +56,7 @@ class EndpointStalled(FatalRequestError):
     """No answer was accepted for ``stall_timeout_s``: the server hangs or fails every request."""
 
 
-Validator = Callable[[str, str | None], str | None]  # (text, finish_reason) -> rejection reason or None
+Validator = Callable[[str, str | None, int | None], str | None]  # (text, finish_reason, completion_tokens) -> rejection reason or None
 
 
 class ChatClient:
@@ -140,12 +140,19 @@ class ChatClient:
                     ) from None
             except httpx.TransportError as e:
                 last = f"connect:{type(e).__name__}"
+            except httpx.DecodingError:  # a body its Content-Encoding does not decode: not a chat completion either
+                last = "bad_json"
             else:
                 self._answered = True
                 if resp.status_code != 200:
                     last = f"http_{resp.status_code}"
                     if resp.status_code not in RETRY_STATUS and not 500 <= resp.status_code < 600:
                         self.stats[last] += 1
+                        if resp.has_redirect_location:  # not followed: a POST's body may not survive a redirect
+                            raise FatalRequestError(
+                                f"{self.settings.base_url}: HTTP {resp.status_code}: redirected to "
+                                f"{resp.headers['location']}; give the endpoint's own address as endpoint.base_url"
+                            )
                         raise FatalRequestError(
                             f"{self.settings.base_url}: HTTP {resp.status_code}: {resp.text[:300]!r}"
                         )
@@ -156,7 +163,7 @@ class ChatClient:
                         last = parsed
                     else:
                         text, finish, usage = parsed
-                        reason = validate(text, finish) if validate else None
+                        reason = validate(text, finish, usage.get("completion_tokens")) if validate else None
                         if reason is None:
                             self.stats["ok"] += 1
                             self._last_ok = time.monotonic()
@@ -203,4 +210,5 @@ def _parse(resp: httpx.Response) -> tuple[str, str | None, dict[str, Any]] | str
     if not isinstance(text, str):
         return "bad_json"
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-    return text, choice.get("finish_reason"), usage
+    counts = {k: v for k, v in usage.items() if k.endswith("_tokens") and type(v) is int}  # a count, or unknown
+    return text, choice.get("finish_reason"), counts

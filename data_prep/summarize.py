@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import re
+import shutil
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
@@ -70,10 +71,12 @@ def clean_summary(text: str) -> str:
     return " ".join(text.split())
 
 
-def summary_validator(reject_truncated: bool) -> Validator:
-    """Reject empty answers, answers with special-token strings, and (optionally) length-truncated ones."""
+def summary_validator(reject_truncated: bool, max_tokens: int | None = None) -> Validator:
+    """Reject empty answers, answers with special-token strings, and (optionally) those that do not fit ``max_tokens``:
+    cut by it (``finish_reason`` "length"), or longer than it by the server's own count (``usage.completion_tokens``)
+    while reported as finished (a server that ignores or caps ``max_tokens`` otherwise)."""
 
-    def validate(text: str, finish_reason: str | None) -> str | None:
+    def validate(text: str, finish_reason: str | None, completion_tokens: int | None = None) -> str | None:
         cleaned = clean_summary(text)
         if not cleaned:
             return "empty"
@@ -81,6 +84,8 @@ def summary_validator(reject_truncated: bool) -> Validator:
             return "special_token"
         if reject_truncated and finish_reason == "length":
             return "truncated"
+        if reject_truncated and max_tokens is not None and completion_tokens is not None and completion_tokens > max_tokens:
+            return "too_long"
         return None
 
     return validate
@@ -93,7 +98,7 @@ class SummarizeSettings:
     endpoint: EndpointSettings = field(default_factory=EndpointSettings)
     min_paragraph_chars: int = 400  # merge shorter blank-line paragraphs forward (see zoomr.segments)
     keep_truncated: bool = False  # traces without <|end_of_thought|>: drop (default) or summarise anyway
-    reject_truncated_answers: bool = True  # a summary cut by max_tokens is retried
+    reject_truncated_answers: bool = True  # a summary cut by max_tokens, or longer than it, is retried
     progress: bool = True
 
     @classmethod
@@ -179,7 +184,7 @@ async def fetch_summaries(
     queue: asyncio.Queue[str] = asyncio.Queue()
     for key in todo:
         queue.put_nowait(key)
-    validate = summary_validator(settings.reject_truncated_answers)
+    validate = summary_validator(settings.reject_truncated_answers, settings.endpoint.max_tokens)
     bar = tqdm(
         total=len(todo), unit="summary", desc="summarising", disable=not settings.progress, smoothing=0.1
     )
@@ -330,6 +335,8 @@ def write_outputs(out_dir: Path, records: list[dict[str, Any]], stats: dict[str,
     tmp.replace(out_dir / "summarized.jsonl")
     if records:
         datasets.Dataset.from_list(records).save_to_disk(str(out_dir / "dataset"))
+    elif (out_dir / "dataset").is_dir():  # an earlier run's rows, not this one's (summarized.jsonl is empty)
+        shutil.rmtree(out_dir / "dataset")
     (out_dir / "stats.json").write_text(json.dumps(stats, indent=2, default=str))
 
 
@@ -356,8 +363,8 @@ def summarize_traces(
     store_path = Path(store_path) if store_path else out_dir / "store.sqlite"
     planned, skipped = plan_rows(rows, settings)
     jobs = {k: (p.row.question, para.text) for p in planned for k, para in zip(p.keys, p.paragraphs)}
-    validate = summary_validator(settings.reject_truncated_answers)
-    accept = lambda stored: validate(stored.summary, stored.finish_reason) is None  # noqa: E731
+    validate = summary_validator(settings.reject_truncated_answers, settings.endpoint.max_tokens)
+    accept = lambda stored: validate(stored.summary, stored.finish_reason, stored.completion_tokens) is None  # noqa: E731
     with SummaryStore(store_path, settings.endpoint.model, PROMPT_VERSION, accept,  # rejected: asked again
                       request_settings(settings)) as store:  # fmt: skip
         cached = len(jobs) - len(store.missing(list(jobs)))
@@ -401,19 +408,25 @@ def run(cfg) -> dict[str, Any]:
     from zoomr.models import load_tokenizer
     from zoomr.rundir import write_summary
     from zoomr.schemas import to_dataclass
+    from zoomr.schemas.checks import SettingsError
+    from zoomr.schemas.sft import TracesData
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
     pipe: SummarizePipeline = to_dataclass(SummarizePipeline, cfg.pipeline)
     if cfg.get("data") is None:
         raise SystemExit("summarize needs trace data: add data=traces (or +data=...; e.g. bespoke_stratos)")
     data = to_plain(cfg.data)
+    if data.get("loader", TracesData.loader) != TracesData.loader:  # data=testbed was a KeyError traceback ('source')
+        raise SettingsError(f"data={data.get('name')}: summarize reads reasoning traces (data=traces, bespoke_stratos "
+                            f"or zoomr_summaries), not data read by {data['loader']}")  # fmt: skip
+    traces = to_dataclass(TracesData, data)  # the schema's checks, which Hydra skips: data.max_samples=0 read a row
     rows, load = load_trace_rows(  # an unusable input is refused before the run directory is written
-        source=data["source"],
-        path=data.get("path"),
-        hub_id=data.get("hub_id"),
-        split=data.get("split", "train"),
-        format=data.get("format", "skythought_eval"),
-        max_samples=pipe.max_rows if pipe.max_rows is not None else data.get("max_samples"),
+        source=traces.source,
+        path=traces.path,
+        hub_id=traces.hub_id,
+        split=traces.split,
+        format=traces.format,
+        max_samples=pipe.max_rows if pipe.max_rows is not None else traces.max_samples,
     )
     tokenizer = load_tokenizer(model_spec(cfg), cfg.cache_dir) if pipe.count_tokens else None
     out_dir = Path(pipe.out_dir).expanduser().absolute()  # relative: the working directory, never the repo

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zoomr.jsonl import BadRowError
-from zoomr.paths import MissingInput
+from zoomr.paths import MissingInput, output_problem
 from zoomr.rundir import changed_settings
 from zoomr.schemas.checks import SettingsError
 
@@ -42,32 +42,68 @@ CREATE TABLE IF NOT EXISTS request_settings (
     PRIMARY KEY (model, prompt_version)
 )
 """
+COLUMNS = {  # of each table above: a table of that name without them is another program's (sqlite's "no such column")
+    "summaries": ("paragraph_hash", "model", "prompt_version", "summary", "finish_reason", "prompt_tokens",
+                  "completion_tokens", "attempts", "created"),
+    "request_settings": ("model", "prompt_version", "settings"),
+}  # fmt: skip
+
+
+def schema_problem(db: sqlite3.Connection) -> str | None:
+    """Why ``db``'s tables are not a summary store's (a table of a store's name lacking a column), or None."""
+    for table, columns in COLUMNS.items():
+        have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+        if have and (lacking := [c for c in columns if c not in have]):
+            return f"its table {table} has no column {', '.join(lacking)}"
+    return None
 
 
 def check_request_settings(path: str | Path, model: str, prompt_version: str, settings: dict) -> None:
     """Refuse, reading ``path`` only, settings other than those the store's summaries for (``model``,
     ``prompt_version``) were asked for under, naming each field; a store without a record (new, or made before
-    2026-12-06) passes and records them when opened."""
+    2026-12-06) passes and records them when opened. A path no store can be at is refused too."""
     path = Path(path)
+    check_store_path(path)
     if not path.is_file():
         return
     try:
         with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+            if problem := schema_problem(db):
+                raise not_a_store(path, problem)
             row = db.execute(
                 "SELECT settings FROM request_settings WHERE model=? AND prompt_version=?", (model, prompt_version)
             ).fetchone()
-    except sqlite3.DatabaseError:  # no such table (an older store), or not a store: SummaryStore names the latter
+    except sqlite3.OperationalError:  # no such table: an older store
         return
+    except sqlite3.DatabaseError as e:  # another file at the store's path
+        raise not_a_store(path, e) from None
     if row is None:
         return
+    try:
+        recorded = json.loads(row[0])
+    except (TypeError, ValueError):
+        recorded = None
+    if not isinstance(recorded, dict):  # a JSONDecodeError / AttributeError traceback
+        raise not_a_store(path, f"its request settings for {model} are not a JSON object: {str(row[0])[:80]!r}")
     named = lambda d: {f"pipeline.endpoint.{k}": v for k, v in d.items()}  # noqa: E731
-    changed = changed_settings(named(json.loads(row[0])), named(settings))
+    changed = changed_settings(named(recorded), named(settings))
     if changed:
         raise SettingsError(
             f"{path} holds summaries by {model} asked for under other settings ({'; '.join(changed)}); they would be "
             "reused as if asked for now: give the same settings to reuse them, or another pipeline.store (or "
             "pipeline.out_dir) to ask again"
         )
+
+
+def check_store_path(path: Path) -> None:
+    """Refuse a store path no store can be at (a directory, or under a file): sqlite's 'unable to open database
+    file' traceback otherwise, after the run directory was written."""
+    if problem := output_problem(path, directory=False):
+        raise MissingInput(f"summary store {problem} (pipeline.store)")
+
+
+def not_a_store(path: Path, error: Exception | str) -> BadRowError:
+    return BadRowError(f"{path}: not a summary store ({error}); give pipeline.store another path")
 
 
 def paragraph_hash(problem: str, paragraph: str) -> str:
@@ -106,12 +142,15 @@ class SummaryStore:
         lock_timeout_s: float = 60.0,
     ):
         self.path = Path(path)
+        check_store_path(self.path)
         self.accept = accept
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.model = model
         self.prompt_version = prompt_version
         self._db = sqlite3.connect(str(self.path), timeout=lock_timeout_s)  # waits for another writer's lock
         try:
+            if problem := schema_problem(self._db):  # before anything is written to another program's database
+                raise sqlite3.DatabaseError(problem)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(SCHEMA)
@@ -125,7 +164,7 @@ class SummaryStore:
             raise StoreUnavailable(f"summary store {self.path}: {e} (is another process writing it?)") from None
         except sqlite3.DatabaseError as e:  # another file at the store's path
             self._db.close()
-            raise BadRowError(f"{self.path}: not a summary store ({e}); give pipeline.store another path") from None
+            raise not_a_store(self.path, e) from None
         except SettingsError:
             self._db.close()
             raise

@@ -89,7 +89,10 @@ def _from_bespoke(row: dict[str, Any], i: int) -> TraceRow | str:
         return "no_question"
     if not isinstance(assistant, str) or not assistant.strip():
         return "no_response"
-    return TraceRow(id=str(row.get("id", i)), question=user, response=assistant, system=row.get("system"))
+    system = row.get("system")
+    if system is not None and not isinstance(system, str):  # went into the chat as a message's content
+        return "system_not_text"
+    return TraceRow(id=str(row.get("id", i)), question=user, response=assistant, system=system)
 
 
 PARSERS = {"skythought_eval": _from_skythought_eval, "bespoke": _from_bespoke}
@@ -171,6 +174,9 @@ def load_trace_rows(
         if isinstance(parsed, str):
             report.defects[parsed] += 1
             continue
+        if not _unicode(parsed.question, parsed.response, parsed.system):
+            report.defects["lone_surrogate"] += 1
+            continue
         parsed.defects = trace_defects(parsed.response)
         report.defects.update(parsed.defects)
         rows.append(parsed)
@@ -182,6 +188,18 @@ def load_trace_rows(
         raise MissingInput(f"{where}: no usable trace rows in format {format!r} ({report.summary()})")
     log.info("traces: %s", report.summary())
     return rows, report
+
+
+def _unicode(*texts: str | None) -> bool:
+    """Whether every text is valid Unicode: a JSON line may escape a lone surrogate (``"\\ud800"``), which no file,
+    hash or tokenizer can encode (the summariser's paragraph hash failed on it with a UnicodeEncodeError traceback)."""
+    try:
+        for text in texts:
+            if isinstance(text, str):
+                text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def sft_dataset(data: dict[str, Any], tokenizer=None):

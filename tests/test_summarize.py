@@ -192,6 +192,18 @@ def test_killed_run_loses_nothing(tmp_path):
     assert text == clean_text
 
 
+def test_a_rerun_writing_no_row_leaves_no_earlier_dataset_behind(tmp_path):
+    """A rerun into the same out_dir whose rows all were skipped wrote an empty summarized.jsonl and stats saying 0
+    rows, but left the earlier run's dataset/ (its rows, loadable as this run's output); now dataset/ goes too."""
+    rows = small_rows()
+    with FakeServer() as server:
+        first, _ = run_pipeline(tmp_path, server.base_url, rows=rows[:1])
+        assert (tmp_path / "dataset").is_dir()
+        second, text = run_pipeline(tmp_path, server.base_url, rows=rows[3:])  # truncated, no thought, empty
+    assert first["rows_written"] == 1 and second["rows_written"] == 0 and text == ""
+    assert not (tmp_path / "dataset").exists()
+
+
 def test_fatal_http_errors_stop_at_once(tmp_path):
     os.environ.pop("ZOOMR_TEST_KEY", None)
     with (
@@ -231,16 +243,77 @@ def test_validation_and_cleaning():
             EndpointSettings(**{field: bad})
 
 
+def test_extra_body_cannot_replace_what_the_client_sends(tmp_path):
+    """extra_body={"stream": true} made the server stream, and every attempt was read as bad JSON until the run gave
+    up; extra_body={"max_tokens": 512} replaced max_tokens behind the store's record and the length check. Refused."""
+    for extra in ({"stream": True}, {"max_tokens": 512, "top_p": 0.9}, {"model": "other"}):
+        with pytest.raises(ValueError, match=f"pipeline.endpoint.extra_body sets {next(iter(extra))}, which"):
+            EndpointSettings(extra_body=extra)
+    assert EndpointSettings(extra_body={"top_p": 0.9, "min_tokens": 4}).extra_body["top_p"] == 0.9
+
+
 def test_a_store_path_holding_another_file_is_named(tmp_path):
-    """``pipeline.store=<a file that is not SQLite>`` ended in a sqlite3.DatabaseError traceback."""
-    from data_prep.summary_store import SummaryStore
+    """``pipeline.store=<a file that is not SQLite>`` ended in a sqlite3.DatabaseError traceback; then it was refused
+    only when the store was opened, after the run directory was written (the check made before it let it pass)."""
+    from data_prep.summary_store import SummaryStore, check_request_settings
     from zoomr.jsonl import BadRowError
 
     (tmp_path / "notes.txt").write_text("not a database, and long enough for sqlite to read a header " * 4)
     with pytest.raises(BadRowError, match="notes.txt: not a summary store .*give pipeline.store another path"):
         SummaryStore(tmp_path / "notes.txt", "m", "v1")
+    with pytest.raises(BadRowError, match="notes.txt: not a summary store"):  # before the run directory: it passed
+        check_request_settings(tmp_path / "notes.txt", "m", "v1", {"max_tokens": 32})
     with SummaryStore(tmp_path / "store.sqlite", "m", "v1") as store:  # a new path is created
         assert store.get("k") is None
+
+
+def test_another_programs_sqlite_file_is_not_taken_for_a_store(tmp_path):
+    """A SQLite file whose ``summaries`` table has other columns was opened as a store (WAL mode and the settings
+    table written into it) and the run ended in sqlite's 'no such column' traceback; now it is refused by name, before
+    the run directory by the early check, and left as it was."""
+    from data_prep.summary_store import check_request_settings
+    from zoomr.jsonl import BadRowError
+
+    path = tmp_path / "store.sqlite"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE summaries (id INTEGER, text TEXT)")
+    before = path.read_bytes()
+    with pytest.raises(BadRowError, match="store.sqlite: not a summary store .*table summaries has no column "
+                                          "paragraph_hash, model,"):  # fmt: skip
+        check_request_settings(path, "fake-70b", "v1", {"max_tokens": 32})
+    with pytest.raises(BadRowError, match="store.sqlite: not a summary store .*table summaries has no column"):
+        run_pipeline(tmp_path, "http://127.0.0.1:9/v1", rows=small_rows()[:1])
+    assert path.read_bytes() == before and not (tmp_path / "store.sqlite-wal").exists()
+
+
+def test_a_store_whose_settings_record_is_not_an_object_is_named(tmp_path):
+    """A request settings record that is not a JSON object (a store edited by hand, a torn copy) was a JSONDecodeError
+    or AttributeError traceback from the check made before the run; now the store is named."""
+    from data_prep.summary_store import SummaryStore, check_request_settings
+    from zoomr.jsonl import BadRowError
+
+    path = tmp_path / "store.sqlite"
+    SummaryStore(path, "m", "v1", request_settings={"max_tokens": 32}).close()
+    for record in ("not json", "[32]"):
+        with sqlite3.connect(path) as db:
+            db.execute("UPDATE request_settings SET settings=?", (record,))
+        with pytest.raises(BadRowError, match=r"store.sqlite: not a summary store \(its request settings for m are"):
+            check_request_settings(path, "m", "v1", {"max_tokens": 32})
+
+
+def test_a_store_path_no_store_can_be_at_is_refused_before_the_run(tmp_path):
+    """``pipeline.store=<a directory>`` (or a path under a file) ended in sqlite's 'unable to open database file'
+    traceback when the store was opened, after the run directory was written; now the check made before it refuses
+    the path by name, and so does the store itself."""
+    from data_prep.summary_store import SummaryStore, check_request_settings
+    from zoomr.paths import MissingInput
+
+    (tmp_path / "a_file").write_text("x")
+    for path, why in ((tmp_path, "is a directory"), (tmp_path / "a_file" / "store.sqlite", "a_file is a file")):
+        with pytest.raises(MissingInput, match=f"summary store {path}.*{why}"):
+            check_request_settings(path, "m", "v1", {"max_tokens": 32})
+        with pytest.raises(MissingInput, match=f"summary store {path}.*{why}"):
+            SummaryStore(path, "m", "v1")
 
 
 def test_a_stored_summary_this_run_rejects_is_asked_for_again(tmp_path):
@@ -308,3 +381,23 @@ def test_entry_point(tmp_path):
     assert summary["compression_ratio"] > 1
     assert len((tmp_path / "out" / "summarized.jsonl").read_text().splitlines()) == 1
     assert "HTTP Request" not in proc.stderr  # per-request logging is silenced
+
+
+def test_a_summary_longer_than_max_tokens_is_asked_for_again_though_reported_finished(tmp_path):
+    """A server that ignores max_tokens answered summaries longer than it with finish_reason "stop" (by its own
+    usage.completion_tokens), and they were written as good ones; only a "length" answer was rejected. Now both are
+    rejected under reject_truncated_answers (asked again, and not reused from the store), both kept without it."""
+    rows = small_rows()[:1]
+    with FakeServer(FaultPlan(overlong_rate=0.5, seed=1)) as server:
+        stats, text = run_pipeline(tmp_path / "a", server.base_url, rows=rows)
+        assert server.log.by_outcome["overlong"] > 0
+    assert stats["attempts"]["rejected:too_long"] == server.log.by_outcome["overlong"]
+    assert stats["summaries_failed"] == 0
+    assert all(s == fake_summary(p) for s, p in zip(*(json.loads(text)[k] for k in ("summaries", "paragraphs"))))
+    with FakeServer(FaultPlan(overlong_rate=1.0)) as server:  # kept without the check, not reused with it
+        kept, text = run_pipeline(tmp_path / "b", server.base_url, rows=rows, reject_truncated_answers=False)
+        assert "and so on" in json.loads(text)["summaries"][0]
+    with FakeServer() as server:
+        again, text = run_pipeline(tmp_path / "b", server.base_url, rows=rows)
+    assert again["summaries_cached"] == 0 and again["summaries_new"] == kept["summaries_new"] > 0
+    assert "and so on" not in text

@@ -13,7 +13,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from test_summarize import run_pipeline
+from test_summarize import run_pipeline, small_rows
 
 from data_prep.fake_llm_server import FakeServer, FaultPlan, free_port
 from data_prep.summarize import SummarizeFailed
@@ -168,3 +168,84 @@ def test_a_store_locked_by_another_process_stops_the_run_naming_it(tmp_path):
         other.close()
     assert report.fatal is not None and f"summary store {path}: database is locked" in report.fatal
     assert report.done == 0 and report.requested == len(jobs) > 0
+
+
+class _BadGzipHandler(BaseHTTPRequestHandler):
+    """Answers 200 with ``Content-Encoding: gzip`` and a body that is not gzip (a misconfigured proxy)."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Encoding", "gzip")
+        self.send_header("Content-Length", "8")
+        self.end_headers()
+        self.wfile.write(b"not gzip")
+
+
+def test_a_body_that_does_not_decode_is_a_failed_attempt_not_a_traceback(tmp_path):
+    """httpx's DecodingError (a body its Content-Encoding does not decode) escaped the client's retry loop and ended
+    the run in its traceback, without stats.json; now it is a bad_json attempt like any other malformed answer."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _BadGzipHandler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}/v1"
+    try:
+        with pytest.raises(SummarizeFailed, match="every request failed") as e:
+            run_pipeline(tmp_path, url, rows=small_rows()[:1], max_retries=1)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert e.value.stats["attempts"]["bad_json"] == 2 * e.value.stats["summaries_requested"] > 0
+    assert (tmp_path / "stats.json").exists()
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("data=testbed", "data=testbed: summarize reads reasoning traces"),  # a KeyError traceback ('source')
+    ("data.max_samples=0", r"data.max_samples=0 \(must be >= 1\)"),  # read one row without a word
+    ("data.format=csv", "data.format must be one of"),  # a ValueError traceback from the loader
+])  # fmt: skip
+def test_data_settings_the_summariser_cannot_use_are_refused_by_name(tmp_path, override, message):
+    from hydra import compose, initialize_config_dir
+
+    from data_prep.summarize import run
+    from zoomr.entry import CONF_DIR
+    from zoomr.schemas import register_with_hydra
+    from zoomr.schemas.checks import SettingsError
+
+    register_with_hydra()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("data_prep", overrides=["+pipeline=summarize", override, f"pipeline.out_dir={tmp_path / 'out'}"])
+    with pytest.raises(SettingsError, match=message):
+        run(cfg)
+    assert not (tmp_path / "out").exists()
+
+
+class _RedirectHandler(BaseHTTPRequestHandler):
+    """Answers every request with a 308 to https (a proxy moving the endpoint), with no body."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(308)
+        self.send_header("Location", "https://llm.example/v1/chat/completions")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+def test_a_redirect_names_where_the_endpoint_moved(tmp_path):
+    """A redirect stopped the run with "HTTP 308: ''", not saying where to; the message now names the Location."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _RedirectHandler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(SummarizeFailed, match="HTTP 308: redirected to https://llm.example/v1/chat/completions; "
+                                                  "give the endpoint's own address as endpoint.base_url"):  # fmt: skip
+            run_pipeline(tmp_path, f"http://127.0.0.1:{server.server_port}/v1", rows=small_rows()[:1])
+    finally:
+        server.shutdown()
+        server.server_close()

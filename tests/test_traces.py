@@ -33,6 +33,27 @@ def test_malformed_rows_are_counted_not_fatal(tmp_path):
     assert report.defects["no_question"] == 1
 
 
+def test_a_row_with_a_lone_surrogate_is_counted_and_skipped(tmp_path):
+    """JSON may escape a lone surrogate ("\\ud800"): such a row was kept, and the summariser ended in a
+    UnicodeEncodeError traceback hashing its paragraphs (after the run directory was written); now it is a defect."""
+    p = tmp_path / "t.jsonl"
+    good = {"question": "Q", "code": ["<|begin_of_thought|>\n\nA\n\n<|end_of_thought|>"]}
+    p.write_text(json.dumps(good) + "\n" + json.dumps({**good, "question": "Q\ud800"}) + "\n"
+                 + json.dumps({**good, "code": ["A\udc80"]}) + "\n")  # fmt: skip
+    rows, report = load_trace_rows(path=str(p))
+    assert [r.question for r in rows] == ["Q"] and report.defects["lone_surrogate"] == 2
+
+
+def test_a_bespoke_row_whose_system_is_not_text_is_counted_and_skipped(tmp_path):
+    """``"system": 5`` (or a list) was kept and went into the chat as a message's content (and into the summariser's
+    output rows, where a number among texts failed the dataset's write); now it is a defect like a missing question."""
+    p = tmp_path / "t.jsonl"
+    good = {"system": "sys", "conversations": [{"from": "user", "value": "Q"}, {"from": "assistant", "value": "A"}]}
+    p.write_text("\n".join(json.dumps({**good, "system": s}) for s in ("sys", None, 5, ["sys"])) + "\n")
+    rows, report = load_trace_rows(path=str(p), format="bespoke")
+    assert [r.system for r in rows] == ["sys", None] and report.defects["system_not_text"] == 2
+
+
 def test_errors_name_the_problem(tmp_path):
     with pytest.raises(FileNotFoundError, match="trace file not found"):
         load_trace_rows(path=str(tmp_path / "missing.jsonl"))

@@ -12,6 +12,8 @@ from typing import Any
 
 from zoomr.schemas.checks import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, check_fields
 
+BODY_KEYS = ("model", "messages", "max_tokens", "temperature", "seed", "stream")  # what the client's request body sets
+
 
 @dataclass
 class EndpointSettings:
@@ -35,6 +37,11 @@ class EndpointSettings:
         check_fields(self, "pipeline.endpoint", concurrency=AT_LEAST_ONE, max_retries=NON_NEGATIVE, timeout_s=POSITIVE,
                      stall_timeout_s=POSITIVE, backoff_base_s=NON_NEGATIVE, backoff_max_s=NON_NEGATIVE,
                      max_tokens=AT_LEAST_ONE, temperature=NON_NEGATIVE)  # fmt: skip
+        if own := sorted(set(self.extra_body) & set(BODY_KEYS)):  # replaced the client's own: stream=true, an SSE
+            raise ValueError(  # body every attempt read as bad JSON; max_tokens another limit than the recorded one
+                f"pipeline.endpoint.extra_body sets {', '.join(own)}, which the client sends itself: give "
+                f"pipeline.endpoint.<key> instead (stream cannot be set: the client reads whole answers)"
+            )
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"endpoint.base_url must be an http(s) URL, got {self.base_url!r}")
 
