@@ -57,6 +57,8 @@ def _benchmark_problems(bench: BenchmarkConfig) -> list[str]:
         out.append(f"benchmark.source must be local|hub, got {bench.source!r}")
     if not bench.sources:
         out.append("benchmark.sources is empty")
+    if twice := sorted({s for s in bench.sources if bench.sources.count(s) > 1}):
+        out.append(f"benchmark.sources lists {twice} more than once (its problems would be decoded and counted twice)")
     return out
 
 

@@ -131,3 +131,20 @@ def test_a_prompt_limit_that_cannot_truncate_is_refused(tmp_path, tokenizer, lim
         lb.load(bench, tokenizer, gen)
     assert len(lb.load(SimpleNamespace(**{**vars(bench), "options": {**bench.options, "max_prompt_tokens": 2}}),
                        tokenizer, gen)) == 1  # fmt: skip
+
+
+def test_a_problem_id_repeated_in_a_data_file_is_refused_before_decoding(tmp_path, tokenizer):
+    """Two rows with one ``_id`` were two problems with one id: both decoded, and writing the second's row stopped
+    the run with ``result for ('hotpotqa/h1', 0) already written`` after config.json and the first row."""
+    from eval.steps import load_problems
+    from eval.tasks import get_task
+    from zoomr.schemas.eval import BenchmarkConfig
+
+    row = {"input": "q", "context": "c", "answers": ["a"], "all_classes": None, "_id": "h1"}
+    _write(tmp_path, "hotpotqa", [row, {**row, "_id": "h2"}, row])
+    bench = BenchmarkConfig(name="longbench", task="longbench", sources=["hotpotqa"], options={"data_dir": str(tmp_path)})
+    gen = SimpleNamespace(system_prompt=None, enable_thinking=None, max_new_tokens=32)
+    with pytest.raises(ValueError, match=r"problem ids \['hotpotqa/h1'\] appear more than once"):
+        load_problems(get_task("longbench"), bench, tokenizer, gen)
+    _write(tmp_path, "hotpotqa", [row, {**row, "_id": "h2"}])
+    assert [p.id for p in load_problems(get_task("longbench"), bench, tokenizer, gen)] == ["hotpotqa/h1", "hotpotqa/h2"]
