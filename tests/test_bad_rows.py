@@ -195,7 +195,7 @@ def test_a_malformed_longbench_row_or_arm_result_row_is_named(tmp_path):
     from eval.arms import load_arm
     from eval.longbench import load_rows
 
-    (tmp_path / "hotpotqa.jsonl").write_text('{"input": "q", "answers": ["a"]}\n{"input": \n')
+    (tmp_path / "hotpotqa.jsonl").write_text('{"input": "q", "context": "c", "answers": ["a"]}\n{"input": \n')
     with pytest.raises(BadRowError, match=r"hotpotqa.jsonl line 2: bad_json"):
         load_rows("hotpotqa", str(tmp_path))
     arm = tmp_path / "arm"

@@ -148,3 +148,23 @@ def test_a_problem_id_repeated_in_a_data_file_is_refused_before_decoding(tmp_pat
         load_problems(get_task("longbench"), bench, tokenizer, gen)
     _write(tmp_path, "hotpotqa", [row, {**row, "_id": "h2"}])
     assert [p.id for p in load_problems(get_task("longbench"), bench, tokenizer, gen)] == ["hotpotqa/h1", "hotpotqa/h2"]
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"answers": "Alice"}, "'answers' is \"Alice\", not a non-empty list"),  # was scored as ['A', 'l', 'i', 'c', 'e']
+        ({"answers": []}, "'answers' is \\[\\], not a non-empty list"),  # was a score of 0 whatever the output
+        ({"answers": None}, "'answers' is null"),  # was a TypeError traceback
+        ({"answers": [None]}, "'answers' holds null, not a gold answer"),  # was the gold "None"
+        ({"context": None}, "no field 'context' \\(or it is null\\); the hotpotqa prompt needs it"),  # was a KeyError
+    ],
+)
+def test_a_row_without_usable_answers_or_prompt_fields_is_refused_naming_its_line(tmp_path, tokenizer, bad, message):
+    from zoomr.jsonl import BadRowError
+
+    row = {"input": "q", "context": "c", "answers": ["Alice"], "all_classes": None, "_id": "h1"}
+    _write(tmp_path, "hotpotqa", [row, {k: v for k, v in {**row, **bad, "_id": "h2"}.items() if v is not None}])
+    bench = SimpleNamespace(sources=["hotpotqa"], options={"data_dir": str(tmp_path)}, problem_limit=None)
+    with pytest.raises(BadRowError, match=r"hotpotqa\.jsonl line 2: " + message):
+        lb.load(bench, tokenizer, SimpleNamespace(system_prompt=None, enable_thinking=None))
