@@ -156,13 +156,16 @@ def _number_precision(prediction: str, gold: str) -> float:
     return sum(n == gold for n in numbers) / len(numbers) if numbers else 0.0
 
 
+GOLD_PARAGRAPH = {"passage_retrieval_en": r"Paragraph (\d+)", "passage_retrieval_zh": r"段落(\d+)"}
+
+
 def retrieval(prediction: str, ground_truth: str, **_: Any) -> float:
     """Share of the numbers in the output that are the gold paragraph's ("Paragraph N")."""
-    return _number_precision(prediction, re.findall(r"Paragraph (\d+)", ground_truth)[0])
+    return _number_precision(prediction, re.findall(GOLD_PARAGRAPH["passage_retrieval_en"], ground_truth)[0])
 
 
 def retrieval_zh(prediction: str, ground_truth: str, **_: Any) -> float:
-    return _number_precision(prediction, re.findall(r"段落(\d+)", ground_truth)[0])
+    return _number_precision(prediction, re.findall(GOLD_PARAGRAPH["passage_retrieval_zh"], ground_truth)[0])
 
 
 def count(prediction: str, ground_truth: str, **_: Any) -> float:
@@ -257,6 +260,14 @@ def row_problem(subset: str, row: dict[str, Any]) -> str | None:
     fields = [name for _, name, _, _ in string.Formatter().parse(prompts()[subset]) if name]
     if missing := [f for f in fields if row.get(f) is None]:
         return f"no field {missing[0]!r} (or it is null); the {subset} prompt needs it"
+    classes = row.get("all_classes")  # without them every output scored 0
+    if METRICS[subset] is classification and not (
+        isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)
+    ):
+        return f"'all_classes' is {json.dumps(classes)[:80]}, not the list of class names {subset} is scored against"
+    paragraph = GOLD_PARAGRAPH.get(subset)  # without one, scoring the output was an IndexError after decoding
+    if paragraph and (bad := [a for a in answers if not re.search(paragraph, str(a))]):
+        return f"the gold answer {json.dumps(bad[0], ensure_ascii=False)[:80]} names no paragraph (the {subset} metric reads {paragraph!r})"
     return None
 
 

@@ -168,3 +168,26 @@ def test_a_row_without_usable_answers_or_prompt_fields_is_refused_naming_its_lin
     bench = SimpleNamespace(sources=["hotpotqa"], options={"data_dir": str(tmp_path)}, problem_limit=None)
     with pytest.raises(BadRowError, match=r"hotpotqa\.jsonl line 2: " + message):
         lb.load(bench, tokenizer, SimpleNamespace(system_prompt=None, enable_thinking=None))
+
+
+@pytest.mark.parametrize(
+    "subset, bad, message",
+    [
+        ("trec", {"all_classes": None}, "'all_classes' is null, not the list of class names trec is scored against"),
+        ("lsht", {"all_classes": []}, r"'all_classes' is \[\], not the list"),
+        ("passage_retrieval_en", {"answers": ["Alice"]}, r"the gold answer \"Alice\" names no paragraph"),
+    ],
+)
+def test_a_row_its_metric_cannot_score_is_refused_before_decoding(tmp_path, tokenizer, subset, bad, message):
+    """A classification row without its classes scored 0 whatever the output; a retrieval gold naming no paragraph
+    was an IndexError traceback when the first output was scored, after decoding."""
+    from zoomr.jsonl import BadRowError
+
+    row = {"input": "q", "context": "c", "answers": ["Paragraph 2"], "all_classes": ["Paragraph 2", "x"], "_id": "a"}
+    _write(tmp_path, subset, [row, {**row, **bad, "_id": "b"}])
+    bench = SimpleNamespace(sources=[subset], options={"data_dir": str(tmp_path)}, problem_limit=None)
+    gen = SimpleNamespace(system_prompt=None, enable_thinking=None)
+    with pytest.raises(BadRowError, match=rf"{subset}\.jsonl line 2: {message}"):
+        lb.load(bench, tokenizer, gen)
+    _write(tmp_path, subset, [row])
+    assert lb.score(subset, "Paragraph 2", *[(p.meta["answers"], p.meta["all_classes"]) for p in lb.load(bench, tokenizer, gen)][0]) == 1.0
