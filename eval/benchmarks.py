@@ -254,6 +254,9 @@ def load_source(
         rows = [(f"{src.hub_id} row {i}", r) for i, r in enumerate(_hub_rows(src))]
     else:
         raise ValueError(f"benchmark.source must be local|hub, got {source!r}")
+    if not rows:  # an empty (e.g. truncated) file dropped its competition from a suite without a word
+        where = path if source == "local" else src.hub_id
+        raise BadRowError(f"benchmark source {name!r}: {where} holds no problems")
     parse = (lambda row: gpqa_problem(row, option_seed)) if src.task == "gpqa" else src.parse
     problems = _parse_rows(rows, parse)
     return sorted(problems, key=lambda p: p.id) if src.sort else problems

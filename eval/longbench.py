@@ -281,7 +281,10 @@ def load_rows(subset: str, data_dir: str | None = None, hub_id: str = HUB_ID) ->
         path = Path(resolve_repo_path(data_dir)) / f"{subset}.jsonl"
         if not path.exists():
             raise MissingInput(f"LongBench {subset}: {path} not found (benchmark.options.data_dir)")
-        return read_jsonl(path, lambda row: row_problem(subset, row))  # a bad line is refused naming file and line
+        rows = read_jsonl(path, lambda row: row_problem(subset, row))  # a bad line is refused naming file and line
+        if not rows:  # an empty file left the subset out of the averages without a word
+            raise BadRowError(f"LongBench {subset}: {path} holds no rows")
+        return rows
     import datasets
 
     try:
@@ -294,6 +297,8 @@ def load_rows(subset: str, data_dir: str | None = None, hub_id: str = HUB_ID) ->
     for i, row in enumerate(rows):
         if (reason := row_problem(subset, row)) is not None:
             raise BadRowError(f"{hub_id} {subset} row {i}: {reason}")
+    if not rows:
+        raise BadRowError(f"LongBench {subset}: {hub_id} holds no rows")
     return rows
 
 

@@ -228,3 +228,16 @@ def test_compare_refuses_a_config_that_is_not_an_eval_runs(tmp_path, capsys, con
     err = capsys.readouterr().err
     assert f"{tmp_path / 'b' / 'config.json'}: not an evaluation run's config" in err and message in err
     assert "Traceback" not in err and not (tmp_path / "cmp").exists()
+
+
+def test_an_empty_benchmark_file_is_refused_not_left_out(tmp_path):
+    """A suite whose HMMT file was empty (a truncated copy) evaluated the other competitions without a word."""
+    from eval.benchmarks import SOURCES, load_problems
+
+    aime, hmmt = (tmp_path / SOURCES[name].path for name in ("aime_2025", "hmmt_feb_2025"))
+    for path, text in ((aime, '{"problem_idx": 1, "problem": "P", "answer": 70}\n'), (hmmt, "\n")):
+        path.parent.mkdir(parents=True)
+        path.write_text(text)
+    with pytest.raises(BadRowError, match=r"benchmark source 'hmmt_feb_2025': .*train\.jsonl holds no problems"):
+        load_problems(["aime_2025", "hmmt_feb_2025"], tmp_path)
+    assert [p.id for p in load_problems(["aime_2025"], tmp_path)] == ["aime_2025/I-01"]

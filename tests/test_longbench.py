@@ -191,3 +191,13 @@ def test_a_row_its_metric_cannot_score_is_refused_before_decoding(tmp_path, toke
         lb.load(bench, tokenizer, gen)
     _write(tmp_path, subset, [row])
     assert lb.score(subset, "Paragraph 2", *[(p.meta["answers"], p.meta["all_classes"]) for p in lb.load(bench, tokenizer, gen)][0]) == 1.0
+
+
+def test_an_empty_subset_file_is_refused_not_left_out_of_the_averages(tmp_path, tokenizer):
+    from zoomr.jsonl import BadRowError
+
+    _write(tmp_path, "hotpotqa", [{"input": "q", "context": "c", "answers": ["a"], "_id": "h"}])
+    _write(tmp_path, "qasper", [])
+    bench = SimpleNamespace(sources=["hotpotqa", "qasper"], options={"data_dir": str(tmp_path)}, problem_limit=None)
+    with pytest.raises(BadRowError, match=r"LongBench qasper: .*qasper\.jsonl holds no rows"):
+        lb.load(bench, tokenizer, SimpleNamespace(system_prompt=None, enable_thinking=None))
