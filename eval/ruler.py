@@ -595,7 +595,8 @@ def settings_of(bench: Any) -> RulerSettings:
         if key in options:  # a field the benchmark config carries elsewhere
             raise ValueError(f"benchmark.options.{key}: RULER's {key} is {where} (e.g. {where}=...)")
     try:
-        return RulerSettings(length=bench.length or 4096, subsets=list(bench.sources), **options)
+        length = 4096 if bench.length is None else bench.length  # 0 was read as the default, 4096
+        return RulerSettings(length=length, subsets=list(bench.sources), **options)
     except TypeError as e:
         raise ValueError(f"benchmark.options for RULER: {e}") from None
 

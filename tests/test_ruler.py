@@ -143,6 +143,9 @@ def test_bad_settings_fail_with_a_clear_message(tokenizer):
         ruler.settings_of(bench(4096, 1, seed=1.5))
     with pytest.raises(ValueError, match=r"benchmark.options.qa='no' \(must be a bool\)"):  # a string is true
         ruler.settings_of(bench(4096, 1, qa="no"))
+    with pytest.raises(ValueError, match="benchmark.length must be >= 256 tokens, got 0"):  # was run at 4096 as ruler_0
+        ruler.settings_of(bench(0, 1))
+    assert ruler.settings_of(bench(None, 1)).length == 4096
 
 
 def test_qa_subsets_fail_fast_offline(tokenizer, monkeypatch):
