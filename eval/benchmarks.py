@@ -144,13 +144,11 @@ def _math500(row: dict[str, Any]) -> Problem:
 
 def gpqa_problem(row: dict[str, Any], seed: int) -> Problem:
     """A GPQA row with its options shuffled by a generator seeded from (seed, Record ID)."""
-    options = [
-        row["Correct Answer"],
-        row["Incorrect Answer 1"],
-        row["Incorrect Answer 2"],
-        row["Incorrect Answer 3"],
-    ]
-    options = [o.strip() for o in options]
+    keys = ("Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")
+    for key in keys:  # a CSV row cut short reads None there (was an AttributeError traceback)
+        if not isinstance(row[key], str):
+            raise ValueError(f"{key!r} is {json.dumps(row[key])}, not an option (a row with fewer columns?)")
+    options = [row[key].strip() for key in keys]
     record = row["Record ID"]
     digest = hashlib.sha256(f"{seed}/{record}".encode()).hexdigest()
     order = random.Random(int(digest[:16], 16)).sample(range(4), 4)
@@ -214,9 +212,16 @@ def _parse_rows(
 
 def read_gpqa_zip(path: Path, member: str = GPQA_MEMBER) -> list[dict[str, Any]]:
     """Rows of a GPQA CSV decrypted in memory from the authors' zip (nothing is written to disk)."""
-    with zipfile.ZipFile(path) as z:
-        data = z.read(member, pwd=GPQA_PASSWORD)
-    return list(csv.DictReader(io.StringIO(data.decode("utf-8"))))
+    try:  # each of these was a traceback (BadZipFile, KeyError, UnicodeDecodeError)
+        with zipfile.ZipFile(path) as z:
+            data = z.read(member, pwd=GPQA_PASSWORD)
+        return list(csv.DictReader(io.StringIO(data.decode("utf-8"))))
+    except zipfile.BadZipFile as e:
+        raise BadRowError(f"{path}: not a readable zip ({e}); expected the GPQA authors' dataset.zip") from None
+    except KeyError:
+        raise BadRowError(f"{path}: no {member} in the zip; expected the GPQA authors' dataset.zip") from None
+    except UnicodeDecodeError as e:
+        raise BadRowError(f"{path}: {member} is not UTF-8 text (byte {e.start})") from None
 
 
 def _hub_rows(source: Source) -> Iterable[dict[str, Any]]:
@@ -244,7 +249,7 @@ def load_source(
     src = SOURCES[name]
     if source == "local":
         path = resolve_repo_path(data_dir) / src.path
-        if not path.exists():
+        if not path.is_file():  # a directory was an IsADirectoryError traceback
             raise MissingInput(f"benchmark source {name!r}: {path} not found")
         if src.task == "gpqa":
             rows = [(f"{path} row {i}", r) for i, r in enumerate(read_gpqa_zip(path), 2)]  # row 1: header
