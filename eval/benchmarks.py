@@ -20,6 +20,7 @@ import csv
 import hashlib
 import io
 import json
+import math
 import random
 import re
 import zipfile
@@ -64,8 +65,8 @@ class Source:
 
 def _answer_str(value: Any) -> str:
     """The gold answer as a string; a missing, null or empty answer is an error, never a gold ``"None"``/``""``."""
-    if value is None or isinstance(value, bool | dict | list):
-        raise ValueError(f"the answer is {json.dumps(value)}, not a gold answer")
+    if value is None or isinstance(value, bool | dict | list) or (isinstance(value, float) and not math.isfinite(value)):
+        raise ValueError(f"the answer is {json.dumps(value)}, not a gold answer")  # NaN was the gold "nan"
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     text = str(value).strip()
@@ -81,6 +82,24 @@ def _question_str(value: Any) -> str:
     if not value.strip():
         raise ValueError("the problem is empty")
     return value
+
+
+def _problem_number(value: Any) -> int:
+    """MathArena's ``problem_idx``, a number >= 1: 1.7 and true were read as problem 1, 0 as AIME I-15."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"problem_idx is {json.dumps(value)}, not a problem number (1, 2, ...)")
+    return value
+
+
+def _problem_key(value: Any, name: str) -> str:
+    """A row's own id (MATH-500's ``unique_id``): null or empty was the problem id ``math500/None`` / ``math500/``."""
+    if isinstance(value, bool) or not isinstance(value, str | int) or not str(value).strip():
+        raise ValueError(f"{name} is {json.dumps(value)}, not an id")
+    return str(value)
 
 
 _AOPS_AIME = re.compile(r"(\d{4})_AIME_(I{1,2})_Problems/Problem_(\d+)")
@@ -117,7 +136,7 @@ def _amc_from_url(row: dict[str, Any]) -> Problem:
 
 def _matharena(competition: str) -> Callable[[dict[str, Any]], Problem]:
     def parse(row: dict[str, Any]) -> Problem:
-        idx = int(row["problem_idx"])
+        idx = _problem_number(row["problem_idx"])
         if competition == "aime_2025":  # MathArena numbers AIME I as 1-15 and AIME II as 16-30
             pid = f"{'I' if idx <= 15 else 'II'}-{(idx - 1) % 15 + 1:02d}"
         else:
@@ -134,7 +153,7 @@ def _matharena(competition: str) -> Callable[[dict[str, Any]], Problem]:
 
 def _math500(row: dict[str, Any]) -> Problem:
     return Problem(
-        id=f"math500/{row['unique_id']}",
+        id=f"math500/{_problem_key(row['unique_id'], 'unique_id')}",
         question=_question_str(row["problem"]),
         answer=_answer_str(row["answer"]),
         competition="math500",

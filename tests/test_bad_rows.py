@@ -241,3 +241,25 @@ def test_an_empty_benchmark_file_is_refused_not_left_out(tmp_path):
     with pytest.raises(BadRowError, match=r"benchmark source 'hmmt_feb_2025': .*train\.jsonl holds no problems"):
         load_problems(["aime_2025", "hmmt_feb_2025"], tmp_path)
     assert [p.id for p in load_problems(["aime_2025"], tmp_path)] == ["aime_2025/I-01"]
+
+
+@pytest.mark.parametrize(
+    "source, bad, message",
+    [
+        ("aime_2025", {"problem_idx": 1.7}, "problem_idx is 1.7, not a problem number"),  # was AIME I-01
+        ("aime_2025", {"problem_idx": 0}, "problem_idx is 0, not a problem number"),  # was AIME I-15
+        ("hmmt_feb_2025", {"problem_idx": True}, "problem_idx is true, not a problem number"),  # was problem 01
+        ("aime_2025", {"answer": float("nan")}, "the answer is NaN, not a gold answer"),  # was the gold "nan"
+        ("math500", {"unique_id": None}, "unique_id is null, not an id"),  # was the id math500/None
+        ("math500", {"unique_id": " "}, 'unique_id is " ", not an id'),
+    ],
+)
+def test_benchmark_row_with_an_unusable_id_or_gold_refuses_the_file(tmp_path, source, bad, message):
+    from eval.benchmarks import SOURCES
+
+    good = {"problem_idx": 2, "unique_id": "a", "problem": "P", "answer": 3}
+    path = tmp_path / SOURCES[source].path
+    path.parent.mkdir(parents=True)
+    _write(path, [json.dumps(good).encode(), json.dumps({**good, **bad}).encode()])
+    with pytest.raises(BadRowError, match=r"\.jsonl line 2: " + re.escape(message)):
+        load_source(source, tmp_path)
