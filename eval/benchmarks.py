@@ -300,6 +300,10 @@ def load_problems(
     seen: dict[str, str] = {}
     for name in sources:
         for p in load_source(name, data_dir, source, option_seed):
+            if seen.get(p.id) == name:  # was reported as two overlapping sources, both this one
+                where = resolve_repo_path(data_dir) / SOURCES[name].path if source == "local" else SOURCES[name].hub_id
+                raise BadRowError(f"problem {p.id} appears twice in {where} (benchmark source {name!r}): each row "
+                                  "must be its own problem")  # fmt: skip
             if p.id in seen:
                 raise ValueError(
                     f"problem {p.id} appears in sources {seen[p.id]!r} and {name!r}: "

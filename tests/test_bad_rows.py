@@ -263,3 +263,13 @@ def test_benchmark_row_with_an_unusable_id_or_gold_refuses_the_file(tmp_path, so
     _write(path, [json.dumps(good).encode(), json.dumps({**good, **bad}).encode()])
     with pytest.raises(BadRowError, match=r"\.jsonl line 2: " + re.escape(message)):
         load_source(source, tmp_path)
+
+
+def test_a_problem_repeated_in_one_benchmark_file_is_named_as_such(tmp_path):
+    """Was "problem math500/a appears in sources 'math500' and 'math500': a benchmark must not list overlapping sources"."""
+    from eval.benchmarks import load_problems
+
+    row = json.dumps({"problem": "P", "unique_id": "a", "answer": "1"}).encode()
+    data = _math500_dir(tmp_path, [row, row])
+    with pytest.raises(BadRowError, match=r"problem math500/a appears twice in .*math500/test\.jsonl \(benchmark source"):
+        load_problems(["math500"], data)
