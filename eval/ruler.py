@@ -666,7 +666,7 @@ def _summarize(scores: dict[str, float]) -> dict[str, float]:
 def _task() -> Any:
     from eval.tasks import ScoredTask
 
-    return ScoredTask("ruler", load, _score_problem, _summarize)
+    return ScoredTask("ruler", load, _score_problem, _summarize, takes_length=True)
 
 
 TASK = _task()
