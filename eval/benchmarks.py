@@ -20,6 +20,7 @@ import csv
 import hashlib
 import io
 import json
+import math
 import random
 import re
 import zipfile
@@ -64,8 +65,8 @@ class Source:
 
 def _answer_str(value: Any) -> str:
     """The gold answer as a string; a missing, null or empty answer is an error, never a gold ``"None"``/``""``."""
-    if value is None or isinstance(value, bool | dict | list):
-        raise ValueError(f"the answer is {json.dumps(value)}, not a gold answer")
+    if value is None or isinstance(value, bool | dict | list) or (isinstance(value, float) and not math.isfinite(value)):
+        raise ValueError(f"the answer is {json.dumps(value)}, not a gold answer")  # NaN was the gold "nan"
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     text = str(value).strip()
@@ -81,6 +82,24 @@ def _question_str(value: Any) -> str:
     if not value.strip():
         raise ValueError("the problem is empty")
     return value
+
+
+def _problem_number(value: Any) -> int:
+    """MathArena's ``problem_idx``, a number >= 1: 1.7 and true were read as problem 1, 0 as AIME I-15."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"problem_idx is {json.dumps(value)}, not a problem number (1, 2, ...)")
+    return value
+
+
+def _problem_key(value: Any, name: str) -> str:
+    """A row's own id (MATH-500's ``unique_id``): null or empty was the problem id ``math500/None`` / ``math500/``."""
+    if isinstance(value, bool) or not isinstance(value, str | int) or not str(value).strip():
+        raise ValueError(f"{name} is {json.dumps(value)}, not an id")
+    return str(value)
 
 
 _AOPS_AIME = re.compile(r"(\d{4})_AIME_(I{1,2})_Problems/Problem_(\d+)")
@@ -117,7 +136,7 @@ def _amc_from_url(row: dict[str, Any]) -> Problem:
 
 def _matharena(competition: str) -> Callable[[dict[str, Any]], Problem]:
     def parse(row: dict[str, Any]) -> Problem:
-        idx = int(row["problem_idx"])
+        idx = _problem_number(row["problem_idx"])
         if competition == "aime_2025":  # MathArena numbers AIME I as 1-15 and AIME II as 16-30
             pid = f"{'I' if idx <= 15 else 'II'}-{(idx - 1) % 15 + 1:02d}"
         else:
@@ -134,7 +153,7 @@ def _matharena(competition: str) -> Callable[[dict[str, Any]], Problem]:
 
 def _math500(row: dict[str, Any]) -> Problem:
     return Problem(
-        id=f"math500/{row['unique_id']}",
+        id=f"math500/{_problem_key(row['unique_id'], 'unique_id')}",
         question=_question_str(row["problem"]),
         answer=_answer_str(row["answer"]),
         competition="math500",
@@ -144,13 +163,11 @@ def _math500(row: dict[str, Any]) -> Problem:
 
 def gpqa_problem(row: dict[str, Any], seed: int) -> Problem:
     """A GPQA row with its options shuffled by a generator seeded from (seed, Record ID)."""
-    options = [
-        row["Correct Answer"],
-        row["Incorrect Answer 1"],
-        row["Incorrect Answer 2"],
-        row["Incorrect Answer 3"],
-    ]
-    options = [o.strip() for o in options]
+    keys = ("Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")
+    for key in keys:  # a CSV row cut short reads None there (was an AttributeError traceback)
+        if not isinstance(row[key], str):
+            raise ValueError(f"{key!r} is {json.dumps(row[key])}, not an option (a row with fewer columns?)")
+    options = [row[key].strip() for key in keys]
     record = row["Record ID"]
     digest = hashlib.sha256(f"{seed}/{record}".encode()).hexdigest()
     order = random.Random(int(digest[:16], 16)).sample(range(4), 4)
@@ -214,9 +231,16 @@ def _parse_rows(
 
 def read_gpqa_zip(path: Path, member: str = GPQA_MEMBER) -> list[dict[str, Any]]:
     """Rows of a GPQA CSV decrypted in memory from the authors' zip (nothing is written to disk)."""
-    with zipfile.ZipFile(path) as z:
-        data = z.read(member, pwd=GPQA_PASSWORD)
-    return list(csv.DictReader(io.StringIO(data.decode("utf-8"))))
+    try:  # each of these was a traceback (BadZipFile, KeyError, UnicodeDecodeError)
+        with zipfile.ZipFile(path) as z:
+            data = z.read(member, pwd=GPQA_PASSWORD)
+        return list(csv.DictReader(io.StringIO(data.decode("utf-8"))))
+    except zipfile.BadZipFile as e:
+        raise BadRowError(f"{path}: not a readable zip ({e}); expected the GPQA authors' dataset.zip") from None
+    except KeyError:
+        raise BadRowError(f"{path}: no {member} in the zip; expected the GPQA authors' dataset.zip") from None
+    except UnicodeDecodeError as e:
+        raise BadRowError(f"{path}: {member} is not UTF-8 text (byte {e.start})") from None
 
 
 def _hub_rows(source: Source) -> Iterable[dict[str, Any]]:
@@ -244,7 +268,7 @@ def load_source(
     src = SOURCES[name]
     if source == "local":
         path = resolve_repo_path(data_dir) / src.path
-        if not path.exists():
+        if not path.is_file():  # a directory was an IsADirectoryError traceback
             raise MissingInput(f"benchmark source {name!r}: {path} not found")
         if src.task == "gpqa":
             rows = [(f"{path} row {i}", r) for i, r in enumerate(read_gpqa_zip(path), 2)]  # row 1: header
@@ -254,6 +278,9 @@ def load_source(
         rows = [(f"{src.hub_id} row {i}", r) for i, r in enumerate(_hub_rows(src))]
     else:
         raise ValueError(f"benchmark.source must be local|hub, got {source!r}")
+    if not rows:  # an empty (e.g. truncated) file dropped its competition from a suite without a word
+        where = path if source == "local" else src.hub_id
+        raise BadRowError(f"benchmark source {name!r}: {where} holds no problems")
     parse = (lambda row: gpqa_problem(row, option_seed)) if src.task == "gpqa" else src.parse
     problems = _parse_rows(rows, parse)
     return sorted(problems, key=lambda p: p.id) if src.sort else problems
@@ -273,6 +300,10 @@ def load_problems(
     seen: dict[str, str] = {}
     for name in sources:
         for p in load_source(name, data_dir, source, option_seed):
+            if seen.get(p.id) == name:  # was reported as two overlapping sources, both this one
+                where = resolve_repo_path(data_dir) / SOURCES[name].path if source == "local" else SOURCES[name].hub_id
+                raise BadRowError(f"problem {p.id} appears twice in {where} (benchmark source {name!r}): each row "
+                                  "must be its own problem")  # fmt: skip
             if p.id in seen:
                 raise ValueError(
                     f"problem {p.id} appears in sources {seen[p.id]!r} and {name!r}: "

@@ -29,7 +29,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from zoomr.jsonl import read_jsonl
+from zoomr.jsonl import BadRowError, read_jsonl
 from zoomr.paths import MissingInput, resolve_repo_path
 from zoomr.schemas.checks import is_integer
 
@@ -156,13 +156,16 @@ def _number_precision(prediction: str, gold: str) -> float:
     return sum(n == gold for n in numbers) / len(numbers) if numbers else 0.0
 
 
+GOLD_PARAGRAPH = {"passage_retrieval_en": r"Paragraph (\d+)", "passage_retrieval_zh": r"段落(\d+)"}
+
+
 def retrieval(prediction: str, ground_truth: str, **_: Any) -> float:
     """Share of the numbers in the output that are the gold paragraph's ("Paragraph N")."""
-    return _number_precision(prediction, re.findall(r"Paragraph (\d+)", ground_truth)[0])
+    return _number_precision(prediction, re.findall(GOLD_PARAGRAPH["passage_retrieval_en"], ground_truth)[0])
 
 
 def retrieval_zh(prediction: str, ground_truth: str, **_: Any) -> float:
-    return _number_precision(prediction, re.findall(r"段落(\d+)", ground_truth)[0])
+    return _number_precision(prediction, re.findall(GOLD_PARAGRAPH["passage_retrieval_zh"], ground_truth)[0])
 
 
 def count(prediction: str, ground_truth: str, **_: Any) -> float:
@@ -245,25 +248,58 @@ def budgets() -> dict[str, int]:
     return json.loads((resolve_repo_path(CONFIG_DIR) / "dataset2maxlen.json").read_text(encoding="utf-8"))
 
 
+def row_problem(subset: str, row: dict[str, Any]) -> str | None:
+    """Why a row of ``subset`` cannot be prompted and scored, or None. The gold ``answers`` must be a non-empty
+    list of strings or numbers (a string was scored character by character, ``[]`` always 0, ``[null]`` against
+    "None"); every field the subset's prompt names must be there and not null."""
+    answers = row.get("answers")
+    if not isinstance(answers, list) or not answers:
+        return f"'answers' is {json.dumps(answers)[:80]}, not a non-empty list of gold answers"
+    if bad := [a for a in answers if not isinstance(a, str | int | float) or isinstance(a, bool)]:
+        return f"'answers' holds {json.dumps(bad[0])[:80]}, not a gold answer"
+    fields = [name for _, name, _, _ in string.Formatter().parse(prompts()[subset]) if name]
+    if missing := [f for f in fields if row.get(f) is None]:
+        return f"no field {missing[0]!r} (or it is null); the {subset} prompt needs it"
+    classes = row.get("all_classes")  # without them every output scored 0
+    if METRICS[subset] is classification and not (
+        isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)
+    ):
+        return f"'all_classes' is {json.dumps(classes)[:80]}, not the list of class names {subset} is scored against"
+    paragraph = GOLD_PARAGRAPH.get(subset)  # without one, scoring the output was an IndexError after decoding
+    if paragraph and (bad := [a for a in answers if not re.search(paragraph, str(a))]):
+        return f"the gold answer {json.dumps(bad[0], ensure_ascii=False)[:80]} names no paragraph (the {subset} metric reads {paragraph!r})"
+    return None
+
+
 def load_rows(subset: str, data_dir: str | None = None, hub_id: str = HUB_ID) -> list[dict[str, Any]]:
     """Rows of one subset: ``<data_dir>/<subset>.jsonl`` (the layout of LongBench's ``data.zip``), or the
-    hub's ``load_dataset(hub_id, subset, split="test")``."""
+    hub's ``load_dataset(hub_id, subset, split="test")``; a row :func:`row_problem` rejects is refused
+    (:class:`zoomr.jsonl.BadRowError` naming the file and line, or the hub row)."""
     if subset not in METRICS:
         raise ValueError(f"unknown LongBench subset {subset!r}; known: {', '.join(SUBSETS)}")
     if data_dir is not None:
         path = Path(resolve_repo_path(data_dir)) / f"{subset}.jsonl"
         if not path.exists():
             raise MissingInput(f"LongBench {subset}: {path} not found (benchmark.options.data_dir)")
-        return read_jsonl(path)  # a malformed line is refused naming the file and line (BadRowError)
+        rows = read_jsonl(path, lambda row: row_problem(subset, row))  # a bad line is refused naming file and line
+        if not rows:  # an empty file left the subset out of the averages without a word
+            raise BadRowError(f"LongBench {subset}: {path} holds no rows")
+        return rows
     import datasets
 
     try:
-        return list(datasets.load_dataset(hub_id, subset, split="test"))
+        rows = list(datasets.load_dataset(hub_id, subset, split="test"))
     except Exception as e:  # noqa: BLE001 - the hub's errors are many; say what to do instead
         raise RuntimeError(
             f"could not load LongBench {subset} from the hub ({hub_id}; {e.__class__.__name__}: {str(e)[:160]}); "
             "download LongBench's data.zip, unzip it and set benchmark.options.data_dir=<dir with <subset>.jsonl>"
         ) from e
+    for i, row in enumerate(rows):
+        if (reason := row_problem(subset, row)) is not None:
+            raise BadRowError(f"{hub_id} {subset} row {i}: {reason}")
+    if not rows:
+        raise BadRowError(f"LongBench {subset}: {hub_id} holds no rows")
+    return rows
 
 
 def truncate_middle(prompt: str, tokenizer: Any, max_tokens: int | None) -> str:

@@ -44,6 +44,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from zoomr.jsonl import BadRowError
 from zoomr.paths import MissingInput, resolve_repo_path
 from zoomr.schemas.checks import check_types
 
@@ -221,9 +222,12 @@ def example_rng(seed: int, subset: str, index: int) -> random.Random:
 def essay_words(path: str) -> tuple[str, ...]:
     """The essay haystack as one word stream (documents in file order, one per line)."""
     file = resolve_repo_path(path)
-    if not Path(file).exists():
+    if not Path(file).is_file():  # a directory was an IsADirectoryError traceback
         raise MissingInput(f"RULER haystack text {file} not found (benchmark.options.haystack)")
-    return tuple(Path(file).read_text(encoding="utf-8").split())
+    try:
+        return tuple(Path(file).read_text(encoding="utf-8").split())
+    except UnicodeDecodeError as e:  # was the codec's message, naming no file
+        raise BadRowError(f"RULER haystack text {file} is not UTF-8 text (byte {e.start}; benchmark.options.haystack)") from None
 
 
 @lru_cache(maxsize=4)
@@ -232,6 +236,18 @@ def word_list(path: str) -> tuple[str, ...]:
     vocabulary of needle keys and of common-words extraction (RULER draws them from ``wonderwords``)."""
     counts = Counter(w.lower() for w in essay_words(path) if re.fullmatch(r"[A-Za-z]{4,10}", w))
     return tuple(sorted(w for w, c in counts.items() if c >= 3))
+
+
+def key_words(settings: RulerSettings, need: int, task: str) -> tuple[str, ...]:
+    """:func:`word_list`, refused (``ValueError`` naming the file) when it has fewer than ``need`` words: a short
+    haystack was random's "Sample larger than population", and NIAH's multikey draw of distinct keys never ended."""
+    words = word_list(settings.haystack)
+    if len(words) < need:
+        raise ValueError(
+            f"the haystack text {resolve_repo_path(settings.haystack)} gives {len(words)} distinct words of 4-10 letters "
+            f"seen at least 3 times; RULER {task} draws from {need}: use a longer benchmark.options.haystack"
+        )
+    return words
 
 
 def _number(rng: random.Random) -> str:
@@ -325,9 +341,11 @@ def _essay_sentences(words: tuple[str, ...], n: int) -> list[str]:
 
 
 def niah_builder(args: dict[str, Any], rng: random.Random, settings: RulerSettings) -> tuple[Build, int]:
-    words = word_list(settings.haystack)
     type_v = args["value"]
     n_keys = max(args["k"], args["q"])
+    # word keys are ordered pairs of distinct words: more pairs than keys, so distractor keys exist too
+    need = 0 if args["key"] == "uuids" else next(w for w in range(2, n_keys + 3) if w * (w - 1) > n_keys)
+    words = key_words(settings, need, "niah")
     keys: list[str] = []
     while len(keys) < n_keys:
         k = _key(rng, args["key"], words)
@@ -422,12 +440,12 @@ def _numbered(words: list[str]) -> str:
 
 
 def cwe_builder(args: dict[str, Any], rng: random.Random, settings: RulerSettings) -> tuple[Build, int]:
-    vocab = list(word_list(settings.haystack))
-    rng.shuffle(vocab)
     num_cw = args["num_cw"]
     short = settings.length < 4096  # RULER's lighter repetition below 4K
     freq_cw, freq_ucw = (6, 1) if short else (args["freq_cw"], args["freq_ucw"])
     ex_n, ex_cw, ex_ucw = (20, 3, 1) if short else (40, 10, 3)
+    vocab = list(key_words(settings, ex_n + num_cw + 1, "cwe"))  # the example's words, the common ones, one more
+    rng.shuffle(vocab)
     ex_words, vocab = vocab[:ex_n], vocab[ex_n:]
 
     def listing(words: list[str], cw: int, ucw: int, seed: int) -> tuple[str, list[str]]:
@@ -595,7 +613,8 @@ def settings_of(bench: Any) -> RulerSettings:
         if key in options:  # a field the benchmark config carries elsewhere
             raise ValueError(f"benchmark.options.{key}: RULER's {key} is {where} (e.g. {where}=...)")
     try:
-        return RulerSettings(length=bench.length or 4096, subsets=list(bench.sources), **options)
+        length = 4096 if bench.length is None else bench.length  # 0 was read as the default, 4096
+        return RulerSettings(length=length, subsets=list(bench.sources), **options)
     except TypeError as e:
         raise ValueError(f"benchmark.options for RULER: {e}") from None
 
@@ -647,7 +666,7 @@ def _summarize(scores: dict[str, float]) -> dict[str, float]:
 def _task() -> Any:
     from eval.tasks import ScoredTask
 
-    return ScoredTask("ruler", load, _score_problem, _summarize)
+    return ScoredTask("ruler", load, _score_problem, _summarize, takes_length=True)
 
 
 TASK = _task()

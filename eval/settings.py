@@ -49,14 +49,19 @@ def _benchmark_problems(bench: BenchmarkConfig) -> list[str]:
         out.append(
             f"benchmark.problem_limit must be >= 1 (or null for every problem), got {bench.problem_limit}"
         )
-    from eval.tasks import TASKS
+    from eval.tasks import TASKS, get_task
 
     if bench.task not in TASKS:
         out.append(f"benchmark.task must be one of {'|'.join(TASKS)}, got {bench.task!r}")
+    elif bench.length is not None and not get_task(bench.task).takes_length:  # was ignored without a word
+        out.append(f"benchmark.length={bench.length}: benchmark {bench.name!r} does not generate its problems to a "
+                   "length (its prompts would not change); leave benchmark.length unset")  # fmt: skip
     if bench.source not in ("local", "hub"):
         out.append(f"benchmark.source must be local|hub, got {bench.source!r}")
     if not bench.sources:
         out.append("benchmark.sources is empty")
+    if twice := sorted({s for s in bench.sources if bench.sources.count(s) > 1}):
+        out.append(f"benchmark.sources lists {twice} more than once (its problems would be decoded and counted twice)")
     return out
 
 

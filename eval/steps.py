@@ -12,6 +12,7 @@ batch); :mod:`eval.arms` runs an arm as a ``python -m eval`` subprocess instead.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,11 @@ def load_problems(task: Task, bench: BenchmarkConfig, tokenizer: Any, gen: Gener
     """The task's problems, its generation settings checked against them (``ValueError`` / ``RuntimeError`` /
     ``FileNotFoundError`` naming the problem; nothing is written)."""
     problems = task.load(bench, tokenizer, gen)
+    counts = Counter(p.id for p in problems)
+    if twice := [pid for pid, n in counts.items() if n > 1]:  # a repeated id was decoded and counted once per copy
+        raise ValueError(f"problem ids {twice[:5]} appear more than once among benchmark {bench.name!r}'s problems "
+                         f"({len(twice)} ids in all): each (problem, sample) is one result row, so every problem "
+                         "needs its own id (a row repeated in a data file, or a source listed twice?)")  # fmt: skip
     task.check(problems, gen)
     return problems
 

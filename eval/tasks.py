@@ -62,6 +62,7 @@ class Task:
 
     name: ClassVar[str] = ""
     scoped: ClassVar[bool] = False  # problems cannot be listed again without the tokenizer / the hub
+    takes_length: bool = False  # problems generated to benchmark.length tokens (elsewhere the setting is refused)
     # benchmark options a method sets without changing the problems; arms that differ in them stay comparable
     arm_options: ClassVar[tuple[str, ...]] = ()
 
@@ -189,8 +190,10 @@ class ScoredTask(Task):
         load: Callable[[Any, Any, Any], list[Problem]],
         score: Callable[[Problem, str], float],
         summarize: Callable[[dict[str, float]], dict[str, float]],
+        takes_length: bool = False,
     ):
         self.name, self.load, self.score, self.summarize = name, load, score, summarize  # type: ignore[misc,method-assign]
+        self.takes_length = takes_length
 
     def prompt(self, problem: Problem, tokenizer: Any, *_: Any) -> str:
         return problem.meta["prompt"]  # rendered by load (RULER opens the reply with its answer prefix)

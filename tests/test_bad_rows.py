@@ -218,7 +218,7 @@ def test_a_malformed_longbench_row_or_arm_result_row_is_named(tmp_path):
     from eval.arms import load_arm
     from eval.longbench import load_rows
 
-    (tmp_path / "hotpotqa.jsonl").write_text('{"input": "q", "answers": ["a"]}\n{"input": \n')
+    (tmp_path / "hotpotqa.jsonl").write_text('{"input": "q", "context": "c", "answers": ["a"]}\n{"input": \n')
     with pytest.raises(BadRowError, match=r"hotpotqa.jsonl line 2: bad_json"):
         load_rows("hotpotqa", str(tmp_path))
     arm = tmp_path / "arm"
@@ -258,3 +258,48 @@ def test_compare_refuses_a_config_that_is_not_an_eval_runs(tmp_path, capsys, con
     err = capsys.readouterr().err
     assert f"{tmp_path / 'b' / 'config.json'}: not an evaluation run's config" in err and message in err
     assert "Traceback" not in err and not (tmp_path / "cmp").exists()
+
+
+def test_an_empty_benchmark_file_is_refused_not_left_out(tmp_path):
+    """A suite whose HMMT file was empty (a truncated copy) evaluated the other competitions without a word."""
+    from eval.benchmarks import SOURCES, load_problems
+
+    aime, hmmt = (tmp_path / SOURCES[name].path for name in ("aime_2025", "hmmt_feb_2025"))
+    for path, text in ((aime, '{"problem_idx": 1, "problem": "P", "answer": 70}\n'), (hmmt, "\n")):
+        path.parent.mkdir(parents=True)
+        path.write_text(text)
+    with pytest.raises(BadRowError, match=r"benchmark source 'hmmt_feb_2025': .*train\.jsonl holds no problems"):
+        load_problems(["aime_2025", "hmmt_feb_2025"], tmp_path)
+    assert [p.id for p in load_problems(["aime_2025"], tmp_path)] == ["aime_2025/I-01"]
+
+
+@pytest.mark.parametrize(
+    "source, bad, message",
+    [
+        ("aime_2025", {"problem_idx": 1.7}, "problem_idx is 1.7, not a problem number"),  # was AIME I-01
+        ("aime_2025", {"problem_idx": 0}, "problem_idx is 0, not a problem number"),  # was AIME I-15
+        ("hmmt_feb_2025", {"problem_idx": True}, "problem_idx is true, not a problem number"),  # was problem 01
+        ("aime_2025", {"answer": float("nan")}, "the answer is NaN, not a gold answer"),  # was the gold "nan"
+        ("math500", {"unique_id": None}, "unique_id is null, not an id"),  # was the id math500/None
+        ("math500", {"unique_id": " "}, 'unique_id is " ", not an id'),
+    ],
+)
+def test_benchmark_row_with_an_unusable_id_or_gold_refuses_the_file(tmp_path, source, bad, message):
+    from eval.benchmarks import SOURCES
+
+    good = {"problem_idx": 2, "unique_id": "a", "problem": "P", "answer": 3}
+    path = tmp_path / SOURCES[source].path
+    path.parent.mkdir(parents=True)
+    _write(path, [json.dumps(good).encode(), json.dumps({**good, **bad}).encode()])
+    with pytest.raises(BadRowError, match=r"\.jsonl line 2: " + re.escape(message)):
+        load_source(source, tmp_path)
+
+
+def test_a_problem_repeated_in_one_benchmark_file_is_named_as_such(tmp_path):
+    """Was "problem math500/a appears in sources 'math500' and 'math500': a benchmark must not list overlapping sources"."""
+    from eval.benchmarks import load_problems
+
+    row = json.dumps({"problem": "P", "unique_id": "a", "answer": "1"}).encode()
+    data = _math500_dir(tmp_path, [row, row])
+    with pytest.raises(BadRowError, match=r"problem math500/a appears twice in .*math500/test\.jsonl \(benchmark source"):
+        load_problems(["math500"], data)

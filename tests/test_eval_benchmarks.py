@@ -112,6 +112,36 @@ def test_gpqa_loads_from_zip_without_plain_text_on_disk(tmp_path):
         assert p.choices["ABCD".index(p.answer)] == rows[p.id.split("/")[1]]["Correct Answer"].strip()
 
 
+
+def test_a_gpqa_file_that_is_not_the_authors_zip_is_refused_naming_it(tmp_path):
+    """Not a zip, a zip without the CSV and a directory were tracebacks (BadZipFile, KeyError, IsADirectoryError),
+    and a CSV row with fewer columns an AttributeError ('NoneType' object has no attribute 'strip')."""
+    import zipfile
+
+    from eval.benchmarks import GPQA_MEMBER
+    from zoomr.jsonl import BadRowError
+    from zoomr.paths import MissingInput
+
+    path = tmp_path / SOURCES["gpqa_diamond"].path
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not a zip")
+    with pytest.raises(BadRowError, match="dataset.zip: not a readable zip"):
+        load_source("gpqa_diamond", tmp_path)
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("other.csv", "a\n")
+    with pytest.raises(BadRowError, match=f"dataset.zip: no {GPQA_MEMBER} in the zip"):
+        load_source("gpqa_diamond", tmp_path)
+    head = "Record ID,Question,Correct Answer,Incorrect Answer 1,Incorrect Answer 2,Incorrect Answer 3\n"
+    with zipfile.ZipFile(path, "w") as z:  # plain (the reader's password is ignored for an unencrypted member)
+        z.writestr(GPQA_MEMBER, head + "r1,Q?,a,b,c,d\nr2,Q?,a,b\n")
+    with pytest.raises(BadRowError, match="dataset.zip row 3: 'Incorrect Answer 2' is null, not an option"):
+        load_source("gpqa_diamond", tmp_path)
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(MissingInput, match="dataset.zip not found"):
+        load_source("gpqa_diamond", tmp_path)
+
+
 def test_prompts_use_the_chat_template(tiny_model_and_tokenizer):
     _, tokenizer = tiny_model_and_tokenizer
     math = load_source("aime_2025", DATA)[0]

@@ -38,6 +38,11 @@ def _cfg(run_dir, cache_dir, *overrides):
         (["generation.n_samples=0"], "generation.n_samples must be >= 1"),
         (["benchmark.problem_limit=-1"], "benchmark.problem_limit must be >= 1"),
         (["benchmark.problem_limit=0"], "benchmark.problem_limit must be >= 1"),
+        # RULER's / LongBench's problems were decoded twice and the second copy's row stopped the run with a traceback
+        (["benchmark=ruler", "benchmark.sources=[vt,vt]"], r"benchmark.sources lists \['vt'\] more than once"),
+        # was ignored: LongBench and the math sets are read, not generated to a length (the prompts did not change)
+        (["benchmark=longbench", "benchmark.length=4096"], "benchmark.length=4096: benchmark 'longbench' does not generate"),
+        (["benchmark.length=4096"], "benchmark.length=4096: benchmark 'aime25' does not generate"),
         (["grading.timeout_s=0"], "grading.timeout_s must be > 0"),
         (["grading.timeout_s=inf"], "grading.timeout_s must be > 0 and finite"),  # was an OverflowError traceback
         (["grading.max_error_rate=2"], "grading.max_error_rate must lie in"),

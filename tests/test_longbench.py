@@ -131,3 +131,73 @@ def test_a_prompt_limit_that_cannot_truncate_is_refused(tmp_path, tokenizer, lim
         lb.load(bench, tokenizer, gen)
     assert len(lb.load(SimpleNamespace(**{**vars(bench), "options": {**bench.options, "max_prompt_tokens": 2}}),
                        tokenizer, gen)) == 1  # fmt: skip
+
+
+def test_a_problem_id_repeated_in_a_data_file_is_refused_before_decoding(tmp_path, tokenizer):
+    """Two rows with one ``_id`` were two problems with one id: both decoded, and writing the second's row stopped
+    the run with ``result for ('hotpotqa/h1', 0) already written`` after config.json and the first row."""
+    from eval.steps import load_problems
+    from eval.tasks import get_task
+    from zoomr.schemas.eval import BenchmarkConfig
+
+    row = {"input": "q", "context": "c", "answers": ["a"], "all_classes": None, "_id": "h1"}
+    _write(tmp_path, "hotpotqa", [row, {**row, "_id": "h2"}, row])
+    bench = BenchmarkConfig(name="longbench", task="longbench", sources=["hotpotqa"], options={"data_dir": str(tmp_path)})
+    gen = SimpleNamespace(system_prompt=None, enable_thinking=None, max_new_tokens=32)
+    with pytest.raises(ValueError, match=r"problem ids \['hotpotqa/h1'\] appear more than once"):
+        load_problems(get_task("longbench"), bench, tokenizer, gen)
+    _write(tmp_path, "hotpotqa", [row, {**row, "_id": "h2"}])
+    assert [p.id for p in load_problems(get_task("longbench"), bench, tokenizer, gen)] == ["hotpotqa/h1", "hotpotqa/h2"]
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"answers": "Alice"}, "'answers' is \"Alice\", not a non-empty list"),  # was scored as ['A', 'l', 'i', 'c', 'e']
+        ({"answers": []}, "'answers' is \\[\\], not a non-empty list"),  # was a score of 0 whatever the output
+        ({"answers": None}, "'answers' is null"),  # was a TypeError traceback
+        ({"answers": [None]}, "'answers' holds null, not a gold answer"),  # was the gold "None"
+        ({"context": None}, "no field 'context' \\(or it is null\\); the hotpotqa prompt needs it"),  # was a KeyError
+    ],
+)
+def test_a_row_without_usable_answers_or_prompt_fields_is_refused_naming_its_line(tmp_path, tokenizer, bad, message):
+    from zoomr.jsonl import BadRowError
+
+    row = {"input": "q", "context": "c", "answers": ["Alice"], "all_classes": None, "_id": "h1"}
+    _write(tmp_path, "hotpotqa", [row, {k: v for k, v in {**row, **bad, "_id": "h2"}.items() if v is not None}])
+    bench = SimpleNamespace(sources=["hotpotqa"], options={"data_dir": str(tmp_path)}, problem_limit=None)
+    with pytest.raises(BadRowError, match=r"hotpotqa\.jsonl line 2: " + message):
+        lb.load(bench, tokenizer, SimpleNamespace(system_prompt=None, enable_thinking=None))
+
+
+@pytest.mark.parametrize(
+    "subset, bad, message",
+    [
+        ("trec", {"all_classes": None}, "'all_classes' is null, not the list of class names trec is scored against"),
+        ("lsht", {"all_classes": []}, r"'all_classes' is \[\], not the list"),
+        ("passage_retrieval_en", {"answers": ["Alice"]}, r"the gold answer \"Alice\" names no paragraph"),
+    ],
+)
+def test_a_row_its_metric_cannot_score_is_refused_before_decoding(tmp_path, tokenizer, subset, bad, message):
+    """A classification row without its classes scored 0 whatever the output; a retrieval gold naming no paragraph
+    was an IndexError traceback when the first output was scored, after decoding."""
+    from zoomr.jsonl import BadRowError
+
+    row = {"input": "q", "context": "c", "answers": ["Paragraph 2"], "all_classes": ["Paragraph 2", "x"], "_id": "a"}
+    _write(tmp_path, subset, [row, {**row, **bad, "_id": "b"}])
+    bench = SimpleNamespace(sources=[subset], options={"data_dir": str(tmp_path)}, problem_limit=None)
+    gen = SimpleNamespace(system_prompt=None, enable_thinking=None)
+    with pytest.raises(BadRowError, match=rf"{subset}\.jsonl line 2: {message}"):
+        lb.load(bench, tokenizer, gen)
+    _write(tmp_path, subset, [row])
+    assert lb.score(subset, "Paragraph 2", *[(p.meta["answers"], p.meta["all_classes"]) for p in lb.load(bench, tokenizer, gen)][0]) == 1.0
+
+
+def test_an_empty_subset_file_is_refused_not_left_out_of_the_averages(tmp_path, tokenizer):
+    from zoomr.jsonl import BadRowError
+
+    _write(tmp_path, "hotpotqa", [{"input": "q", "context": "c", "answers": ["a"], "_id": "h"}])
+    _write(tmp_path, "qasper", [])
+    bench = SimpleNamespace(sources=["hotpotqa", "qasper"], options={"data_dir": str(tmp_path)}, problem_limit=None)
+    with pytest.raises(BadRowError, match=r"LongBench qasper: .*qasper\.jsonl holds no rows"):
+        lb.load(bench, tokenizer, SimpleNamespace(system_prompt=None, enable_thinking=None))

@@ -143,6 +143,9 @@ def test_bad_settings_fail_with_a_clear_message(tokenizer):
         ruler.settings_of(bench(4096, 1, seed=1.5))
     with pytest.raises(ValueError, match=r"benchmark.options.qa='no' \(must be a bool\)"):  # a string is true
         ruler.settings_of(bench(4096, 1, qa="no"))
+    with pytest.raises(ValueError, match="benchmark.length must be >= 256 tokens, got 0"):  # was run at 4096 as ruler_0
+        ruler.settings_of(bench(0, 1))
+    assert ruler.settings_of(bench(None, 1)).length == 4096
 
 
 def test_qa_subsets_fail_fast_offline(tokenizer, monkeypatch):
@@ -157,3 +160,26 @@ def test_string_match_scores():
     assert ruler.string_match_all("ABC-def", ["abc-DEF"]) == 1.0
     assert ruler.string_match_part("It is Paris.", ["London", "paris"]) == 1.0
     assert ruler.string_match_part("It is Rome.", ["London", "paris"]) == 0.0
+
+
+def test_an_unusable_haystack_is_refused_naming_the_file(tokenizer, tmp_path):
+    """A haystack with too few words was random's "Sample larger than population" (NIAH, naming no file) and, with
+    two words, NIAH multikey's draw of 4 distinct keys never ended; a directory was an IsADirectoryError traceback
+    and a file that is not UTF-8 the codec's message, naming neither."""
+    from zoomr.jsonl import BadRowError
+    from zoomr.paths import MissingInput
+
+    two = tmp_path / "two.txt"
+    two.write_text("alpha beta. " * 3 + "Some text. " * 50)  # two key words: 'alpha', 'some'
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(b"\xff\xfe text")
+    for sources, haystack, error, message in [
+        (["niah_multikey_1"], two, ValueError, f"the haystack text {two} gives 2 distinct words .* RULER niah draws from 3"),
+        (["niah_single_2"], tmp_path / "short.txt", ValueError, "gives 0 distinct words"),
+        (["cwe"], two, ValueError, "RULER cwe draws from 31"),
+        (["niah_single_2"], tmp_path, MissingInput, "RULER haystack text .* not found"),
+        (["niah_single_2"], binary, BadRowError, r"binary.txt is not UTF-8 text \(byte 0"),
+    ]:
+        (tmp_path / "short.txt").write_text("")
+        with pytest.raises(error, match=message):
+            ruler.load(bench(1024, 1, sources=sources, haystack=str(haystack)), tokenizer, GEN)
