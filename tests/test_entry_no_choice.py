@@ -222,3 +222,26 @@ def test_a_refused_rerun_leaves_the_finished_runs_hydra_record(tmp_path, monkeyp
     assert (run / ".hydra" / "config.yaml").read_text() == "seed: 1\n"
     assert (run / ".hydra" / "overrides.yaml").read_text() == "- +pipeline=summarize\n"
     assert (run / "config.json").read_text() == "{}" and not fresh.exists()  # a new directory is still removed
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_a_run_dir_that_cannot_be_created_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    """``run_dir=`` on a path that takes no directory (a read-only mount, no permission, under /proc) passed the
+    check and failed in the run lock's ``mkdir`` with a ``FileNotFoundError`` / ``PermissionError`` traceback after
+    the model had loaded (eval); the directory Hydra had made was left behind. Run in this process through
+    hydra.main, with Hydra's logging configs "none"."""
+    from eval.__main__ import main
+    from zoomr.entry import check_run_dir
+
+    hydra_dir = tmp_path / "hydra"
+    monkeypatch.setattr(sys, "argv", ["eval", "logger=none", "run_dir=/proc/zoomr-run", f"hydra.run.dir={hydra_dir}",
+                                      "hydra/job_logging=none", "hydra/hydra_logging=none"])  # fmt: skip
+    level = logging.root.level
+    try:
+        with pytest.raises(SystemExit, match=r"run_dir=/proc/zoomr-run cannot be written \(.* in /proc\); give a writ"):
+            main()
+    finally:
+        logging.root.setLevel(level)
+    assert not hydra_dir.exists()
+    check_run_dir(str(tmp_path)), check_run_dir(str(tmp_path / "new" / "run"))  # writable: passes, nothing left
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
