@@ -245,3 +245,48 @@ def test_a_run_dir_that_cannot_be_created_is_refused_before_the_model_loads(tmp_
     assert not hydra_dir.exists()
     check_run_dir(str(tmp_path)), check_run_dir(str(tmp_path / "new" / "run"))  # writable: passes, nothing left
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_the_run_record_is_kept_after_a_refusal_behind_the_lock_and_replaced_after_a_write_below(tmp_path):
+    """A rerun refused after it took the run lock (a training or an eval with other settings: the most common
+    refusal) rewrote ``.lock`` with its pid, so the directory counted as written and ``.hydra/`` kept the refused
+    command's record; a run that wrote only below a subdirectory's top level counted as having written nothing."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+
+    from zoomr.entry import CONF_DIR, KeepRunRecord
+    from zoomr.runlock import RunLock
+    from zoomr.schemas import register_with_hydra
+
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text("seed: 1\n")
+    (run / "checkpoints" / "checkpoint-1").mkdir(parents=True)
+    (run / "checkpoints" / "checkpoint-1" / "trainer_state.json").write_text('{"global_step": 1}')
+    with RunLock(run):  # the finished run's lock file, with its pid
+        pass
+    register_with_hydra()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("data_prep", overrides=[f"hydra.run.dir={run}"], return_hydra_config=True)
+    held = HydraConfig.instance()
+    saved = held.cfg
+    try:
+        held.set_config(cfg)
+
+        def rerun(write):
+            KeepRunRecord().on_run_start(cfg)
+            (run / ".hydra" / "config.yaml").write_text("seed: 2\n")  # Hydra's record of the new command
+            write()
+            KeepRunRecord.restore()  # what hydra_entry calls when the run ends in a refusal or an error
+            return (run / ".hydra" / "config.yaml").read_text()
+
+        def refused_behind_the_lock():
+            with RunLock(run):
+                pass
+
+        assert rerun(refused_behind_the_lock) == "seed: 1\n"
+        deep = run / "checkpoints" / "checkpoint-1" / "trainer_state.json"
+        assert rerun(lambda: deep.write_text('{"global_step": 12}')) == "seed: 2\n"
+    finally:
+        held.cfg = saved
+

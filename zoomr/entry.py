@@ -198,11 +198,28 @@ class KeepRunRecord(Callback):
 
 
 def _entries(run_dir: Path, job_name: str) -> dict[str, tuple[int, int]]:
-    """(mtime_ns, size) of each entry of ``run_dir`` but ``.hydra`` and Hydra's job log."""
+    """(mtime_ns, size) of everything under ``run_dir``, at any depth, but ``.hydra``, Hydra's job log and the run
+    lock (taking it rewrites the holder's pid: a rerun refused after it, e.g. for other settings, wrote nothing).
+    Only the top-level entries were compared, the lock among them, so such a refusal kept the refused command's
+    ``.hydra/``, and a run that wrote only below a subdirectory's top level counted as having written nothing."""
+    from zoomr.runlock import LOCK_FILE
+
     if not run_dir.is_dir():
         return {}
-    own = {".hydra", f"{job_name}.log"}
-    return {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in run_dir.iterdir() if p.name not in own}
+    own = {".hydra", f"{job_name}.log", LOCK_FILE}
+    out: dict[str, tuple[int, int]] = {}
+    for top, dirs, files in os.walk(run_dir):
+        here = Path(top)
+        if here == run_dir:
+            dirs[:] = [d for d in dirs if d not in own]
+            files = [f for f in files if f not in own]
+        for name in (*dirs, *files):
+            try:
+                st = (here / name).stat()
+            except OSError:  # removed meanwhile (a temporary file)
+                continue
+            out[str((here / name).relative_to(run_dir))] = (st.st_mtime_ns, st.st_size)
+    return out
 
 
 SEED_RANGE = (0, 2**32 - 1)  # numpy's (and transformers.set_seed's) range; torch alone would take more
