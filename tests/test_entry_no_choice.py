@@ -290,3 +290,30 @@ def test_the_run_record_is_kept_after_a_refusal_behind_the_lock_and_replaced_aft
     finally:
         held.cfg = saved
 
+
+def test_a_rerun_that_crashes_with_a_bug_leaves_the_runs_hydra_record(tmp_path, monkeypatch):
+    """Only refusals, errors of the user's input and Ctrl-C put the earlier run's ``.hydra/`` back: a rerun ending in
+    a bug's traceback before it wrote anything left Hydra's record of the crashed command. The traceback stays."""
+    import zoomr.entry
+    from data_prep.__main__ import main
+
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text("- +pipeline=summarize\n")
+    (run / "config.json").write_text("{}")
+
+    def bug(cfg, here=True):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(zoomr.entry, "check_run_settings", bug)
+    monkeypatch.setattr(sys, "argv", ["data_prep", "+pipeline=summarize", "seed=7", f"hydra.run.dir={run}",
+                                      "hydra/job_logging=none", "hydra/hydra_logging=none"])  # fmt: skip
+    level = logging.root.level
+    try:
+        with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()) as err:
+            main()
+    finally:
+        logging.root.setLevel(level)
+    assert "a bug" in err.getvalue()
+    assert sorted(p.name for p in (run / ".hydra").iterdir()) == ["overrides.yaml"]
+    assert (run / ".hydra" / "overrides.yaml").read_text() == "- +pipeline=summarize\n"

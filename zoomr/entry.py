@@ -54,6 +54,9 @@ def hydra_entry(
                 stop = interrupted(config_name, resumes_from(cfg) if resumes_from else None)
             except SystemExit as e:  # a refusal
                 stop = e
+            except Exception:  # a bug: its traceback, but the .hydra/ of the run already there is kept as on a refusal
+                KeepRunRecord.restore()
+                raise
             KeepRunRecord.restore()  # .hydra/ of the run already in the directory, when this one wrote nothing there
             discard_empty_run_dir()  # a refused run leaves no directory holding only Hydra's log behind
             raise stop from None
