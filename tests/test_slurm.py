@@ -84,7 +84,13 @@ def test_the_launcher_check_passes_where_srun_exists_and_for_local_launchers(tmp
     srun = tmp_path / "srun"
     srun.write_text("#!/bin/sh\n")
     srun.chmod(0o755)
+    with pytest.raises(SystemExit, match="this machine has no `sbatch`"):  # was submitit's FileNotFoundError
+        LauncherCheck().on_multirun_start(config("slurm_h100"))
+    (tmp_path / "sbatch").symlink_to(srun)
     LauncherCheck().on_multirun_start(config("slurm_h100"))  # a login node: submitit takes over
+    monkeypatch.setenv("ZOOMR_SLURM_TIME_MIN", "abc")  # was omegaconf's traceback from Hydra's launcher setup
+    with pytest.raises(SystemExit, match=r"^hydra.launcher.timeout_min: [^\n]*ZOOMR_SLURM_TIME_MIN[^\n]*'abc'[^\n]*$"):
+        LauncherCheck().on_multirun_start(config("slurm_h100"))
 
 
 def _hydra_main(main, argv, monkeypatch):

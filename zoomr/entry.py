@@ -82,17 +82,26 @@ def check_run_settings(cfg: Any, here: bool = True) -> None:
 
 class LauncherCheck(Callback):
     """A Hydra callback (``hydra.callbacks.launcher_check`` in every entry config) that checks a ``--multirun``
-    before any job is made (:func:`check_sweep`), and refuses a SLURM launcher (``hydra/launcher=slurm_h100`` or
-    ``submitit_slurm``) on a machine without ``srun`` in one line (it was submitit's ``Could not detect "srun"``
-    under Hydra's traceback)."""
+    before any job is made (:func:`check_sweep`), and refuses in one line a SLURM launcher (``hydra/launcher=slurm_h100``
+    or ``submitit_slurm``) on a machine without ``srun`` (it was submitit's ``Could not detect "srun"`` under Hydra's
+    traceback) or ``sbatch`` (a ``FileNotFoundError`` traceback), or a launcher setting that does not resolve."""
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        from omegaconf import OmegaConf
+        from omegaconf.errors import ValidationError
+
+        try:  # an environment variable the launcher reads (ZOOMR_SLURM_TIME_MIN=abc): one line naming the key, not
+            OmegaConf.to_container(config.hydra.launcher, resolve=True)  # omegaconf's traceback from Hydra's setup
+        except ValidationError as e:
+            raise SystemExit(f"{e.full_key}: {str(e).splitlines()[0]}") from None
         target = str(select(config, "hydra.launcher._target_") or "")
-        if target.endswith("SlurmLauncher") and shutil.which("srun") is None:
+        missing = [c for c in ("srun", "sbatch") if shutil.which(c) is None]  # submitit needs srun, then sbatch
+        if target.endswith("SlurmLauncher") and missing:
             choice = config.hydra.runtime.choices.get("hydra/launcher", "submitit_slurm")
             raise SystemExit(
-                f"hydra/launcher={choice} submits the jobs to SLURM, but this machine has no `srun`: run it on a "
-                "SLURM login node, or sweep here with hydra/launcher=basic (one job after another) or submitit_local"
+                f"hydra/launcher={choice} submits the jobs to SLURM, but this machine has no `{'` or `'.join(missing)}`: "
+                "run it on a SLURM login node, or sweep here with hydra/launcher=basic (one job after another) or "
+                "submitit_local"
             )
         check_sweep(config, kwargs.get("config_name"))
 
