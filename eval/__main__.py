@@ -133,7 +133,15 @@ def _finish(cfg, run_dir, logger, task, bench, spec, rows, counts, max_error_rat
     return metrics
 
 
-@hydra_entry("eval", resumes_from=lambda cfg: cfg.run_dir)  # finished samples are appended and skipped on a rerun
+def check_settings(cfg: Any) -> None:
+    """What :func:`run` checks before it loads anything (a ``--multirun`` checks every job with it first)."""
+    from eval.settings import validate
+
+    validate(cfg)
+
+
+@hydra_entry("eval", resumes_from=lambda cfg: cfg.run_dir,  # finished samples are appended and skipped on a rerun
+             settings=check_settings)  # fmt: skip
 def main(cfg) -> None:
     setup_logging()
     run(cfg)

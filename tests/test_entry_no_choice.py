@@ -222,3 +222,98 @@ def test_a_refused_rerun_leaves_the_finished_runs_hydra_record(tmp_path, monkeyp
     assert (run / ".hydra" / "config.yaml").read_text() == "seed: 1\n"
     assert (run / ".hydra" / "overrides.yaml").read_text() == "- +pipeline=summarize\n"
     assert (run / "config.json").read_text() == "{}" and not fresh.exists()  # a new directory is still removed
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_a_run_dir_that_cannot_be_created_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    """``run_dir=`` on a path that takes no directory (a read-only mount, no permission, under /proc) passed the
+    check and failed in the run lock's ``mkdir`` with a ``FileNotFoundError`` / ``PermissionError`` traceback after
+    the model had loaded (eval); the directory Hydra had made was left behind. Run in this process through
+    hydra.main, with Hydra's logging configs "none"."""
+    from eval.__main__ import main
+    from zoomr.entry import check_run_dir
+
+    hydra_dir = tmp_path / "hydra"
+    monkeypatch.setattr(sys, "argv", ["eval", "logger=none", "run_dir=/proc/zoomr-run", f"hydra.run.dir={hydra_dir}",
+                                      "hydra/job_logging=none", "hydra/hydra_logging=none"])  # fmt: skip
+    level = logging.root.level
+    try:
+        with pytest.raises(SystemExit, match=r"run_dir=/proc/zoomr-run cannot be written \(.* in /proc\); give a writ"):
+            main()
+    finally:
+        logging.root.setLevel(level)
+    assert not hydra_dir.exists()
+    check_run_dir(str(tmp_path)), check_run_dir(str(tmp_path / "new" / "run"))  # writable: passes, nothing left
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_the_run_record_is_kept_after_a_refusal_behind_the_lock_and_replaced_after_a_write_below(tmp_path):
+    """A rerun refused after it took the run lock (a training or an eval with other settings: the most common
+    refusal) rewrote ``.lock`` with its pid, so the directory counted as written and ``.hydra/`` kept the refused
+    command's record; a run that wrote only below a subdirectory's top level counted as having written nothing."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+
+    from zoomr.entry import CONF_DIR, KeepRunRecord
+    from zoomr.runlock import RunLock
+    from zoomr.schemas import register_with_hydra
+
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text("seed: 1\n")
+    (run / "checkpoints" / "checkpoint-1").mkdir(parents=True)
+    (run / "checkpoints" / "checkpoint-1" / "trainer_state.json").write_text('{"global_step": 1}')
+    with RunLock(run):  # the finished run's lock file, with its pid
+        pass
+    register_with_hydra()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("data_prep", overrides=[f"hydra.run.dir={run}"], return_hydra_config=True)
+    held = HydraConfig.instance()
+    saved = held.cfg
+    try:
+        held.set_config(cfg)
+
+        def rerun(write):
+            KeepRunRecord().on_run_start(cfg)
+            (run / ".hydra" / "config.yaml").write_text("seed: 2\n")  # Hydra's record of the new command
+            write()
+            KeepRunRecord.restore()  # what hydra_entry calls when the run ends in a refusal or an error
+            return (run / ".hydra" / "config.yaml").read_text()
+
+        def refused_behind_the_lock():
+            with RunLock(run):
+                pass
+
+        assert rerun(refused_behind_the_lock) == "seed: 1\n"
+        deep = run / "checkpoints" / "checkpoint-1" / "trainer_state.json"
+        assert rerun(lambda: deep.write_text('{"global_step": 12}')) == "seed: 2\n"
+    finally:
+        held.cfg = saved
+
+
+def test_a_rerun_that_crashes_with_a_bug_leaves_the_runs_hydra_record(tmp_path, monkeypatch):
+    """Only refusals, errors of the user's input and Ctrl-C put the earlier run's ``.hydra/`` back: a rerun ending in
+    a bug's traceback before it wrote anything left Hydra's record of the crashed command. The traceback stays."""
+    import zoomr.entry
+    from data_prep.__main__ import main
+
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text("- +pipeline=summarize\n")
+    (run / "config.json").write_text("{}")
+
+    def bug(cfg, here=True):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(zoomr.entry, "check_run_settings", bug)
+    monkeypatch.setattr(sys, "argv", ["data_prep", "+pipeline=summarize", "seed=7", f"hydra.run.dir={run}",
+                                      "hydra/job_logging=none", "hydra/hydra_logging=none"])  # fmt: skip
+    level = logging.root.level
+    try:
+        with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()) as err:
+            main()
+    finally:
+        logging.root.setLevel(level)
+    assert "a bug" in err.getvalue()
+    assert sorted(p.name for p in (run / ".hydra").iterdir()) == ["overrides.yaml"]
+    assert (run / ".hydra" / "overrides.yaml").read_text() == "- +pipeline=summarize\n"

@@ -84,4 +84,48 @@ def test_the_launcher_check_passes_where_srun_exists_and_for_local_launchers(tmp
     srun = tmp_path / "srun"
     srun.write_text("#!/bin/sh\n")
     srun.chmod(0o755)
+    with pytest.raises(SystemExit, match="this machine has no `sbatch`"):  # was submitit's FileNotFoundError
+        LauncherCheck().on_multirun_start(config("slurm_h100"))
+    (tmp_path / "sbatch").symlink_to(srun)
     LauncherCheck().on_multirun_start(config("slurm_h100"))  # a login node: submitit takes over
+    monkeypatch.setenv("ZOOMR_SLURM_TIME_MIN", "abc")  # was omegaconf's traceback from Hydra's launcher setup
+    with pytest.raises(SystemExit, match=r"^hydra.launcher.timeout_min: [^\n]*ZOOMR_SLURM_TIME_MIN[^\n]*'abc'[^\n]*$"):
+        LauncherCheck().on_multirun_start(config("slurm_h100"))
+
+
+def _hydra_main(main, argv, monkeypatch):
+    """Run an entry point's ``hydra.main`` in this process with ``argv``; logging is left as it was (Hydra's "none"
+    logging configs; "disabled" turned every existing logger off for the tests after)."""
+    import logging
+
+    monkeypatch.setattr(sys, "argv", [*argv, "hydra/job_logging=none", "hydra/hydra_logging=none"])
+    level = logging.root.level
+    try:
+        main()
+    finally:
+        logging.root.setLevel(level)
+
+
+@pytest.mark.parametrize("entry, overrides, message", [
+    ("eval", ["seed=5,-1"], r"--multirun job #1 \(seed=-1\): seed=-1: must be in \[0, 2\*\*32 - 1\]; no job was started"),
+    ("eval", ["+method=h2o,snapkv", "device=cpu,tpu"], r"job #1 \(\+method=h2o device=tpu\): device=tpu: give auto"),
+    ("eval", ["generation.n_samples=2,0", "run_name=full-${generation.n_samples}"],
+     r"(?s)job #1 \(generation.n_samples=0\): invalid eval settings .*generation.n_samples must be >= 1, got 0"),
+    ("eval", ["+method=h2o", "method.budget_rows=64,96"],
+     r"jobs #0 \(method.budget_rows=64\) and #1 \(method.budget_rows=96\) would both write "
+     r"run_dir=runs/eval/math500/tiny-qwen2/h2o: give each job its own run_name"),
+    ("train", ["+method=sft", "method.max_steps=1,0"], r"job #1 \(method.max_steps=0\): invalid settings: SFTMethod: "),
+    ("train", ["seed=1,2"], r"job #0 \(seed=1\): no method chosen"),
+], ids=["seed", "device", "eval-settings", "shared-run-dir", "train-schema", "train-no-method"])  # fmt: skip
+def test_a_sweep_with_a_bad_job_is_refused_before_any_job_starts(entry, overrides, message, tmp_path, monkeypatch):
+    """A bad value in a ``--multirun`` was refused by its own job only: after the jobs before it had run (basic
+    launcher), or after every job had been submitted (submitit: queued on SLURM), ending in submitit's
+    ``UncompletedJobError`` traceback; two eval jobs differing outside ``run_name`` shared one run directory, the
+    second refused there after its model had loaded. Every job is now composed and checked first."""
+    import importlib
+
+    main = importlib.import_module(f"{entry}.__main__").main
+    sweep = tmp_path / "sweep"
+    with pytest.raises(SystemExit, match=message):
+        _hydra_main(main, [entry, "--multirun", *overrides, "logger=none", f"hydra.sweep.dir={sweep}"], monkeypatch)
+    assert not sweep.exists()  # no multirun.yaml, no job directory

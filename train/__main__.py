@@ -16,8 +16,23 @@ import importlib  # noqa: E402
 from zoomr.entry import hydra_entry, require_group, setup_logging  # noqa: E402
 
 
-@hydra_entry("train", resumes_from=lambda cfg: cfg.run_dir if cfg.get("resume") == "auto" else None)  # checkpoints
-def main(cfg) -> None:
+def check_settings(cfg) -> None:
+    """A method chosen, and its schema's checks (every trainer converts ``cfg.method`` to it before any run state):
+    a ``--multirun`` checks every job with it before any starts."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from zoomr.schemas import to_dataclass
+
+    require_group(cfg, "method", "train")
+    if dataclasses.is_dataclass(schema := OmegaConf.get_type(cfg.method)):
+        to_dataclass(schema, cfg.method)
+
+
+@hydra_entry("train", resumes_from=lambda cfg: cfg.run_dir if cfg.get("resume") == "auto" else None,
+             settings=check_settings)  # fmt: skip
+def main(cfg) -> None:  # resumes from its checkpoints
     setup_logging()
     require_group(cfg, "method", "train")
     trainer = cfg.method.get("trainer")

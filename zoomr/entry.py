@@ -28,27 +28,27 @@ from zoomr.tracking import RunLogger, init_run, resolve_mode, run_identity
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 
-def hydra_entry(config_name: str, resumes_from: Callable[[Any], Any] | None = None) -> Callable:
+def hydra_entry(
+    config_name: str, resumes_from: Callable[[Any], Any] | None = None, settings: Callable[[Any], Any] | None = None
+) -> Callable:
     """``@hydra_entry("train")`` = ``@hydra.main`` on conf/<config_name>.yaml with our schemas registered.
 
     ``resumes_from(cfg)``: the directory a rerun of the same command continues from after Ctrl-C (eval's appended
-    rows, train's checkpoints, the miniature's arms), None where it starts over; the interrupted line names it."""
+    rows, train's checkpoints, the miniature's arms), None where it starts over; the interrupted line names it.
+    ``settings(cfg)``: the entry point's own checks of a config that need no model or data (its run calls them too);
+    a ``--multirun`` runs them for every job before any starts (:func:`check_sweep`)."""
     import hydra
 
     register_with_hydra()
+    if settings is not None:
+        SETTINGS_CHECKS[config_name] = settings
 
     def wrap(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def task(cfg: Any) -> Any:
             started()  # from here on Ctrl-C is a KeyboardInterrupt, reported below with where a rerun resumes
             try:
-                check_seed(cfg.get("seed"))
-                for key in OUTPUT_DIRS:
-                    check_run_dir(select(cfg, key), key)
-                check_device(cfg.get("device"))
-                check_cache_dir(cfg.get("cache_dir"))
-                if (mode := select(cfg, "logger.mode")) is not None:
-                    resolve_mode(mode)  # logger.mode and WANDB_MODE, before a model loads or a file is written
+                check_run_settings(cfg)
                 return fn(cfg)
             except USER_ERRORS as e:  # what the user gave is wrong: the message alone
                 stop = SystemExit(user_error_message(e))
@@ -56,6 +56,9 @@ def hydra_entry(config_name: str, resumes_from: Callable[[Any], Any] | None = No
                 stop = interrupted(config_name, resumes_from(cfg) if resumes_from else None)
             except SystemExit as e:  # a refusal
                 stop = e
+            except Exception:  # a bug: its traceback, but the .hydra/ of the run already there is kept as on a refusal
+                KeepRunRecord.restore()
+                raise
             KeepRunRecord.restore()  # .hydra/ of the run already in the directory, when this one wrote nothing there
             discard_empty_run_dir()  # a refused run leaves no directory holding only Hydra's log behind
             raise stop from None
@@ -65,19 +68,107 @@ def hydra_entry(config_name: str, resumes_from: Callable[[Any], Any] | None = No
     return wrap
 
 
+def check_run_settings(cfg: Any, here: bool = True) -> None:
+    """The checks every entry point runs before its own code, before a model loads or a file is written: ``seed``,
+    the output directories, ``device``, ``cache_dir``, ``logger.mode`` and ``WANDB_MODE``. ``here=False`` (a sweep's
+    job, checked before it is submitted to a machine that may be another): the device's name only, no cache dir."""
+    check_seed(cfg.get("seed"))
+    for key in OUTPUT_DIRS:
+        check_run_dir(select(cfg, key), key)
+    check_device(cfg.get("device"), present=here)
+    if here:
+        check_cache_dir(cfg.get("cache_dir"))
+    if (mode := select(cfg, "logger.mode")) is not None:
+        resolve_mode(mode)
+
+
 class LauncherCheck(Callback):
-    """A Hydra callback (``hydra.callbacks.launcher_check`` in every entry config): ``--multirun`` with a SLURM
-    launcher (``hydra/launcher=slurm_h100`` or ``submitit_slurm``) on a machine without ``srun`` is refused with one
-    line before any job is made; it was submitit's ``Could not detect "srun"`` under Hydra's traceback."""
+    """A Hydra callback (``hydra.callbacks.launcher_check`` in every entry config) that checks a ``--multirun``
+    before any job is made (:func:`check_sweep`), and refuses in one line a SLURM launcher (``hydra/launcher=slurm_h100``
+    or ``submitit_slurm``) on a machine without ``srun`` (it was submitit's ``Could not detect "srun"`` under Hydra's
+    traceback) or ``sbatch`` (a ``FileNotFoundError`` traceback), or a launcher setting that does not resolve."""
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        from omegaconf import OmegaConf
+        from omegaconf.errors import ValidationError
+
+        try:  # an environment variable the launcher reads (ZOOMR_SLURM_TIME_MIN=abc): one line naming the key, not
+            OmegaConf.to_container(config.hydra.launcher, resolve=True)  # omegaconf's traceback from Hydra's setup
+        except ValidationError as e:
+            raise SystemExit(f"{e.full_key}: {str(e).splitlines()[0]}") from None
         target = str(select(config, "hydra.launcher._target_") or "")
-        if target.endswith("SlurmLauncher") and shutil.which("srun") is None:
+        missing = [c for c in ("srun", "sbatch") if shutil.which(c) is None]  # submitit needs srun, then sbatch
+        if target.endswith("SlurmLauncher") and missing:
             choice = config.hydra.runtime.choices.get("hydra/launcher", "submitit_slurm")
             raise SystemExit(
-                f"hydra/launcher={choice} submits the jobs to SLURM, but this machine has no `srun`: run it on a "
-                "SLURM login node, or sweep here with hydra/launcher=basic (one job after another) or submitit_local"
+                f"hydra/launcher={choice} submits the jobs to SLURM, but this machine has no `{'` or `'.join(missing)}`: "
+                "run it on a SLURM login node, or sweep here with hydra/launcher=basic (one job after another) or "
+                "submitit_local"
             )
+        check_sweep(config, kwargs.get("config_name"))
+
+
+SETTINGS_CHECKS: dict[str, Callable[[Any], Any]] = {}  # entry config name -> its settings check (hydra_entry)
+
+
+def check_sweep(config: Any, config_name: str | None = None) -> None:
+    """Every job of a ``--multirun`` (Hydra's basic sweeper: the product of the swept values) composed and put through
+    :func:`check_run_settings` and the entry point's own settings check (``hydra_entry(settings=…)``) before the sweep
+    directory or any job is made, and refused when two jobs would write
+    one output directory. A bad value (``seed=1,-1``) was refused by its own job only, after the jobs before it had
+    run, or, through submitit, after every job had been submitted (on SLURM: queued), ending in submitit's
+    ``UncompletedJobError`` traceback; two eval jobs differing in a setting outside ``run_name`` shared one run
+    directory, the second refused there (or blocked by the first's lock) after its model had loaded."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf, open_dict, read_write
+
+    if not str(select(config, "hydra.sweeper._target_") or "").endswith("BasicSweeper"):
+        return  # another sweeper picks its jobs as it goes
+    if not GlobalHydra.instance().is_initialized():
+        return  # not inside a Hydra app (a config composed by hand): no loader to compose the jobs with
+    loader = GlobalHydra.instance().config_loader()
+    params = [f"{k}={v}" for k, v in (select(config, "hydra.sweeper.params") or {}).items()]
+    overrides = OverridesParser.create(config_loader=loader).parse_overrides(
+        params + list(OmegaConf.to_container(config.hydra.overrides.task, resolve=False))
+    )
+    swept = {o.get_key_element() for o in overrides if o.is_sweep_override()}
+    jobs = BasicSweeper.split_arguments(overrides, None)[0]
+    held, writers = HydraConfig.instance(), {}
+    master = held.cfg  # None here: Hydra sets it for each job
+    try:
+        for num, job in enumerate(jobs):
+            cfg = loader.load_sweep_config(config, list(job))
+            with open_dict(cfg):  # as Hydra's launchers and run_job set them (train's run_dir is the job's directory)
+                cfg.hydra.job.id, cfg.hydra.job.num = f"{cfg.hydra.job.name}_{num}", num
+            held.set_config(cfg)
+            with read_write(cfg.hydra.runtime):
+                cfg.hydra.runtime.output_dir = os.path.abspath(Path(str(cfg.hydra.sweep.dir), str(cfg.hydra.sweep.subdir)))
+            held.set_config(cfg)
+            name = " ".join(o for o in job if o.split("=", 1)[0] in swept) or " ".join(job)
+            try:
+                check_run_settings(cfg, here=False)
+                if (settings := SETTINGS_CHECKS.get(str(config_name))) is not None:
+                    settings(cfg)
+            except USER_ERRORS as e:
+                raise SystemExit(f"--multirun job #{num} ({name}): {user_error_message(e)}; no job was started") from None
+            except SystemExit as e:
+                raise SystemExit(f"--multirun job #{num} ({name}): {e.code}; no job was started") from None
+            for key in OUTPUT_DIRS:
+                if isinstance(out := select(cfg, key), str):
+                    where = (key, os.path.abspath(os.path.expanduser(out)))
+                    if where in writers:
+                        first, other = writers[where]
+                        raise SystemExit(
+                            f"--multirun jobs #{first} ({other}) and #{num} ({name}) would both write {key}={out}: "
+                            f"give each job its own {'run_name' if key == 'run_dir' else key} (e.g. "
+                            "'run_name=${method.name}-<the swept value>'); no job was started"
+                        )
+                    writers[where] = (num, name)
+    finally:
+        held.cfg = master
 
 
 class KeepRunRecord(Callback):
@@ -121,11 +212,28 @@ class KeepRunRecord(Callback):
 
 
 def _entries(run_dir: Path, job_name: str) -> dict[str, tuple[int, int]]:
-    """(mtime_ns, size) of each entry of ``run_dir`` but ``.hydra`` and Hydra's job log."""
+    """(mtime_ns, size) of everything under ``run_dir``, at any depth, but ``.hydra``, Hydra's job log and the run
+    lock (taking it rewrites the holder's pid: a rerun refused after it, e.g. for other settings, wrote nothing).
+    Only the top-level entries were compared, the lock among them, so such a refusal kept the refused command's
+    ``.hydra/``, and a run that wrote only below a subdirectory's top level counted as having written nothing."""
+    from zoomr.runlock import LOCK_FILE
+
     if not run_dir.is_dir():
         return {}
-    own = {".hydra", f"{job_name}.log"}
-    return {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in run_dir.iterdir() if p.name not in own}
+    own = {".hydra", f"{job_name}.log", LOCK_FILE}
+    out: dict[str, tuple[int, int]] = {}
+    for top, dirs, files in os.walk(run_dir):
+        here = Path(top)
+        if here == run_dir:
+            dirs[:] = [d for d in dirs if d not in own]
+            files = [f for f in files if f not in own]
+        for name in (*dirs, *files):
+            try:
+                st = (here / name).stat()
+            except OSError:  # removed meanwhile (a temporary file)
+                continue
+            out[str((here / name).relative_to(run_dir))] = (st.st_mtime_ns, st.st_size)
+    return out
 
 
 SEED_RANGE = (0, 2**32 - 1)  # numpy's (and transformers.set_seed's) range; torch alone would take more
@@ -160,15 +268,17 @@ def check_run_dir(run_dir: Any, key: str = "run_dir") -> None:
         raise SystemExit(f"{key}={problem}")
 
 
-def check_device(name: Any) -> None:
-    """Refuse a ``device=`` other than auto | cpu | cuda | cuda:N, or a CUDA device this machine lacks, before a
-    model loads (torch's own errors came after it: "Torch not compiled with CUDA enabled", or a list of 20 device
-    types for ``device=tpu``)."""
+def check_device(name: Any, present: bool = True) -> None:
+    """Refuse a ``device=`` other than auto | cpu | cuda | cuda:N, or (``present``) a CUDA device this machine lacks,
+    before a model loads (torch's own errors came after it: "Torch not compiled with CUDA enabled", or a list of 20
+    device types for ``device=tpu``)."""
     if name is None or name in ("auto", "cpu"):
         return
     kind, _, index = str(name).partition(":")
     if kind != "cuda" or (index and not index.isdigit()):
         raise SystemExit(f"device={name}: give auto (CUDA when present, else CPU), cpu, cuda or cuda:N")
+    if not present:
+        return
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if int(index or 0) >= count:
         raise SystemExit(f"device={name}: this machine has {count} CUDA device(s); use device=auto or device=cpu")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -21,13 +22,30 @@ class MissingInput(FileNotFoundError):
 
 def output_problem(path: str | Path, directory: bool) -> str | None:
     """Why nothing can be written at ``path`` (a directory to create or fill when ``directory``, else a file), or
-    None: it names a file (directory) or a directory (file), or an ancestor of it is a file."""
+    None: it names a file (directory) or a directory (file), an ancestor of it is a file, or the directory it would
+    be written in (itself, or its nearest existing ancestor) takes no new entry: a read-only file system, no
+    permission, a path under /proc (tried by making and removing an empty directory there)."""
     p = Path(path).expanduser()
     if p.exists() and p.is_dir() != directory:
         return f"{path} is a {'file' if directory else 'directory'}; give a {'directory' if directory else 'file path'}"
     blocker = next((a for a in p.parents if a.exists()), None)
     if blocker is not None and not blocker.is_dir():
         return f"{path}: {blocker} is a file, so nothing can be written under it"
+    where = p if p.is_dir() else blocker
+    if where is not None and (reason := _refuses_entries(where)):
+        return f"{path} cannot be written ({reason} in {where}); give a writable {'directory' if directory else 'path'}"
+    return None
+
+
+def _refuses_entries(directory: Path) -> str | None:
+    """Why ``directory`` takes no new entry (None: it does), found by making and removing an empty directory in it:
+    ``os.access`` says yes to root on a read-only path's permission bits, and to anyone under /proc."""
+    import tempfile
+
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".zoomr-write-check-", dir=directory))
+    except OSError as e:
+        return e.strerror or type(e).__name__
     return None
 
 
