@@ -36,6 +36,16 @@ def test_reader_counts_every_kind_of_bad_line_with_its_line_number(tmp_path):
         list(JsonlReader(p, on_bad="refuse"))
 
 
+def test_a_utf8_byte_order_mark_is_not_a_bad_first_row(tmp_path):
+    """A file saved with a BOM (Windows editors) lost its first row as bad_json, and a JSON file was refused."""
+    p = tmp_path / "x.jsonl"
+    _write(p, [b'\xef\xbb\xbf{"a": 1}', b'\xef\xbb\xbf{"a": 2}'])  # only the file's first bytes are a BOM
+    reader = JsonlReader(p)
+    assert [(n, r["a"]) for n, r in reader] == [(1, 1)] and [b.line for b in reader.bad] == [2]
+    (tmp_path / "x.json").write_bytes(b'\xef\xbb\xbf{"a": 1}')
+    assert read_json_object(tmp_path / "x.json") == {"a": 1}
+
+
 def test_trace_loader_skips_non_utf8_null_and_string_turns(tmp_path):
     p = tmp_path / "t.jsonl"
     good = json.dumps({"conversations": GOOD_TURNS}).encode()

@@ -19,6 +19,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark
 Check = Callable[[dict[str, Any]], str | None]  # row -> reason it is unusable, or None
 
 
@@ -98,6 +99,8 @@ class JsonlReader:
                 if not raw.strip():
                     continue
                 self.rows += 1
+                if lineno == 1 and raw.startswith(BOM):  # a file saved by an editor that marks UTF-8 (Notepad)
+                    raw = raw[len(BOM):]
                 row = parse_line(raw.strip())
                 reason = row if isinstance(row, str) else (self.check(row) if self.check else None)
                 if reason is not None:
@@ -123,7 +126,7 @@ def read_json(path: str | Path, what: str = "file") -> Any:
     """The JSON value in ``path``; a file that is not UTF-8 JSON is refused with :class:`BadRowError` naming the
     file, ``what`` it should be, and where the parser stopped."""
     try:
-        return json.loads(Path(path).read_bytes().decode("utf-8"))
+        return json.loads(Path(path).read_bytes().decode("utf-8-sig"))  # -sig: a leading byte-order mark is no error
     except UnicodeDecodeError:
         raise BadRowError(f"{path}: not a UTF-8 text file (expected a JSON {what})") from None
     except json.JSONDecodeError as e:
