@@ -465,3 +465,11 @@ def test_eval_refuses_a_test_seed_the_model_or_its_ancestors_trained_on(tmp_path
     (base / DATA_FILE).write_text(json.dumps({"seed": 7, "colour": "red"}))
     with pytest.raises(ValueError, match="not the testbed data config the trainer writes .*colour"):
         training_streams(base)
+
+
+def test_a_trace_that_runs_out_of_keys_is_a_settings_error():
+    """It was a ValueError: a traceback from every entry point (in eval, while generating the test problems)."""
+    from zoomr.testbed.task import generate
+
+    with pytest.raises(SettingsError, match="trace_tokens=1024 needs more than n_keys=40 facts: raise testbed.n_keys"):
+        generate(TestbedData(trace_tokens=1024, n_keys=40), random.Random(0))

@@ -293,7 +293,7 @@ def generate(cfg: TestbedData, rng: random.Random) -> Problem:
         if len(w.words) - splitters + cost + reserve > cfg.trace_tokens:  # splitters do not count
             break
         if len(facts) + n_facts + (n_paragraphs + 1 if topics else 0) > cfg.n_keys:
-            raise ValueError(
+            raise SettingsError(  # a rule from the settings alone would refuse lengths that never run out in practice
                 f"testbed.trace_tokens={cfg.trace_tokens} needs more than n_keys={cfg.n_keys} facts"
                 f"{' and topics' if topics else ''}: raise testbed.n_keys or lengthen the filler"
             )
