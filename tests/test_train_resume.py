@@ -246,6 +246,10 @@ def test_testbed_rerun_refuses_other_settings_finishes_at_once_and_continues_whe
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == written  # nothing rewritten by either
     longer = train_testbed(run, cache_dir, "method.max_steps=6")
     assert longer["steps"] == 6 and longer["resumed_from"].endswith("step-4")
+    # the tokens and held-out evaluations of the steps before the resume are kept (the checkpoint carries them): they
+    # were dropped, so a resumed run reported only its last steps' tokens and eval_history.json only their evaluations
+    assert longer["tokens_seen"] > first["tokens_seen"]
+    assert [e["step"] for e in json.loads((run / "eval_history.json").read_text())] == [2, 4, 6]
 
 
 def test_testbed_run_stopped_by_max_seconds_is_continued_not_reported_finished(tmp_path, cache_dir):

@@ -25,7 +25,6 @@ run prints its summary and returns; a larger ``method.max_steps`` continues it.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -49,7 +48,14 @@ from zoomr.models import (
     resolve_model_path,
 )
 from zoomr.paths import resolve_repo_path
-from zoomr.rundir import finish_run, prepare_run, torch_archive_whole, weights_problems, write_summary
+from zoomr.rundir import (
+    finish_run,
+    prepare_run,
+    torch_archive_whole,
+    weights_problems,
+    write_json,
+    write_summary,
+)
 from zoomr.schemas import to_dataclass
 from zoomr.schemas.checks import SettingsError
 from zoomr.schemas.testbed import TestbedData, TestbedTrainMethod
@@ -139,11 +145,16 @@ def checkpoint_problems(ckpt: Path) -> list[str]:
     return out
 
 
-def save_checkpoint(model, tokenizer, opt, step: int, elapsed: float, ckpt_dir: Path) -> None:
+def save_checkpoint(
+    model, tokenizer, opt, step: int, elapsed: float, ckpt_dir: Path, seen: int = 0, history: list | None = None
+) -> None:
+    """``seen`` (tokens trained on) and ``history`` (the held-out evaluations so far) go into ``trainer_state.pt``
+    with the step, so a resumed run's summary and ``eval_history.json`` cover the whole run."""
     out = ckpt_dir / f"{CHECKPOINT_PREFIX}{step}"
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    torch.save({"optimizer": opt.state_dict(), "step": step, "elapsed": elapsed}, out / "trainer_state.pt")
+    state = {"optimizer": opt.state_dict(), "step": step, "elapsed": elapsed, "seen": seen, "history": history or []}
+    torch.save(state, out / "trainer_state.pt")
     for old in sorted(ckpt_dir.glob(f"{CHECKPOINT_PREFIX}*"), key=lambda p: int(p.name.split("-")[1]))[:-2]:
         for f in sorted(old.rglob("*"), reverse=True):
             f.unlink() if f.is_file() else f.rmdir()
@@ -196,7 +207,7 @@ def run(cfg) -> dict[str, Any]:
     held_out = held_out_batches(data, method.eval_examples, enc, stream.pad_id)
     kinds = token_kinds(tokenizer)
     ckpt_dir = run_dir / "checkpoints"
-    start, prior = 0, 0.0
+    start, prior, seen, history = 0, 0.0, 0, []
     resume = Path(plan.resume_from) if plan.resume_from else None
     if resume is not None:
         from transformers import AutoModelForCausalLM
@@ -206,9 +217,10 @@ def run(cfg) -> dict[str, Any]:
         state = torch.load(resume / "trainer_state.pt", weights_only=True)  # tensors and plain values only
         opt.load_state_dict(state["optimizer"])
         start, prior = state["step"], state["elapsed"]
+        seen, history = state.get("seen", 0), state.get("history", [])  # absent in older checkpoints
         log.info("resumed from %s (step %d)", resume, start)
 
-    t0, seen, history = time.time(), 0, []
+    t0, seen_before = time.time(), seen
     steps_done, stopped_early = start, False
     use_pointer = data.summaries and method.summary_pointer_weight > 0
     key_ids = [tokenizer.convert_tokens_to_ids(tt.key(i)) for i in range(tt.N_KEYS)]
@@ -244,7 +256,7 @@ def run(cfg) -> dict[str, Any]:
         steps_done = step + 1
         elapsed = prior + time.time() - t0
         if step % method.log_every == 0:
-            rate = seen / max(1e-9, time.time() - t0)
+            rate = (seen - seen_before) / max(1e-9, time.time() - t0)
             extra = {"pointer_loss": aux.item()} if aux is not None else {}
             if spread is not None:
                 extra["key_spread"] = spread.item()
@@ -259,7 +271,7 @@ def run(cfg) -> dict[str, Any]:
             tqdm.write(f"step {step + 1}: {elapsed:.0f}s " + " ".join(f"{k}={v:.3f}" for k, v in ev.items()))
         stopped_early = bool(method.max_seconds and elapsed >= method.max_seconds and step + 1 < method.max_steps)
         if (step + 1) % method.save_every == 0 or step + 1 == method.max_steps or stopped_early:
-            save_checkpoint(model, tokenizer, opt, step + 1, elapsed, ckpt_dir)
+            save_checkpoint(model, tokenizer, opt, step + 1, elapsed, ckpt_dir, seen, history)
         if stopped_early:
             tqdm.write(f"stopping at step {step + 1}: max_seconds={method.max_seconds} reached (a rerun continues)")
             break
@@ -276,14 +288,14 @@ def run(cfg) -> dict[str, Any]:
         "steps": steps_done,
         "tokens_seen": seen,
         "seconds": round(wall, 1),
-        "tokens_per_s": round(seen / max(1e-9, time.time() - t0)),
+        "tokens_per_s": round((seen - seen_before) / max(1e-9, time.time() - t0)),  # this process's
         "threads": torch.get_num_threads(),
         **{k: round(v, 4) for k, v in last.items() if k.startswith("tf_")},
         "resumed_from": str(resume) if resume else "-",
         "checkpoint": str(final_dir),
         "run_dir": str(run_dir),
     }
-    (run_dir / "eval_history.json").write_text(json.dumps(history, indent=2))
+    write_json(run_dir / "eval_history.json", history)
     title = f"testbed training finished: {cfg.run_name}"
     if stopped_early:  # a summary, but not recorded as finished: a rerun continues from the last checkpoint
         write_summary(run_dir, summary, title + f" (stopped at step {steps_done} by method.max_seconds)")
