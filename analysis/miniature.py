@@ -38,7 +38,7 @@ from analysis.miniature_plan import (
     renamed_hint,
     training_seeds,
 )
-from eval.arms import COMMAND_FILE, experiment, load_arm, run_arm, run_command, testbed_command
+from eval.arms import COMMAND_FILE, arm_done, experiment, load_arm, run_arm, run_command, testbed_command
 from zoomr.jsonl import BadRowError, read_json, read_json_object
 from zoomr.paths import output_dir, output_problem
 from zoomr.rundir import write_json
@@ -213,8 +213,9 @@ def check_arm_models(arms: list[str], task: Any) -> None:
 
 def ensure_arm(name: str, task: Any, threads: int | None = None, quiet: bool = False) -> None:
     """Evaluate arm ``name`` unless its directory holds a finished run of the same command. The digest of its
-    model's done file is recorded (:data:`ARM_RECORD`): an arm evaluated on an earlier version of the model (trained
-    again at the same path, so the command is unchanged) is refused, naming the directory to move aside."""
+    model's done file is recorded (:data:`ARM_RECORD`) before it runs: an arm evaluated (also in part, by a run that was
+    killed) on an earlier version of the model (trained again at the same path, so the command is unchanged) is
+    refused, naming the directory to move aside."""
     arm = ARMS[name]
     match_rows = load_arm(arm_dir(task, arm.match)).rows.mean() if arm.match and not task.dry_run else None
     cmd = eval_command(arm, task, match_rows)
@@ -223,15 +224,16 @@ def ensure_arm(name: str, task: Any, threads: int | None = None, quiet: bool = F
         return
     directory, model_done = arm_dir(task, name), done_file(arm.model, task.trace_tokens)
     digest = _digest(model_done) if model_done.exists() else None  # None: no model here (slim copies)
-    record, finished = directory / ARM_RECORD, (directory / "metrics.json").exists()
-    if digest and finished and record.exists() and read_json_object(record, "miniature arm record").get("model_digest") != digest:
+    record = directory / ARM_RECORD
+    if digest and record.exists() and read_json_object(record, "miniature arm record").get("model_digest") != digest:
         raise SystemExit(
             f"miniature: arm {name} ({directory}) was evaluated on an earlier {arm.model} than the one now in runs/ "
             f"({model_done.parent}); move {directory} aside to evaluate the new one"
         )
-    run_arm(cmd, directory, threads or task.threads, quiet)
-    if digest and not finished and (directory / "metrics.json").exists():
+    if digest and not arm_done(cmd, directory):  # before the eval: wherever it is killed, its rows' model is recorded
+        directory.mkdir(parents=True, exist_ok=True)
         write_json(record, {"model": arm.model, "model_digest": digest})
+    run_arm(cmd, directory, threads or task.threads, quiet)
 
 
 def ensure_arms(arms: list[str], task: Any) -> None:

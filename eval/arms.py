@@ -95,13 +95,18 @@ def run_arm(cmd: list[str], run_dir: str | Path, threads: int | None = None, qui
     """Run the eval command ``cmd`` unless ``run_dir`` holds a finished run of the same command; read it.
     ``quiet``: its console output goes to ``run_dir/arm.log`` (arms running side by side)."""
     run_dir = Path(run_dir)
-    saved = run_dir / COMMAND_FILE
-    done = (run_dir / "metrics.json").exists() and saved.exists()
-    done = done and experiment(read_json(saved, "arm command")) == experiment(cmd[1:])
-    if not done:
+    if not arm_done(cmd, run_dir):
         run_command(cmd, threads, what=f"arm {run_dir.name}", log=run_dir / LOG_FILE if quiet else None)
-        write_json(saved, cmd[1:])
+        write_json(run_dir / COMMAND_FILE, cmd[1:])
     return load_arm(run_dir)
+
+
+def arm_done(cmd: list[str], run_dir: str | Path) -> bool:
+    """Whether ``run_dir`` holds a finished run of the eval command ``cmd``, which :func:`run_arm` reuses."""
+    saved = Path(run_dir) / COMMAND_FILE
+    if not ((Path(run_dir) / "metrics.json").exists() and saved.exists()):
+        return False
+    return experiment(read_json(saved, "arm command")) == experiment(cmd[1:])
 
 
 def experiment(args: list[str]) -> list[str]:

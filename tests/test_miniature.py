@@ -226,6 +226,37 @@ def test_an_arm_evaluated_on_an_earlier_version_of_its_model_is_refused(tmp_path
     assert evaluated == ["full", "abridge_8to1"]
 
 
+def test_an_arm_killed_after_its_metrics_still_records_its_model(tmp_path, monkeypatch):
+    """An arm whose eval was killed (or failed) after writing metrics.json but before run_arm saved its command was
+    evaluated again and reused without a record of its model (the record was written only when metrics.json was
+    new): after a retrain of the model the arm was reused without a word. The record is written before the eval."""
+    import analysis.miniature as mini
+    import eval.arms
+
+    monkeypatch.chdir(tmp_path)
+    kills = [True]
+
+    def run_command(cmd, threads=None, what="", log=None):  # the evaluator: killed once, after writing its metrics
+        run_dir = Path(next(a for a in cmd if a.startswith("run_dir=")).split("=", 1)[1])
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "metrics.json").write_text("{}")
+        if kills and kills.pop():
+            raise SystemExit("killed")
+
+    monkeypatch.setattr(eval.arms, "run_command", run_command)
+    monkeypatch.setattr(eval.arms, "load_arm", lambda run_dir: None)
+    task = MiniatureTask(n=8, out="runs/miniature", threads=1, arm_lanes=1)
+    done = done_file(ARMS["abridge_8to1"].model, 1024)
+    done.parent.mkdir(parents=True)
+    done.write_text('{"run": 1}')
+    with pytest.raises(SystemExit, match="killed"):
+        mini.ensure_arm("abridge_8to1", task)
+    mini.ensure_arm("abridge_8to1", task)  # the rerun finishes it
+    done.write_text('{"run": 2}')  # the model trained again at the same path
+    with pytest.raises(SystemExit, match=r"arm abridge_8to1 .* was evaluated on an earlier abridge_c256_8to1.*move"):
+        mini.ensure_arm("abridge_8to1", task)
+
+
 def test_the_start_line_says_what_is_left_and_how_long_it_should_take(tmp_path, monkeypatch):
     """From scratch the default command takes ≈ 2.5 h here, which a newcomer learned only from the README."""
     from analysis.miniature import arm_dir, expected_time
