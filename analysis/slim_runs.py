@@ -101,10 +101,23 @@ def slim_files(src: Path) -> dict[str, str]:
 
 
 def write_copy(files: dict[str, str], dst: Path) -> int:
-    """Write one run directory's copy (:func:`slim_files`); returns the bytes of the files in it."""
+    """Write one run directory's copy (:func:`slim_files`); returns the bytes of the files in it. Every file is
+    written to a temporary name first and then renamed, ``config.json`` (what makes a directory a run) last: a
+    kill leaves the old copy whole (or, for a new one, no run directory), never a torn or emptied file beside
+    whole ones."""
     dst.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        (dst / name).write_text(text)
+    staged = []
+    try:
+        for name in sorted(files, key=lambda n: n == "config.json"):
+            tmp = dst / f".{name}.{os.getpid()}.tmp"
+            staged.append((tmp, dst / name))
+            tmp.write_text(files[name])
+    except BaseException:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        raise
+    for tmp, path in staged:
+        os.replace(tmp, path)
     return sum(p.stat().st_size for p in dst.iterdir() if p.is_file())
 
 
@@ -148,7 +161,9 @@ def slim_runs(sources: list[Path], out: Path) -> dict[str, int]:
     written = {str(rel): write_copy(files, out / rel) for rel, files in copies}
     for name, data in benches:
         out.mkdir(parents=True, exist_ok=True)
-        (out / name).write_text(json.dumps(data, indent=1) + "\n")
+        tmp = out / f".{name}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        os.replace(tmp, out / name)
         written[name] = (out / name).stat().st_size
     return written
 

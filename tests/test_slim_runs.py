@@ -136,6 +136,35 @@ def test_an_unreadable_source_leaves_no_copy_written_or_half_updated(tmp_path):
     assert not (tmp_path / "fresh").exists()
 
 
+def test_a_copy_interrupted_while_writing_leaves_the_old_copy_whole(tmp_path, monkeypatch):
+    """Re-slimming wrote a copy's files one after the other in place: a kill between them left the run's new
+    config.json beside its old rows (or a torn results.jsonl), which paper_tables read as a whole run. Each file is
+    written to a temporary name and the copy's files are renamed only once all are written."""
+    runs = tmp_path / "runs"
+    b = _eval_run(runs / "b", None)
+    out = tmp_path / "out"
+    slim_runs([runs], out)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    config = json.loads((b / "config.json").read_text())
+    (b / "config.json").write_text(json.dumps({**config, "run_name": "renamed"}))
+    (b / "results.jsonl").write_text((b / "results.jsonl").read_text().replace('"correct": true', '"correct": false'))
+    write_text, calls = Path.write_text, []
+
+    def killed_at_the_second_file(self, *args, **kwargs):
+        calls.append(self.name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # stands in for the kill
+        return write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", killed_at_the_second_file)
+    with pytest.raises(KeyboardInterrupt):
+        slim_runs([runs], out)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    monkeypatch.setattr(Path, "write_text", write_text)
+    slim_runs([runs], out)
+    assert json.loads((out / "runs" / "b" / "config.json").read_text())["run_name"] == "renamed"
+
+
 def _table_lines(path: Path) -> list[str]:
     return [line for line in path.read_text().splitlines() if not re.search(r"UTC|\(\d+(\.\d+)? s\)", line)]
 
