@@ -339,3 +339,32 @@ def test_a_negative_resampling_seed_is_refused_before_anything_is_written(tmp_pa
     with pytest.raises(SystemExit, match="seed >= 0, got 8.0, 2000, -1"):
         main([str(SLIM_ARMS / "full"), "--out", str(tmp_path / "cli"), "--seed", "-1"])
     assert not list(tmp_path.iterdir())
+
+
+def test_a_rerun_cut_short_leaves_no_torn_table_and_no_index_of_the_old_run(tmp_path, monkeypatch):
+    """Tables, figures and the index were written in place: a rerun killed while writing a table left it torn or
+    empty (a csv is opened before its rows are written) beside the previous run's README.md and manifest.json,
+    which still listed it as made. Each file is renamed into place whole now, and the old index is removed before
+    the rerun rewrites anything (the new one is written last)."""
+    import csv
+
+    from analysis.paper_tables.report import Report
+
+    out = tmp_path / "paper"
+    first = Report(out)
+    first.table("t1", "Table 1", ["arm", "acc"], [["full", 0.5]], ["run/full"], "1 problem")
+    first.write_index({"counts": {}, "problems": [], "unused": []})
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert set(before) == {"t1.md", "t1.csv", "t1.tex", "README.md", "manifest.json"}
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # stands in for a kill while the rows are written
+
+    rerun = Report(out)
+    rerun.table("t0", "Table 0", ["arm", "acc"], [["full", 0.25]], ["run/full"], "1 problem")
+    monkeypatch.setattr(csv, "writer", killed)
+    with pytest.raises(KeyboardInterrupt):
+        rerun.table("t1", "Table 1", ["arm", "acc"], [["full", 0.75]], ["run/full"], "1 problem")
+    after = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert set(after) == {"t0.md", "t0.csv", "t0.tex", "t1.md", "t1.csv", "t1.tex"}
+    assert all(after[name] == before[name] for name in after if name.startswith("t1"))

@@ -4,7 +4,9 @@ of what was skipped and why, an index (``README.md``, ``manifest.json``), and on
 from __future__ import annotations
 
 import csv
+import io
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,15 +45,47 @@ def describe_sources(sources: list[str], limit: int = 4) -> str:
     return shown + (f" (+{len(sources) - limit} more)" if len(sources) > limit else "")
 
 
+INDEX_FILES = ("README.md", "manifest.json")
+
+
+def replace_file(path: Path, write: Any) -> None:
+    """``write(tmp)`` to a temporary name beside ``path``, then rename it over ``path``: a kill leaves the old file
+    or the new one, never a torn one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+
+
+def replace_text(path: Path, text: str, newline: str | None = None) -> None:
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", newline=newline) as f:
+            f.write(text)
+
+    replace_file(path, write)
+
+
 @dataclass
 class Report:
     out: Path
     tables: list[dict[str, Any]] = field(default_factory=list)
     figures: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[dict[str, str]] = field(default_factory=list)
+    writing: bool = False  # the previous run's index is gone: this run has started rewriting its files
 
     def __post_init__(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
+
+    def start_writing(self) -> None:
+        """Before the first table or figure: remove a previous run's index, which would otherwise describe a directory
+        this run, if cut short, left half rewritten (the index is written again last, by :meth:`write_index`)."""
+        if not self.writing:
+            for name in INDEX_FILES:
+                (self.out / name).unlink(missing_ok=True)
+            self.writing = True
 
     def table(self, key: str, title: str, header: list[str], rows: list[list[Any]], sources: list[str],
               fed_by: str, note: str = "") -> None:  # fmt: skip
@@ -59,10 +93,12 @@ class Report:
         cells = [[str(c) for c in r] for r in rows]
         provenance = f"Inputs: {fed_by}. Runs: {', '.join(sources)}."
         md = f"### {title}\n\n{markdown(header, cells)}\n\n{provenance}" + (f"\n\n{note}" if note else "")
-        (self.out / f"{key}.md").write_text(md + "\n")
-        with open(self.out / f"{key}.csv", "w", newline="") as f:
-            csv.writer(f).writerows([header, *cells])
-        (self.out / f"{key}.tex").write_text(tex(header, cells, f"{title}. {fed_by}."))
+        rows_csv = io.StringIO()
+        csv.writer(rows_csv).writerows([header, *cells])
+        self.start_writing()
+        replace_text(self.out / f"{key}.md", md + "\n")
+        replace_text(self.out / f"{key}.csv", rows_csv.getvalue(), newline="")
+        replace_text(self.out / f"{key}.tex", tex(header, cells, f"{title}. {fed_by}."))
         self.tables.append(
             {"key": key, "title": title, "header": header, "rows": cells, "sources": sources, "fed_by": fed_by,
              "files": [f"{key}.{ext}" for ext in ("md", "csv", "tex")]}  # fmt: skip
@@ -76,8 +112,9 @@ class Report:
         fig.text(0.01, 0.005, f"{fed_by}; source: {describe_sources(sources)}", fontsize=6, color="0.35",
                  ha="left", va="bottom", wrap=True)  # fmt: skip
         fig.tight_layout(rect=(0, 0.05, 1, 0.95))
+        self.start_writing()
         for ext in ("png", "pdf"):
-            fig.savefig(self.out / f"{key}.{ext}", dpi=130)
+            replace_file(self.out / f"{key}.{ext}", lambda tmp, ext=ext: fig.savefig(tmp, dpi=130, format=ext))
         plt.close(fig)
         self.figures.append(
             {"key": key, "title": title, "sources": sources, "fed_by": fed_by, "files": [f"{key}.png", f"{key}.pdf"]}
@@ -99,9 +136,9 @@ class Report:
         if inputs_summary["unused"]:
             lines += ["", "### Inputs no table reads", ""] + [f"- {p}" for p in inputs_summary["unused"]]
         text = "\n".join(lines) + "\n"
-        (self.out / "README.md").write_text(text)
         manifest = {"tables": self.tables, "figures": self.figures, "skipped": self.skipped, "inputs": inputs_summary}
-        (self.out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        replace_text(self.out / "manifest.json", json.dumps(manifest, indent=2))
+        replace_text(self.out / "README.md", text)
         return text
 
     def log_wandb(self, logger: Any) -> None:
