@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 from pathlib import Path
 from typing import Any
 
 from zoomr.jsonl import read_json_object
+from zoomr.rundir import replace_file, write_text_atomic
 
 COLUMNS = ("name", "method", "rows_over_full", "answer_accuracy", "ci_vs_full", "recall", "paired_with")
 
@@ -43,13 +45,14 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def write_csv(results: dict[str, Any], path: Path) -> None:
-    with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow([*COLUMNS[:4], "ci_low", "ci_high", *COLUMNS[5:]])
-        for a in results["arms"]:
-            lo, hi = a["ci_vs_full"]
-            w.writerow([a["name"], a["method"], f"{a['rows_over_full']:.4f}", f"{a['answer_accuracy']:.4f}",
-                        f"{lo:.4f}", f"{hi:.4f}", f"{a['recall']:.4f}", a["paired_with"]])  # fmt: skip
+    f = io.StringIO()
+    w = csv.writer(f)
+    w.writerow([*COLUMNS[:4], "ci_low", "ci_high", *COLUMNS[5:]])
+    for a in results["arms"]:
+        lo, hi = a["ci_vs_full"]
+        w.writerow([a["name"], a["method"], f"{a['rows_over_full']:.4f}", f"{a['answer_accuracy']:.4f}",
+                    f"{lo:.4f}", f"{hi:.4f}", f"{a['recall']:.4f}", a["paired_with"]])  # fmt: skip
+    write_text_atomic(path, f.getvalue(), newline="")
 
 
 def label_positions(points: list[tuple[float, float]], min_dx: float, min_dy: float) -> list[tuple[float, float]]:
@@ -156,7 +159,7 @@ def pareto_figure(results: dict[str, Any], path: Path) -> None:
                  f"{results['meta']['test_seed']}; squares: summaries traces; hollow: variant block size)",
                  fontsize=10)  # fmt: skip
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    replace_file(path, lambda tmp: fig.savefig(tmp, dpi=130, format="png"))
     plt.close(fig)
 
 
@@ -184,7 +187,7 @@ def recall_figure(results: dict[str, Any], path: Path) -> None:
     ax.set_title(f"Recall by reference distance (tokens; arm (rows / full)), {results['meta']['n_problems']} problems, "
                  f"test seed {results['meta']['test_seed']}", fontsize=8, pad=22)  # fmt: skip
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    replace_file(path, lambda tmp: fig.savefig(tmp, dpi=130, format="png"))
     plt.close(fig)
 
 
@@ -193,11 +196,13 @@ def _bucket_order(b: str) -> int:
 
 
 def write_report(results: dict[str, Any], out: Path) -> None:
+    """Every file through a rename: a kill leaves each old or new, never a torn ``results.json`` (the table a merge
+    reads: torn, the arms of the earlier runs were lost)."""
     out.mkdir(parents=True, exist_ok=True)
     text = markdown(results)
-    (out / "table.md").write_text(text)
+    write_text_atomic(out / "table.md", text)
     write_csv(results, out / "table.csv")
-    (out / "results.json").write_text(json.dumps(results, indent=2))
+    write_text_atomic(out / "results.json", json.dumps(results, indent=2))
     pareto_figure(results, out / "pareto.png")
     recall_figure(results, out / "recall_by_distance.png")
     print("\n" + text + f"\nwritten {out}/table.md, table.csv, results.json, pareto.png, recall_by_distance.png")

@@ -284,6 +284,29 @@ def write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def replace_file(path: Path, write: Callable[[Path], Any]) -> None:
+    """``write(tmp)`` to a temporary name beside ``path``, then rename it over ``path``: a kill leaves the old file
+    or the new one, never a torn one (tables, figures: anything a writer can be given a path for)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+
+
+def write_text_atomic(path: Path, text: str, newline: str | None = None) -> None:
+    """``text`` into ``path`` through :func:`replace_file` (``newline=""`` for csv text, as ``open`` takes it)."""
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", newline=newline) as f:
+            f.write(text)
+
+    replace_file(path, write)
+
+
 def format_block(summary: dict[str, Any], title: str) -> str:
     """A readable ``key  value`` block under a title (the end-of-run summary every trainer prints)."""
     width = max((len(k) for k in summary), default=0)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from eval.compare import markdown
+from zoomr.rundir import replace_file, write_text_atomic
 
 
 def tex(header: list[str], rows: list[list[str]], caption: str) -> str:
@@ -48,26 +48,6 @@ def describe_sources(sources: list[str], limit: int = 4) -> str:
 INDEX_FILES = ("README.md", "manifest.json")
 
 
-def replace_file(path: Path, write: Any) -> None:
-    """``write(tmp)`` to a temporary name beside ``path``, then rename it over ``path``: a kill leaves the old file
-    or the new one, never a torn one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
-
-
-def replace_text(path: Path, text: str, newline: str | None = None) -> None:
-    def write(tmp: Path) -> None:
-        with open(tmp, "w", newline=newline) as f:
-            f.write(text)
-
-    replace_file(path, write)
-
-
 @dataclass
 class Report:
     out: Path
@@ -96,9 +76,9 @@ class Report:
         rows_csv = io.StringIO()
         csv.writer(rows_csv).writerows([header, *cells])
         self.start_writing()
-        replace_text(self.out / f"{key}.md", md + "\n")
-        replace_text(self.out / f"{key}.csv", rows_csv.getvalue(), newline="")
-        replace_text(self.out / f"{key}.tex", tex(header, cells, f"{title}. {fed_by}."))
+        write_text_atomic(self.out / f"{key}.md", md + "\n")
+        write_text_atomic(self.out / f"{key}.csv", rows_csv.getvalue(), newline="")
+        write_text_atomic(self.out / f"{key}.tex", tex(header, cells, f"{title}. {fed_by}."))
         self.tables.append(
             {"key": key, "title": title, "header": header, "rows": cells, "sources": sources, "fed_by": fed_by,
              "files": [f"{key}.{ext}" for ext in ("md", "csv", "tex")]}  # fmt: skip
@@ -137,8 +117,8 @@ class Report:
             lines += ["", "### Inputs no table reads", ""] + [f"- {p}" for p in inputs_summary["unused"]]
         text = "\n".join(lines) + "\n"
         manifest = {"tables": self.tables, "figures": self.figures, "skipped": self.skipped, "inputs": inputs_summary}
-        replace_text(self.out / "manifest.json", json.dumps(manifest, indent=2))
-        replace_text(self.out / "README.md", text)
+        write_text_atomic(self.out / "manifest.json", json.dumps(manifest, indent=2))
+        write_text_atomic(self.out / "README.md", text)
         return text
 
     def log_wandb(self, logger: Any) -> None:
