@@ -12,7 +12,6 @@ if __name__ == "__main__":  # before the imports below: Ctrl-C while they run pr
 
     quiet_while_starting()
 
-import json  # noqa: E402
 import logging  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -94,10 +93,11 @@ def _finish(cfg, run_dir, logger, task, bench, spec, rows, counts, max_error_rat
     """Metrics, summary, console table and tracker; fails the run when grading failed too often."""
     from eval.steps import run_metrics
     from eval.summary import console_table
+    from zoomr.rundir import write_json
 
     metrics = run_metrics(task, rows, counts, max_error_rate, to_plain(cfg.method) if cfg.get("method") else None, budget)
     grading_this_run = metrics["grading_this_run"]
-    (Path(run_dir) / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    write_json(Path(run_dir) / "metrics.json", metrics)  # a kill leaves the old file or the new one
     pooled = metrics["pooled"]
     summary = {
         "benchmark": bench.name,
@@ -107,7 +107,7 @@ def _finish(cfg, run_dir, logger, task, bench, spec, rows, counts, max_error_rat
         **{k: v for k, v in metrics["eviction"].items() if k != "samples"},
         "run_dir": str(run_dir),
     }
-    (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_json(Path(run_dir) / "summary.json", summary)
     table = task.report(metrics, console_table(metrics))
     print(
         f"\n== eval {bench.name} | {spec.name} | {cfg.run_name} ==\n{table}\nresults: {run_dir}", flush=True

@@ -11,7 +11,6 @@ batch); :mod:`eval.arms` runs an arm as a ``python -m eval`` subprocess instead.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 from eval.benchmarks import Problem
 from eval.generation import Inspect
 from eval.tasks import Task, get_task, write_scope
+from zoomr.rundir import write_json
 from zoomr.schemas import to_dataclass
 from zoomr.schemas.eval import BenchmarkConfig, GenerationConfig, GradingConfig
 
@@ -178,5 +178,5 @@ def evaluate_arm(
             task, problems, model, tokenizer, policy, gen, grade, run_dir, bench.name, inspect, progress, stop_token_ids
         )
     metrics = run_metrics(task, rows, counts, grade.max_error_rate, policy)
-    (Path(run_dir) / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    write_json(Path(run_dir) / "metrics.json", metrics)  # a kill leaves the old file or the new one
     return ArmRun(metrics, rows, Path(run_dir))
