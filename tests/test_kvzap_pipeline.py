@@ -100,6 +100,13 @@ def test_pairs_then_fit_through_the_configs(tmp_path, cache_dir):
     assert run_fit(cfg) == summary and (tmp_path / "fit" / "r2.csv").stat().st_mtime_ns == written
     with pytest.raises(SystemExit, match="method.fit.ridge_alpha: was"):
         run_fit(_compose("train", [*cfg_overrides(tmp_path, cache_dir), "method.fit.ridge_alpha=7"]))
+    # another fit (its own run directory) into the same surrogate_dir was written over this one without a word
+    weights = (tmp_path / "surrogates" / "mlp" / "model.safetensors").stat().st_mtime_ns
+    assert json.loads((tmp_path / "surrogates" / "mlp" / "fitted_by.json").read_text())["run_dir"] == str(tmp_path / "fit")
+    other = [*cfg_overrides(tmp_path, cache_dir), f"run_dir={tmp_path}/fit2", "method.fit.ridge_alpha=7"]
+    with pytest.raises(SystemExit, match=f"holds surrogates written by the fit in {tmp_path / 'fit'}; this fit would"):
+        run_fit(_compose("train", other))
+    assert (tmp_path / "surrogates" / "mlp" / "model.safetensors").stat().st_mtime_ns == weights
     # the fitted surrogate's checkpoint drives the policy through the method config
     from zoomr.cache import build_policy
 

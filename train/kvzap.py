@@ -24,11 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from zoomr.cache.kvzap import KVzapMethod
+from zoomr.jsonl import read_json_object
 from zoomr.kvzap.fit import fit_surrogates
 from zoomr.kvzap.pairs import read_manifest
 from zoomr.schemas import to_dataclass
 
 log = logging.getLogger(__name__)
+
+FIT_RECORD = "fitted_by.json"  # beside each surrogate checkpoint: the run directory of the fit that wrote it
 
 
 def layer_table(rows: list[dict[str, Any]], kinds: list[str]) -> tuple[list[str], list[list[Any]]]:
@@ -84,9 +87,26 @@ def format_table(cols: list[str], table: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
+def check_surrogate_dir(out: Path, kinds: list[str], run_dir: str | Path) -> None:
+    """Refuse a fit that would replace surrogates it did not write in ``method.surrogate_dir`` (another run's fit, or
+    NVIDIA's downloaded ones): ``save_pretrained`` overwrote them without a word (surrogate_dir is per model by
+    default, not per run). Each fit records its run directory beside its checkpoints (``fitted_by.json``)."""
+    for kind in kinds:
+        if not (out / kind / "config.json").exists():
+            continue
+        record = out / kind / FIT_RECORD
+        owner = read_json_object(record, "KVzap fit record").get("run_dir") if record.exists() else None
+        if owner is None or Path(owner) != Path(run_dir).resolve():
+            by = f"the fit in {owner}" if owner else "no fit of this project's (a download, or a fit before this record)"
+            raise SystemExit(
+                f"method.surrogate_dir={out}: {out / kind} holds surrogates written by {by}; this fit would replace "
+                f"them. Give it its own method.surrogate_dir (e.g. {out}-{Path(run_dir).name}), or remove {out / kind}"
+            )
+
+
 def run(cfg) -> dict[str, Any]:
     from zoomr.entry import pick_device, start_run, to_plain
-    from zoomr.rundir import prepare_run, write_summary
+    from zoomr.rundir import prepare_run, write_json, write_summary
 
     method: KVzapMethod = to_dataclass(KVzapMethod, cfg.method)
     fit = method.fit
@@ -102,8 +122,10 @@ def run(cfg) -> dict[str, Any]:
     plan = prepare_run(cfg.run_dir, to_plain(cfg), cfg.resume, derived={"pairs": digest}, title="KVzap fit")
     if plan.finished:
         return plan.finished
-    run_dir, logger = start_run(cfg, job_type="train")
     kinds = list(fit.models)
+    out = Path(method.surrogate_dir)
+    check_surrogate_dir(out, kinds, cfg.run_dir)
+    run_dir, logger = start_run(cfg, job_type="train")
     t0 = time.time()
     models, rows = fit_surrogates(
         method.pairs_dir, kinds=tuple(kinds), target=fit.target, ridge_alpha=fit.ridge_alpha,
@@ -112,9 +134,9 @@ def run(cfg) -> dict[str, Any]:
         weight_decay=fit.weight_decay, clip=fit.clip,
     )  # fmt: skip
     seconds = time.time() - t0
-    out = Path(method.surrogate_dir)
     for kind, model in models.items():
         model.save_pretrained(str(out / kind))
+        write_json(out / kind / FIT_RECORD, {"run_dir": str(Path(run_dir).resolve())})
     with (run_dir / "r2.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
