@@ -33,6 +33,7 @@ from data_prep.summary_store import (
 )
 from data_prep.traces import TraceRow
 from zoomr import tokens
+from zoomr.rundir import write_json
 from zoomr.runlock import hold_run_lock
 from zoomr.schemas.endpoint import EndpointSettings
 from zoomr.schemas.zoomr import SummarizePipeline
@@ -325,6 +326,9 @@ def _median(xs: list[float]) -> float:
 
 
 def write_outputs(out_dir: Path, records: list[dict[str, Any]], stats: dict[str, Any]) -> None:
+    """``summarized.jsonl``, ``dataset/`` and ``stats.json``, each written under a temporary name and moved into
+    place, the dataset (the slow part) first: a kill leaves the earlier run's outputs, or this run's, or no
+    ``dataset/``, never this run's rows beside an earlier run's dataset."""
     import datasets
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -332,12 +336,17 @@ def write_outputs(out_dir: Path, records: list[dict[str, Any]], stats: dict[str,
     with tmp.open("w", encoding="utf-8") as f:
         for r in records:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    tmp.replace(out_dir / "summarized.jsonl")
+    dataset, new_dataset = out_dir / "dataset", out_dir / "dataset.tmp"
+    if new_dataset.exists():  # left by a killed run
+        shutil.rmtree(new_dataset)
     if records:
-        datasets.Dataset.from_list(records).save_to_disk(str(out_dir / "dataset"))
-    elif (out_dir / "dataset").is_dir():  # an earlier run's rows, not this one's (summarized.jsonl is empty)
-        shutil.rmtree(out_dir / "dataset")
-    (out_dir / "stats.json").write_text(json.dumps(stats, indent=2, default=str))
+        datasets.Dataset.from_list(records).save_to_disk(str(new_dataset))
+    if dataset.is_dir():  # an earlier run's rows (removed also when this run wrote none)
+        shutil.rmtree(dataset)
+    if records:
+        new_dataset.rename(dataset)
+    tmp.replace(out_dir / "summarized.jsonl")
+    write_json(out_dir / "stats.json", stats)
 
 
 REQUEST_FIELDS = ("max_tokens", "temperature", "seed", "extra_body")  # what shapes a summary besides model and prompt

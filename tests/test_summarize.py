@@ -401,3 +401,27 @@ def test_a_summary_longer_than_max_tokens_is_asked_for_again_though_reported_fin
         again, text = run_pipeline(tmp_path / "b", server.base_url, rows=rows)
     assert again["summaries_cached"] == 0 and again["summaries_new"] == kept["summaries_new"] > 0
     assert "and so on" not in text
+
+
+def test_outputs_cut_short_leave_no_new_rows_beside_an_earlier_dataset(tmp_path, monkeypatch):
+    """summarized.jsonl was replaced first and dataset/ written in place after it: a kill in between left this run's
+    rows beside the earlier run's dataset/, which training would load (data.path=<out>/dataset)."""
+    import datasets
+
+    from data_prep.summarize import write_outputs
+
+    write_outputs(tmp_path, [{"id": "old"}], {"rows": 1})
+    before = {p: (tmp_path / p).read_bytes() for p in ("summarized.jsonl", "stats.json")}
+
+    def killed(self, path, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(datasets.Dataset, "save_to_disk", killed)
+        with pytest.raises(KeyboardInterrupt):
+            write_outputs(tmp_path, [{"id": "new"}], {"rows": 1})
+    assert {p: (tmp_path / p).read_bytes() for p in before} == before
+    assert datasets.load_from_disk(str(tmp_path / "dataset"))["id"] == ["old"]
+    write_outputs(tmp_path, [{"id": "new"}], {"rows": 1})  # the rerun, over what the killed one left
+    assert datasets.load_from_disk(str(tmp_path / "dataset"))["id"] == ["new"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dataset", "stats.json", "summarized.jsonl"]
