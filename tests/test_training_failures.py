@@ -56,3 +56,41 @@ def test_a_finite_run_logs_and_saves_as_before(tmp_path):
     losses = training_losses(trainer)
     assert losses["steps"] == 3 and 0 < losses["loss_end"] < losses["loss_start"] == pytest.approx(1.0)
     assert len(list((tmp_path / "checkpoints").glob("checkpoint-*"))) == 3
+
+
+def compose_train(tmp_path: Path, *overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    from zoomr.entry import CONF_DIR
+    from zoomr.models import default_cache_dir
+    from zoomr.schemas import register_with_hydra
+
+    register_with_hydra()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose("train", overrides=[*overrides, f"run_dir={tmp_path / 'run'}", "hydra.runtime.output_dir=.",
+                                           f"cache_dir={default_cache_dir()}", "logger=none"])  # fmt: skip
+
+
+def traces_file(path: Path, responses: list[str]) -> Path:
+    import json
+
+    rows = [{"idx": i, "question": f"What is {i} + {i}?", "code": [r]} for i, r in enumerate(responses)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_abridge_on_responses_that_never_complete_a_block_is_refused_before_any_state(tmp_path):
+    """Every response shorter than method.block_size: no pause token anywhere, so the run trained plain full KV
+    and reported heldout_ce_abridge == heldout_ce_full_kv without a word."""
+    import train.abridge as recipe
+    from zoomr.schemas.checks import SettingsError
+
+    short = traces_file(tmp_path / "short.jsonl", [f"<|begin_of_thought|> {2 * i} <|end_of_thought|>" for i in range(4)])
+    cfg = compose_train(
+        tmp_path, "+method=abridge", "model=tiny-qwen2", "data=traces", f"data.path={short}", "method.quota=null",
+        "method.block_size=32", "method.num_pause=4", "method.max_response_tokens=64", "method.heldout_examples=1",
+        "method.max_steps=2",
+    )  # fmt: skip
+    with pytest.raises(SettingsError, match=r"no training response is longer than method.block_size=32 tokens"):
+        recipe.run(cfg)
+    assert not (tmp_path / "run").exists()
