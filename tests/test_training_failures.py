@@ -94,3 +94,42 @@ def test_abridge_on_responses_that_never_complete_a_block_is_refused_before_any_
     with pytest.raises(SettingsError, match=r"no training response is longer than method.block_size=32 tokens"):
         recipe.run(cfg)
     assert not (tmp_path / "run").exists()
+
+
+PLAIN_CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def tiny_with_template(tmp_path: Path, template: str | None) -> Path:
+    """The tiny qwen2 checkpoint (its weights linked) with another chat template, or none."""
+    from zoomr.models import build_tiny, default_cache_dir, tiny_spec
+
+    src, dst = Path(build_tiny(tiny_spec("qwen2"), default_cache_dir())), tmp_path / "model"
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.name != "chat_template.jinja":
+            (dst / f.name).symlink_to(f)
+    if template is not None:
+        (dst / "chat_template.jinja").write_text(template)
+    return dst
+
+
+@pytest.mark.parametrize(
+    "template,refusal",
+    [(None, r"model \w+: its tokenizer has no chat template"),
+     (PLAIN_CHATML, r"method.assistant_only_loss=true: the chat template of model \w+ marks no assistant turn")],
+    ids=["none", "no-generation-markers"],
+)  # fmt: skip
+def test_sft_with_a_chat_template_it_cannot_train_is_refused_before_any_state(tmp_path, template, refusal):
+    """No template: a transformers ValueError traceback; a template without {% generation %} markers that TRL cannot
+    patch: a TRL ValueError traceback from the trainer's constructor, after config.json and settings.json."""
+    import train.sft as recipe
+    from zoomr.schemas.checks import SettingsError
+
+    model = tiny_with_template(tmp_path, template)
+    cfg = compose_train(tmp_path, "+method=sft", f"model.hf_id={model}", "data.max_samples=2", "method.max_steps=1")
+    with pytest.raises(SettingsError, match=refusal):
+        recipe.run(cfg)
+    assert not (tmp_path / "run").exists()

@@ -84,6 +84,29 @@ def check_lora_targets(model: Any, targets: list[str]) -> None:
         )
 
 
+def check_chat_template(tokenizer: Any, model: str, assistant_only_loss: bool) -> None:
+    """Refuse a tokenizer the chat rows cannot be trained with: one without a chat template (a ``ValueError``
+    traceback from transformers), or, with ``method.assistant_only_loss``, one whose template has no
+    ``{% generation %}`` markers that TRL knows how to add (a traceback from TRL's trainer after the run state)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise SettingsError(
+            f"model {model}: its tokenizer has no chat template, and the SFT rows are chat messages rendered with it; "
+            "train a model whose tokenizer has one (an instruct or reasoning checkpoint)"
+        )
+    if assistant_only_loss:
+        from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+        if not has_generation_markers(tokenizer.chat_template):
+            try:
+                get_training_chat_template(tokenizer)
+            except ValueError:
+                raise SettingsError(
+                    f"method.assistant_only_loss=true: the chat template of model {model} marks no assistant turn "
+                    "({% generation %} ... {% endgeneration %}) and TRL has no training version of it; add the "
+                    "markers to the template or set method.assistant_only_loss=false (loss on the whole conversation)"
+                ) from None
+
+
 def check_max_length(dataset: Any, tokenizer: Any, max_length: int) -> None:
     """Refuse a ``method.max_length`` no row's prompt fits under: TRL truncates every row to it and drops the rows
     left without an assistant token, so the run died in the sampler (``num_samples=0``) after its run state."""
@@ -109,6 +132,7 @@ def train_sft(cfg: Any, schema: type = SFTMethod, prepare: Callable | None = Non
     # everything the user's settings can break is built before prepare_run writes settings.json: the model, the
     # LoRA targets, the data and the trainer's arguments (they came as tracebacks after the run state)
     tokenizer = load_tokenizer(spec, cfg.cache_dir)
+    check_chat_template(tokenizer, spec.name, method.assistant_only_loss)
     model = load_model(spec, cfg.cache_dir)
     peft_config = lora_config(method) if method.use_lora else None
     if peft_config is not None:
