@@ -133,3 +133,20 @@ def test_sft_with_a_chat_template_it_cannot_train_is_refused_before_any_state(tm
     with pytest.raises(SettingsError, match=refusal):
         recipe.run(cfg)
     assert not (tmp_path / "run").exists()
+
+
+def test_masked_trainers_on_chat_rows_with_a_tokenizer_without_a_chat_template_refuse_it(tmp_path):
+    """AbridgeKV and LightThinker render the prompt of chat rows with the chat template (zoomr.abridge.data): a
+    tokenizer without one was a transformers ValueError traceback."""
+    import train.abridge as recipe
+    from zoomr.schemas.checks import SettingsError
+
+    model = tiny_with_template(tmp_path, None)
+    cfg = compose_train(
+        tmp_path, "+method=abridge", "model=tiny-qwen2", f"model.hf_id={model}", "data=traces", "data.max_samples=3",
+        "method.quota=null", "method.block_size=8", "method.num_pause=4", "method.heldout_examples=1",
+        "method.max_steps=1",
+    )  # fmt: skip
+    with pytest.raises(SettingsError, match=r"tokenizer of the model \(.*\) has no chat template"):
+        recipe.run(cfg)
+    assert not (tmp_path / "run").exists()
