@@ -150,3 +150,41 @@ def test_masked_trainers_on_chat_rows_with_a_tokenizer_without_a_chat_template_r
     with pytest.raises(SettingsError, match=r"tokenizer of the model \(.*\) has no chat template"):
         recipe.run(cfg)
     assert not (tmp_path / "run").exists()
+
+
+def synthetic_pairs(out: Path, n: int = 64, dim: int = 8, heads: int = 2, edit=None) -> Path:
+    """A one-layer KVzap pairs directory (the pipeline's format) whose targets are linear in h; ``edit(split, h, y)``
+    changes a split's tensors in place before they are written."""
+    import json
+
+    from zoomr.kvzap.pairs import FORMAT, shard_name, write_shard
+
+    out.mkdir()
+    gen, shards = torch.Generator().manual_seed(0), []
+    for split in ("train", "val"):
+        h = torch.randn(n, dim, generator=gen)
+        y = h[:, :heads] * 0.5 - 8
+        if edit is not None:
+            edit(split, h, y)
+        write_shard(out / shard_name(split, 0), {"h.0": h, "y.0": y, "y_kvzip.0": y.clone(),
+                                                 "doc": torch.zeros(n, dtype=torch.long), "pos": torch.arange(n)})
+        shards.append({"file": shard_name(split, 0), "split": split})
+    model = {"name": "tiny-qwen2", "layers": 1, "hidden": dim, "kv_heads": heads}
+    manifest = {"format": FORMAT, "model": model, "n_pairs": {"train": n, "val": n}, "shards": shards}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out
+
+
+def test_kvzap_pairs_holding_a_nan_are_refused_naming_the_shard(tmp_path):
+    """One NaN in one training hidden state: the ridge fit was NaN everywhere and was saved as the surrogate, its
+    held-out R² reported as 0.0 (squared_pearson's 'constant' branch), without a word."""
+    from zoomr.jsonl import BadRowError
+    from zoomr.kvzap.fit import fit_surrogates
+
+    def nan_in_train(split, h, y):
+        if split == "train":
+            h[3, 2] = float("nan")
+
+    pairs = synthetic_pairs(tmp_path / "pairs", edit=nan_in_train)
+    with pytest.raises(BadRowError, match=r"shard-train-00000.safetensors: pairs with a NaN or infinite value \(1 in h.0"):
+        fit_surrogates(pairs, kinds=("linear",), progress=False)
