@@ -188,3 +188,29 @@ def test_kvzap_pairs_holding_a_nan_are_refused_naming_the_shard(tmp_path):
     pairs = synthetic_pairs(tmp_path / "pairs", edit=nan_in_train)
     with pytest.raises(BadRowError, match=r"shard-train-00000.safetensors: pairs with a NaN or infinite value \(1 in h.0"):
         fit_surrogates(pairs, kinds=("linear",), progress=False)
+
+
+def test_kvzap_fit_on_a_head_with_a_constant_target_reports_its_r2_undefined_not_zero(tmp_path):
+    """Head 1's held-out target never varies: its R² was 0.0 although the ridge predicts it exactly (MSE 0) and
+    its determination 1.0 (the MLP's -inf): both pulled the layer and summary means down (-inf) without a word."""
+    import json
+    import math
+
+    import train.kvzap as recipe
+
+    def flat_head(split, h, y):
+        if split == "val":
+            y[:, 1] = -8.0
+
+    pairs = synthetic_pairs(tmp_path / "pairs", edit=flat_head)
+    cfg = compose_train(tmp_path, "+method=kvzap", "model=tiny-qwen2", f"method.pairs_dir={pairs}",
+                        f"method.surrogate_dir={tmp_path / 'surrogates'}", "method.fit.epochs=1")  # fmt: skip
+    summary = recipe.run(cfg)
+    rows = json.loads((tmp_path / "run" / "r2.json").read_text())
+    assert all(math.isnan(r["r2"]) and math.isnan(r["det"]) for r in rows if r["head"] == 1)
+    head0 = {r["kind"]: r for r in rows if r["head"] == 0}
+    for kind in ("linear", "mlp"):  # the means are those of the heads that have an R²
+        assert summary[f"r2_{kind}"] == pytest.approx(head0[kind]["r2"])
+        assert summary[f"det_{kind}"] == pytest.approx(head0[kind]["det"])
+    assert summary["r2_linear"] > 0.99 and summary["r2_constant"] == 0.0
+    assert summary["heads_constant_target"].startswith("1 of 2 (layer 0 head 1): held-out target constant")
