@@ -214,3 +214,22 @@ def test_kvzap_fit_on_a_head_with_a_constant_target_reports_its_r2_undefined_not
         assert summary[f"det_{kind}"] == pytest.approx(head0[kind]["det"])
     assert summary["r2_linear"] > 0.99 and summary["r2_constant"] == 0.0
     assert summary["heads_constant_target"].startswith("1 of 2 (layer 0 head 1): held-out target constant")
+
+
+def test_allocating_a_model_of_fewer_than_three_layers_is_refused_before_any_state(tmp_path):
+    """A 2-layer uniform AbridgeKV model: no layer is doubled or halved below 3 layers, so the allocation measured
+    every layer, wrote the uniform schedule it started from and printed it as the next per-layer training run."""
+    import json
+
+    import train.abridge_allocate as allocate
+    from zoomr.schemas.checks import SettingsError
+
+    ckpt = tmp_path / "final"
+    ckpt.mkdir()
+    layout = {"block_size": 8, "num_pause": 4, "code_positions": "spread"}
+    (ckpt / "abridge.json").write_text(json.dumps({"layout": layout, "quotas": [2, 2], "heldout_examples": 2}))
+    cfg = compose_train(tmp_path, "+method=abridge_allocate", "model=tiny-qwen2", "data=traces",
+                        f"method.checkpoint={ckpt}")  # fmt: skip
+    with pytest.raises(SettingsError, match=r"a model of 2 layer\(s\) cannot be allocated .* its own uniform \[2, 2\]"):
+        allocate.run(cfg)
+    assert not (tmp_path / "run").exists()
