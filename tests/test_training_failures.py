@@ -71,10 +71,11 @@ def compose_train(tmp_path: Path, *overrides: str):
                                            f"cache_dir={default_cache_dir()}", "logger=none"])  # fmt: skip
 
 
-def traces_file(path: Path, responses: list[str]) -> Path:
+def traces_file(path: Path, responses: list[str], questions: list[str] | None = None) -> Path:
     import json
 
-    rows = [{"idx": i, "question": f"What is {i} + {i}?", "code": [r]} for i, r in enumerate(responses)]
+    questions = questions or [f"What is {i} + {i}?" for i in range(len(responses))]
+    rows = [{"idx": i, "question": q, "code": [r]} for i, (q, r) in enumerate(zip(questions, responses))]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -233,3 +234,19 @@ def test_allocating_a_model_of_fewer_than_three_layers_is_refused_before_any_sta
     with pytest.raises(SettingsError, match=r"a model of 2 layer\(s\) cannot be allocated .* its own uniform \[2, 2\]"):
         allocate.run(cfg)
     assert not (tmp_path / "run").exists()
+
+
+def test_sft_says_how_many_rows_max_length_cuts_and_drops(tmp_path, caplog):
+    """TRL cuts every row at method.max_length and drops those whose prompt fills it without a word: the summary
+    read 'traces (6 examples)' for a run that trained on 4 rows, 2 of them without their end."""
+    import train.sft as recipe
+
+    short, long = "<|begin_of_thought|> 4 <|end_of_thought|>", "<|begin_of_thought|>" + " x" * 300 + "<|end_of_thought|>"
+    rows = traces_file(tmp_path / "mixed.jsonl", [short, short, long, long, short, short],
+                       ["word " * 200] * 2 + ["Add 2 and 2."] * 4)  # fmt: skip
+    cfg = compose_train(tmp_path, "+method=sft", "data=traces", f"data.path={rows}", "method.max_length=64",
+                        "method.max_steps=1", "method.per_device_batch_size=4")  # fmt: skip
+    summary = recipe.run(cfg)
+    assert summary["max_length_cut"].startswith("2 of 4 training rows reach method.max_length=64 and are cut there")
+    assert summary["max_length_dropped"] == "2 of 6 training rows dropped: their prompt fills method.max_length=64"
+    assert summary["max_length_cut"] in caplog.text

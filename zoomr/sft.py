@@ -8,6 +8,7 @@ run does nothing (:mod:`zoomr.rundir`). DeepSpeed ZeRO-2/3 via ``deepspeed=zero2
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ from zoomr.training import (
     trainer_arguments,
     training_losses,
 )
+
+log = logging.getLogger(__name__)
 
 
 def lora_config(method: SFTMethod):
@@ -120,6 +123,31 @@ def check_max_length(dataset: Any, tokenizer: Any, max_length: int) -> None:
     )
 
 
+def length_report(prepared: Any, rows: int, max_length: int) -> dict[str, str]:
+    """What TRL's truncation did to the training rows (it says nothing): how many of the ``prepared`` (tokenised)
+    rows reach ``max_length`` and were cut there (their end, the answer and end of turn included, is never
+    learned), and how many of the ``rows`` given it dropped (a prompt filling ``max_length`` leaves no response
+    token). Each is logged as a warning and returned as a summary field when there are any."""
+    import pyarrow.compute as pc
+
+    lengths = pc.list_value_length(prepared.with_format("arrow")["input_ids"])
+    cut = int(pc.sum(pc.greater_equal(lengths, max_length)).as_py() or 0)
+    dropped = rows - len(prepared)
+    out = {}
+    if cut:
+        out["max_length_cut"] = (
+            f"{cut} of {len(prepared)} training rows reach method.max_length={max_length} and are cut there "
+            "(their end is never learned)"
+        )
+    if dropped:
+        out["max_length_dropped"] = (
+            f"{dropped} of {rows} training rows dropped: their prompt fills method.max_length={max_length}"
+        )
+    for line in out.values():
+        log.warning("SFT: %s", line)
+    return out
+
+
 def train_sft(cfg: Any, schema: type = SFTMethod, prepare: Callable | None = None) -> dict[str, Any]:
     """Train one SFT run from the entry point's composed config; recipes built on it pass their method ``schema`` (a subclass of SFTMethod) and
     ``prepare(model, tokenizer, method, peft_config) -> (model, peft_config, extra_summary)``,
@@ -166,6 +194,7 @@ def train_sft(cfg: Any, schema: type = SFTMethod, prepare: Callable | None = Non
         peft_config=peft_config,
         callbacks=[LogAtSave()],
     )
+    lengths = length_report(trainer.train_dataset, len(dataset), method.max_length)
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in trainer.model.parameters())
     elapsed = train_or_restore(trainer, plan, method.max_steps)
@@ -178,6 +207,7 @@ def train_sft(cfg: Any, schema: type = SFTMethod, prepare: Callable | None = Non
         "model": spec.name,
         "data": f"{cfg.data.name} ({len(dataset)} examples"
         + (f", {len(held_out)} held out)" if held_out is not None else ")"),
+        **lengths,
         **({"eval_loss": eval_loss} if eval_loss is not None else {}),
         "mode": f"LoRA r={method.lora.r}" if method.use_lora else "full fine-tuning",
         "trainable_params": f"{trainable:,} / {total:,}",
