@@ -250,3 +250,25 @@ def test_sft_says_how_many_rows_max_length_cuts_and_drops(tmp_path, caplog):
     assert summary["max_length_cut"].startswith("2 of 4 training rows reach method.max_length=64 and are cut there")
     assert summary["max_length_dropped"] == "2 of 6 training rows dropped: their prompt fills method.max_length=64"
     assert summary["max_length_cut"] in caplog.text
+
+
+
+def test_testbed_training_whose_loss_is_nan_stops_before_the_step_and_saves_nothing(tmp_path):
+    """The testbed trainer's own loop (+method=sft_testbed) from a start model with a NaN weight: it stepped on,
+    saved NaN checkpoints and final/ and printed a finished summary."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    import train.testbed_pretrain as recipe
+    from tests.test_train_resume import TB_TINY
+    from zoomr.paths import REPO_ROOT
+
+    start = shutil.copytree(REPO_ROOT / "analysis/results/miniature/base_model", tmp_path / "start")
+    weights = load_file(start / "model.safetensors")
+    next(w for k, w in weights.items() if k.endswith("mlp.down_proj.weight"))[0, 0] = float("nan")
+    save_file(weights, start / "model.safetensors", metadata={"format": "pt"})
+    cfg = compose_train(tmp_path, *TB_TINY, f"method.init_from={start}", "method.save_every=1")
+    with pytest.raises(SystemExit, match=r"training diverged: loss nan, grad_norm nan at step 1; stopped before"):
+        recipe.run(cfg)
+    assert not list((tmp_path / "run").glob("checkpoints/step-*")) and not (tmp_path / "run" / "final").exists()
