@@ -19,7 +19,7 @@ import torch
 from zoomr.abridge.artifacts import save_abridge_config
 from zoomr.abridge.attention import use_abridge_attention
 from zoomr.abridge.forward import heldout_ce, heldout_full_kv_ce
-from zoomr.abridge.layout import AbridgeLayout, add_pause_tokens
+from zoomr.abridge.layout import PAUSE, AbridgeLayout, add_pause_tokens
 from zoomr.abridge.quotas import resolve_quotas
 from zoomr.abridge.trainer import (
     AbridgeTrainer,
@@ -64,6 +64,12 @@ def run(cfg) -> dict[str, Any]:
             f"method.block_size={layout.block_size} exceeds method.max_response_tokens={m.max_response_tokens}: no "
             "response completes a block, so no pause token is ever inserted and the model would train as full KV"
         )
+    if not blocks_complete(streams, m.heldout_examples):  # responses all within one block: the same, from the data
+        raise SettingsError(
+            f"{streams.describe()}: no training response is longer than method.block_size={layout.block_size} "
+            "tokens, so no block completes, no pause token is ever inserted and the model would train as full KV; "
+            "lower method.block_size or train on longer responses"
+        )
     deepspeed = to_plain(cfg.deepspeed.config) if cfg.deepspeed.config else None
     check_loop(m, device, Path(cfg.run_dir) / "checkpoints", cfg.seed, deepspeed)
     # the guard compares the resolved quotas too (a schedule file may change under the same name)
@@ -107,6 +113,14 @@ def run(cfg) -> dict[str, Any]:
         "run_dir": str(run_dir),
     }
     return finish_run(plan, logger, summary, f"AbridgeKV training finished: {cfg.run_name}")
+
+
+def blocks_complete(streams, heldout: int, sample: int = 16) -> bool:
+    """Whether some training stream (past the ``heldout`` first; the first ``sample`` of a lazily built set, each
+    generated on access) holds pause tokens: a response that completes a block and goes on."""
+    train = streams.streams[heldout:]
+    seen = train if isinstance(train, list) else train[:sample]
+    return any(PAUSE in s.kind for s in seen)
 
 
 def uncompressed_start(path: Path) -> Path:

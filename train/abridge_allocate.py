@@ -16,7 +16,13 @@ from tqdm.auto import tqdm
 
 from zoomr.abridge.artifacts import load_abridge_config
 from zoomr.abridge.forward import heldout_ce
-from zoomr.abridge.quotas import halve_layer, pause_positions_needed, save_schedule, three_level_schedule
+from zoomr.abridge.quotas import (
+    halve_layer,
+    level_counts,
+    pause_positions_needed,
+    save_schedule,
+    three_level_schedule,
+)
 from zoomr.abridge.trainer import load_streams
 from zoomr.entry import model_spec, pick_device, start_run, to_plain
 from zoomr.models import ModelSpec, load_model, load_tokenizer
@@ -24,6 +30,7 @@ from zoomr.paths import resolve_repo_path
 from zoomr.rundir import prepare_run
 from zoomr.schemas import to_dataclass
 from zoomr.schemas.abridge import AbridgeAllocateMethod
+from zoomr.schemas.checks import SettingsError
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +83,12 @@ def run(cfg) -> dict[str, Any]:
             f"{ckpt} was trained with a non-uniform schedule {quotas}: allocate from a uniform model (on the "
             "testbed the tiny default trains on the shipped schedule; a uniform one: python -m train +method=abridge "
             "method.schedule=null run_name=<name>, then method.checkpoint=runs/train/<name>/final)"
+        )
+    if level_counts(len(quotas)) == (0, 0):  # the schedule would be the uniform one it was trained with
+        raise SettingsError(
+            f"method.checkpoint={m.checkpoint}: a model of {len(quotas)} layer(s) cannot be allocated (a sixth of the "
+            "layers at 2q and a third at q/2 needs at least 3 layers): the schedule would be its own uniform "
+            f"{quotas}; use the checkpoint as it is"
         )
     three_level_schedule([0.0] * len(quotas), quotas[0])  # an unallocatable quota is refused before any work
     # a rerun on the same weights returns the finished allocation; retrained weights at that path are refused

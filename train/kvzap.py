@@ -19,6 +19,7 @@ import csv
 import hashlib
 import json
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,8 @@ def layer_table(rows: list[dict[str, Any]], kinds: list[str]) -> tuple[list[str]
 
 
 def _mean(values) -> float:
-    values = list(values)
+    """Mean of the defined values: a head whose held-out target is constant has no R² or determination (NaN)."""
+    values = [v for v in values if not math.isnan(v)]
     return sum(values) / len(values) if values else float("nan")
 
 
@@ -159,6 +161,12 @@ def run(cfg) -> dict[str, Any]:
     summary["r2_constant"] = _mean(r["const_r2"] for r in const)
     summary["det_constant"] = _mean(r["const_det"] for r in const)
     summary["mse_constant"] = _mean(r["const_mse"] for r in const)
+    if flat := [f"layer {r['layer']} head {r['head']}" for r in const if math.isnan(r["const_det"])]:
+        summary["heads_constant_target"] = (
+            f"{len(flat)} of {len(const)} ({', '.join(flat[:8])}{', …' if len(flat) > 8 else ''}): held-out target "
+            "constant, R² undefined, left out of the means"
+        )
+        log.warning("KVzap fit: %s", summary["heads_constant_target"])
     summary.update(
         {
             "seconds": round(seconds, 1),

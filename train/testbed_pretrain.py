@@ -250,7 +250,13 @@ def run(cfg) -> dict[str, Any]:
                     loss = loss + method.value_read_weight * read
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), method.max_grad_norm)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), method.max_grad_norm)
+        if not (torch.isfinite(loss) and torch.isfinite(norm)):  # before the step: the weights are still finite
+            raise SystemExit(
+                f"training diverged: loss {loss.item()}, grad_norm {norm.item()} at step {step + 1}; stopped before "
+                f"that step (the checkpoints before it in {ckpt_dir} are kept). Lower method.learning_rate (or "
+                "method.max_grad_norm), or check that the start model's weights are finite"
+            )
         opt.step()
         seen += batch.tokens
         steps_done = step + 1

@@ -8,6 +8,7 @@ run does nothing (:mod:`zoomr.rundir`). DeepSpeed ZeRO-2/3 via ``deepspeed=zero2
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ from zoomr.training import (
     trainer_arguments,
     training_losses,
 )
+
+log = logging.getLogger(__name__)
 
 
 def lora_config(method: SFTMethod):
@@ -84,6 +87,29 @@ def check_lora_targets(model: Any, targets: list[str]) -> None:
         )
 
 
+def check_chat_template(tokenizer: Any, model: str, assistant_only_loss: bool) -> None:
+    """Refuse a tokenizer the chat rows cannot be trained with: one without a chat template (a ``ValueError``
+    traceback from transformers), or, with ``method.assistant_only_loss``, one whose template has no
+    ``{% generation %}`` markers that TRL knows how to add (a traceback from TRL's trainer after the run state)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise SettingsError(
+            f"model {model}: its tokenizer has no chat template, and the SFT rows are chat messages rendered with it; "
+            "train a model whose tokenizer has one (an instruct or reasoning checkpoint)"
+        )
+    if assistant_only_loss:
+        from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+        if not has_generation_markers(tokenizer.chat_template):
+            try:
+                get_training_chat_template(tokenizer)
+            except ValueError:
+                raise SettingsError(
+                    f"method.assistant_only_loss=true: the chat template of model {model} marks no assistant turn "
+                    "({% generation %} ... {% endgeneration %}) and TRL has no training version of it; add the "
+                    "markers to the template or set method.assistant_only_loss=false (loss on the whole conversation)"
+                ) from None
+
+
 def check_max_length(dataset: Any, tokenizer: Any, max_length: int) -> None:
     """Refuse a ``method.max_length`` no row's prompt fits under: TRL truncates every row to it and drops the rows
     left without an assistant token, so the run died in the sampler (``num_samples=0``) after its run state."""
@@ -95,6 +121,31 @@ def check_max_length(dataset: Any, tokenizer: Any, max_length: int) -> None:
         f"method.max_length={max_length}: every one of the {len(dataset)} rows' prompts is at least that long, so "
         "truncation leaves no response token to learn from; raise method.max_length"
     )
+
+
+def length_report(prepared: Any, rows: int, max_length: int) -> dict[str, str]:
+    """What TRL's truncation did to the training rows (it says nothing): how many of the ``prepared`` (tokenised)
+    rows reach ``max_length`` and were cut there (their end, the answer and end of turn included, is never
+    learned), and how many of the ``rows`` given it dropped (a prompt filling ``max_length`` leaves no response
+    token). Each is logged as a warning and returned as a summary field when there are any."""
+    import pyarrow.compute as pc
+
+    lengths = pc.list_value_length(prepared.with_format("arrow")["input_ids"])
+    cut = int(pc.sum(pc.greater_equal(lengths, max_length)).as_py() or 0)
+    dropped = rows - len(prepared)
+    out = {}
+    if cut:
+        out["max_length_cut"] = (
+            f"{cut} of {len(prepared)} training rows reach method.max_length={max_length} and are cut there "
+            "(their end is never learned)"
+        )
+    if dropped:
+        out["max_length_dropped"] = (
+            f"{dropped} of {rows} training rows dropped: their prompt fills method.max_length={max_length}"
+        )
+    for line in out.values():
+        log.warning("SFT: %s", line)
+    return out
 
 
 def train_sft(cfg: Any, schema: type = SFTMethod, prepare: Callable | None = None) -> dict[str, Any]:
@@ -109,6 +160,7 @@ def train_sft(cfg: Any, schema: type = SFTMethod, prepare: Callable | None = Non
     # everything the user's settings can break is built before prepare_run writes settings.json: the model, the
     # LoRA targets, the data and the trainer's arguments (they came as tracebacks after the run state)
     tokenizer = load_tokenizer(spec, cfg.cache_dir)
+    check_chat_template(tokenizer, spec.name, method.assistant_only_loss)
     model = load_model(spec, cfg.cache_dir)
     peft_config = lora_config(method) if method.use_lora else None
     if peft_config is not None:
@@ -142,6 +194,7 @@ def train_sft(cfg: Any, schema: type = SFTMethod, prepare: Callable | None = Non
         peft_config=peft_config,
         callbacks=[LogAtSave()],
     )
+    lengths = length_report(trainer.train_dataset, len(dataset), method.max_length)
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in trainer.model.parameters())
     elapsed = train_or_restore(trainer, plan, method.max_steps)
@@ -154,6 +207,7 @@ def train_sft(cfg: Any, schema: type = SFTMethod, prepare: Callable | None = Non
         "model": spec.name,
         "data": f"{cfg.data.name} ({len(dataset)} examples"
         + (f", {len(held_out)} held out)" if held_out is not None else ")"),
+        **lengths,
         **({"eval_loss": eval_loss} if eval_loss is not None else {}),
         "mode": f"LoRA r={method.lora.r}" if method.use_lora else "full fine-tuning",
         "trainable_params": f"{trainable:,} / {total:,}",

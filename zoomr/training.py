@@ -3,7 +3,8 @@
 - :func:`trainer_arguments`: the ``TrainingArguments`` fields every recipe maps the same way from its method
   config (batching, optimiser scalars, length, checkpoint cadence, logging, DeepSpeed);
 - :class:`LogAtSave`: a log line at every checkpoint, so the loss history saved in a checkpoint covers every
-  step up to it and :func:`whole_run_loss` is exact after a resume;
+  step up to it and :func:`whole_run_loss` is exact after a resume; a logged loss or gradient norm that is NaN or
+  infinite stops the run there (:class:`NonFiniteLoss`), before that step's checkpoint or ``final/`` is saved;
 - :func:`train_or_restore`: trains from the plan's checkpoint, or restores it when it already holds the last
   step (the HF loop would otherwise run past ``max_steps``);
 - :func:`load_sft_dataset`: the data config's loader (``data.loader`` names a module with ``sft_dataset``);
@@ -58,6 +59,9 @@ def trainer_arguments(
         "deepspeed": deepspeed,
         "disable_tqdm": False,
         "save_only_model": False,  # a resume needs the optimizer, scheduler and RNG state
+        # a NaN / inf step loss is logged as it is (LogAtSave stops the run on it): HF's default filter logged the
+        # window's mean of the finite ones instead, 0 when none was, so a diverged run reported loss 0 and saved
+        "logging_nan_inf_filter": False,
     }
 
 
@@ -76,13 +80,31 @@ def checked_arguments(build: Callable[[], T]) -> T:
         raise SettingsError(f"the trainer refuses these settings: {e}") from None
 
 
+class NonFiniteLoss(RuntimeError):
+    """The training loss (or the gradient norm) became NaN or infinite: the weights are no longer a model."""
+
+
 class LogAtSave(TrainerCallback):
     """Log the running loss whenever a checkpoint is about to be saved and at the last step, so a run
-    shorter than ``logging_steps`` still reports its final loss (with ``logging_first_step``, its first)."""
+    shorter than ``logging_steps`` still reports its final loss (with ``logging_first_step``, its first).
+
+    A logged ``loss`` or ``grad_norm`` that is NaN or infinite raises :class:`NonFiniteLoss` (the log comes before
+    the save of its step): the run stops instead of saving NaN weights as a checkpoint and as ``final/``."""
 
     def on_step_end(self, args, state, control, **kwargs):
         if control.should_save or (state.max_steps and state.global_step >= state.max_steps):
             control.should_log = True
+        return control
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        bad = {k: logs[k] for k in ("loss", "grad_norm") if k in (logs or {}) and not math.isfinite(float(logs[k]))}
+        if bad:
+            said = ", ".join(f"{k} {v}" for k, v in bad.items())
+            raise NonFiniteLoss(
+                f"training diverged: {said} at step {state.global_step}; stopped before saving that step (the "
+                f"checkpoints before it in {args.output_dir} are kept). Lower method.learning_rate (or "
+                "method.max_grad_norm), or check that the start model's weights are finite"
+            )
         return control
 
 
@@ -102,7 +124,10 @@ def train_or_restore(trainer, plan: RunPlan, max_steps: int | None) -> float:
     step; return the seconds spent."""
     t0 = time.time()
     if plan.needs_training(max_steps):
-        trainer.train(resume_from_checkpoint=plan.resume_from)
+        try:
+            trainer.train(resume_from_checkpoint=plan.resume_from)
+        except NonFiniteLoss as e:  # the message alone, as a refusal: no traceback through the Trainer
+            raise SystemExit(str(e)) from None
     else:
         from transformers.trainer_callback import TrainerState
 

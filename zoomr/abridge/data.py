@@ -34,6 +34,12 @@ def prompt_response_text(example: dict[str, Any], tokenizer) -> tuple[str, str]:
         msgs = example["messages"]
         if not msgs or msgs[-1]["role"] != "assistant":
             raise ValueError("chat example must end with an assistant message")
+        if not getattr(tokenizer, "chat_template", None):  # was transformers' ValueError traceback
+            raise SettingsError(
+                f"the tokenizer of the model ({getattr(tokenizer, 'name_or_path', '?')}) has no chat template, and the "
+                "data's rows are chat messages whose prompt is rendered with it; train a model whose tokenizer has "
+                "one, or give data with prompt and completion columns"
+            )
         prompt = tokenizer.apply_chat_template(msgs[:-1], add_generation_prompt=True, tokenize=False)
         response = msgs[-1]["content"] + IM_END
     elif "prompt" in example and "completion" in example:

@@ -93,19 +93,21 @@ def fit_mlp(
 
 
 def squared_pearson(pred: torch.Tensor, true: torch.Tensor) -> torch.Tensor:
-    """Per-column squared Pearson correlation (the paper's R²); 0 where a column is constant."""
+    """Per-column squared Pearson correlation (the paper's R²); 0 where the prediction is constant, NaN where the
+    target is (undefined: it was 0, even for a perfect prediction)."""
     p, t = pred.double() - pred.double().mean(0), true.double() - true.double().mean(0)
     denom = p.norm(dim=0) * t.norm(dim=0)
     r = torch.where(denom > 0, (p * t).sum(0) / denom.clamp_min(1e-300), torch.zeros_like(denom))
-    return (r**2).float()
+    return torch.where(t.norm(dim=0) > 0, r**2, torch.nan).float()
 
 
 def determination(pred: torch.Tensor, true: torch.Tensor) -> torch.Tensor:
-    """Per-column coefficient of determination 1 − SSE/SST (a constant predictor scores ≤ 0)."""
+    """Per-column coefficient of determination 1 − SSE/SST (a constant predictor scores ≤ 0); NaN where the target
+    is constant (SST = 0: it was 1 or an enormous negative number, depending on rounding)."""
     p, t = pred.double(), true.double()
     sse = ((p - t) ** 2).sum(0)
     sst = ((t - t.mean(0)) ** 2).sum(0)
-    return (1 - sse / sst.clamp_min(1e-300)).float()
+    return torch.where(sst > 0, 1 - sse / sst.clamp_min(1e-300), torch.nan).float()
 
 
 @torch.no_grad()

@@ -99,7 +99,9 @@ def check_manifest(path: Path, manifest: dict[str, Any]) -> None:
 def load_layer(
     pairs_dir: str | Path, layer: int, split: str, target: str = "kvzip_plus", manifest: dict | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """All pairs of one layer and split as float32: X (n, D_h), y (n, H_kv)."""
+    """All pairs of one layer and split as float32: X (n, D_h), y (n, H_kv). Pairs holding a NaN or an infinity
+    (hidden states that overflowed their dtype) are a :class:`BadRowError` naming the shard: the ridge fit of such a
+    layer was NaN everywhere, saved as the surrogate with a held-out R² of 0.0 and no word."""
     if target not in TARGETS:
         raise ValueError(f"target must be one of {sorted(TARGETS)}, got {target!r}")
     manifest = manifest or read_manifest(pairs_dir)
@@ -110,6 +112,14 @@ def load_layer(
         with safe_open(str(Path(pairs_dir) / shard["file"]), framework="pt") as f:
             xs.append(f.get_tensor(f"h.{layer}").float())
             ys.append(f.get_tensor(f"{TARGETS[target]}.{layer}").float())
+        bad = {k: int((~torch.isfinite(t[-1])).any(1).sum()) for k, t in (("h", xs), (TARGETS[target], ys))}
+        if any(bad.values()):
+            counts = ", ".join(f"{n} in {k}.{layer}" for k, n in bad.items() if n)
+            raise BadRowError(
+                f"KVzap pairs {Path(pairs_dir) / shard['file']}: pairs with a NaN or infinite value ({counts}, of "
+                f"{xs[-1].shape[0]}); the model's hidden states or scores overflowed: make the pairs again "
+                "(e.g. with model.dtype=float32 or bfloat16)"
+            )
     if not xs:
         raise ValueError(
             f"{pairs_dir}: no {split!r} pairs (splits present: {sorted({s['split'] for s in manifest['shards']})})"
