@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -134,6 +135,15 @@ def test_gpu_check_dry_run_every_section(tmp_path):
     for name, sec in report["sections"].items():
         assert "error" not in sec, (name, sec.get("error"))
         assert sec["rows"], name
+
+
+def test_gpu_check_dry_run_writes_under_runs_not_into_the_committed_gpu_results(tmp_path, monkeypatch):
+    """A dry run without --out wrote its tiny-shape CPU numbers into analysis/results/gpu/, where the GPU run's
+    results are kept (and read as such); now into runs/gpu_check/dry_run/ under the working directory."""
+    monkeypatch.chdir(tmp_path)
+    out = Path(gpu_check.parse_args(["--dry-run"]).out)
+    assert out == Path("runs/gpu_check/dry_run") and gpu_check.RESULTS_DIR not in (out.resolve(), *out.resolve().parents)
+    assert gpu_check.parse_args(["--dry-run", "--out", str(tmp_path / "g")]).out == str(tmp_path / "g")
 
 
 def test_gpu_check_refuses_the_full_run_without_a_gpu(capsys):
