@@ -221,3 +221,14 @@ def test_the_logger_check_passes_tasks_that_log_and_disabled_loggers_and_names_e
             check("+task=miniature", "logger=wandb")
         monkeypatch.setenv("WANDB_MODE", "disabled")  # disabled wins: nothing is asked of W&B
         check("+task=bench_zoomr", "logger=wandb")
+
+
+def test_bench_zoomr_shows_a_progress_bar_over_its_steps(tmp_path, capsys):
+    """The lockstep loop (4,096 steps x 3 arms by default, minutes on a CPU) printed nothing until its table."""
+    from analysis import bench_zoomr
+
+    out = tmp_path / "rows.json"
+    bench_zoomr.main(["--prompt", "8", "--generate", "30", "--para", "10", "--summary", "3", "--window", "4",
+                      "--layers", "1", "--out", str(out)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert "bench_zoomr (3 arms in lockstep)" in err and "30/30" in err and out.exists()
