@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from analysis.cli import require_at_least
+from analysis.cli import brief, require_at_least
 from zoomr.paths import REPO_ROOT, output_dir, output_problem
 
 R1_QWEN_7B = {  # deepseek-ai/DeepSeek-R1-Distill-Qwen-7B config.json (Qwen2ForCausalLM)
@@ -226,7 +226,7 @@ def section_memory(args, tok) -> dict[str, Any]:
             "device_gib_batch_7b": float(s.device_bytes[-1]) * scale / 2**30,
             "kv_gib_batch_7b": float(s.kv_bytes[-1]) * B * scale / 2**30, "rows_mean": float(s.rows[-1].mean()),
         })  # fmt: skip
-        print(f"  memory {name}: {rows[-1]}", flush=True)
+        print(f"  memory {name}: {brief(rows[-1])}", flush=True)
     full = rows[0]
     for r in rows:
         r["device_bytes_over_full"] = r["device_bytes_held"] / full["device_bytes_held"]
@@ -258,7 +258,7 @@ def section_throughput(args, tok) -> dict[str, Any]:
                      "engine_tokens_per_s": B * N / t["engine_full"],
                      "hf_tokens_per_s": B * N / t["hf_generate_dynamic"],
                      "engine_over_hf_time": t["engine_full"] / t["hf_generate_dynamic"]})  # fmt: skip
-        print(f"  throughput B{B}: {rows[-1]}", flush=True)
+        print(f"  throughput B{B}: {brief(rows[-1])}", flush=True)
     return {"layers": model_layers(args), "rows": rows}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -117,8 +118,11 @@ def test_policy_overhead_kvzap_evicts_rows_leaving_the_window():
     assert 0.25 * 160 <= dropped <= 0.75 * 160
 
 
-def test_gpu_check_dry_run_memory_section(tmp_path):
+def test_gpu_check_dry_run_memory_section(tmp_path, capsys):
     report = gpu_check.main(["--dry-run", "--only", "memory", "--out", str(tmp_path)])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  memory ")]
+    assert len(lines) == 3  # each arm's line at 4 significant digits ('seconds': 0.4866371740026807 before)
+    assert all(float(x) == float(f"{float(x):.4g}") for x in re.findall(r"\d+\.\d+(?:e-?\d+)?", "".join(lines)))
     sec = report["sections"]["memory"]
     assert "error" not in sec, sec.get("error")
     rows = {r["arm"]: r for r in sec["rows"]}
