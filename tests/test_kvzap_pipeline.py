@@ -135,6 +135,18 @@ def test_flop_ratios_match_the_paper_bounds():
 
 
 
+def test_flops_prints_its_table_once_and_writes_the_json_only_when_asked(tmp_path, capsys):
+    """``python -m zoomr.kvzap.flops`` printed its table, then the same numbers again as JSON (0.00015024038461538462)."""
+    from zoomr.kvzap.flops import main
+
+    main([])
+    out = capsys.readouterr().out
+    assert "KVzap-Linear" in out and "0.0150%" in out and "linear_ratio" not in out and len(out.splitlines()) == 5
+    rows = main(["--json", str(tmp_path / "flops.json")])
+    assert json.loads((tmp_path / "flops.json").read_text())[0]["linear_ratio"] == rows[0].linear_ratio
+    assert capsys.readouterr().out.endswith(f"written {tmp_path / 'flops.json'}\n")
+
+
 def test_documents_past_the_models_context_are_refused_before_any_state(tmp_path):
     """``pipeline.min_tokens=max_tokens=100000`` packed documents past the tiny model's 32,768 positions and scored
     their 200K-token repeat pretexts for hours (killed here after 5 min); now refused by name, nothing written."""
