@@ -16,9 +16,11 @@ TINY_DECODE = ["--contexts", "80", "--batches", "1", "2", "--budget", "24", "--d
                "--e2e-prompt", "12", "--e2e-new", "3"]  # fmt: skip
 
 
-def test_bench_decode_writes_the_rows_under_the_working_directory(tmp_path, monkeypatch):
+def test_bench_decode_writes_the_rows_under_the_working_directory(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     report = bench_decode.main(TINY_DECODE)
+    err = capsys.readouterr().err  # a bar per cell: the caches filled, then the steps (minutes at 8K x 8, silent)
+    assert "ctx 80 B1: fill, then timed steps" in err and "ctx 80 B2: fill, then timed steps" in err and "/7 " in err
     written = list((tmp_path / "runs" / "bench_decode").glob("*/bench_decode.json"))
     assert len(written) == 1 and (written[0].parent / "bench_decode.md").exists()
     rows = json.loads(written[0].read_text())["rows"]
