@@ -283,7 +283,8 @@ def test_compression_sweep_script_runs_on_the_evaluators_prompts(tmp_path, monke
         kvzap_compression.main(["--surrogate", str(tmp_path / "mlp"), "--thresholds=-6,x"])
     with pytest.raises(SystemExit):  # refused before any arm runs (the policy refused it after full KV's arm)
         kvzap_compression.main(["--surrogate", str(tmp_path / "missing"), "--thresholds=-6,nan"])
-    with pytest.raises(SystemExit):  # a --json that cannot be written: refused before the sweep (a traceback after it)
-        kvzap_compression.main(["--surrogate", str(tmp_path / "missing"), "--thresholds=-6",
-                                "--json", str(tmp_path / "runs/bench/kvzap_compression.json/x.json")])  # fmt: skip
-    assert "is a file, so nothing can be written under it" in capsys.readouterr().err
+    for flag in ("--json", "--out"):  # --out as every bench takes it (README), --json the script's own name
+        with pytest.raises(SystemExit):  # a file that cannot be written: refused before the sweep (a traceback after)
+            kvzap_compression.main(["--surrogate", str(tmp_path / "missing"), "--thresholds=-6",
+                                    flag, str(tmp_path / "runs/bench/kvzap_compression.json/x.json")])  # fmt: skip
+        assert "is a file, so nothing can be written under it" in capsys.readouterr().err
