@@ -93,6 +93,7 @@ def test_pairs_then_fit_through_the_configs(tmp_path, cache_dir):
     assert summary["r2_constant"] == 0.0 and summary["mse_constant"] > 0
     assert {"const_r2", "const_det", "const_mse"} <= set(rows[0])
     assert (tmp_path / "fit" / "r2_per_layer.png").stat().st_size > 1000
+    assert (summary["plot"], summary["table"]) == (str(tmp_path / "fit" / "r2_per_layer.png"), str(tmp_path / "fit" / "r2.csv"))
     # a rerun returns the finished fit untouched; another setting in the same run directory is refused
     from train.kvzap import run as run_fit
 
