@@ -77,6 +77,10 @@ def test_testbed_table_and_the_loader_refuse_a_model_that_is_not_a_checkpoint(tm
         (["kv", "--checkpoint", "/nope"], "--checkpoint /nope: not a checkpoint directory"),
         (["step", "--repeats", "0"], "--repeats must be >= 1"),
         (["step", "--quota", "999"], "--quota 999 > --num-pause 16"),  # timed a mask keeping more rows than exist
+        # sizes a part never reads: kv ran at C=64 K=16 (the random model's layout) without a word
+        (["kv", "--block-size", "16", "--quota", "2"], "--block-size (step only), --quota (step only): not read by kv"),
+        (["parity", "--repeats", "3", "--data", "testbed"], "--data (step only), --repeats (step only): not read by"),
+        (["step", "--float64", "--new-tokens", "64"], "--float64 (parity only), --new-tokens (kv/parity only): not"),
     ],
 )
 def test_bench_abridge_refuses_what_it_cannot_measure(argv, message, tmp_path, capsys):
