@@ -321,6 +321,13 @@ def bench_parity(args) -> dict:
     }
 
 
+PART_OPTIONS = {  # the options each part reads
+    "step": {"block_size", "num_pause", "quota", "batch", "response_tokens", "repeats", "data", "backends"},
+    "kv": {"checkpoint", "new_tokens", "batch"},
+    "parity": {"checkpoint", "new_tokens", "float64", "batch"},
+}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("part", choices=["step", "kv", "parity"])
@@ -343,6 +350,14 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--quota {args.quota} > --num-pause {args.num_pause}: a layer keeps at most its K code rows")
     if args.checkpoint and args.part == "step":
         ap.error("--checkpoint applies to kv and parity (step times the block mask on the random tiny model)")
+    ignored = [  # a size the part never reads, e.g. kv --block-size 16, ran at C=64 without a word
+        f"--{k.replace('_', '-')} ({'/'.join(p for p, keys in PART_OPTIONS.items() if k in keys)} only)"
+        for k in sorted(set().union(*PART_OPTIONS.values()) - PART_OPTIONS[args.part])
+        if getattr(args, k) != ap.get_default(k)
+    ]
+    if ignored:
+        ap.error(f"{', '.join(ignored)}: not read by {args.part} (kv and parity take the layout of --checkpoint, or "
+                 "C=64 K=16 q=8 on the random tiny model)")  # fmt: skip
     if args.checkpoint:
         require_checkpoint(ap, args.checkpoint, "--checkpoint")
     result = {"step": bench_step, "kv": bench_kv, "parity": bench_parity}[args.part](args)

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 from omegaconf import OmegaConf
+from tqdm.auto import tqdm
 
 from analysis.cli import bench_out_dir, require_at_least, write_bench_report
 from zoomr import configs
@@ -201,12 +202,18 @@ def bench_point(model, ctx: int, batch: int, args: argparse.Namespace) -> list[d
     ids = torch.randint(0, min(4000, model.config.vocab_size), (batch, ctx), generator=gen).to(device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     runners: list[_Runner] = []
+    # one bar per (context, batch): the caches filled (prefill), then the interleaved timed steps; it advances
+    # between timed blocks only
+    bar = tqdm(total=len(args.policies) + 2 * args.hf_reference + args.repeats * args.decode_steps,
+               desc=f"ctx {ctx} B{batch}: fill, then timed steps", leave=False)  # fmt: skip
     for name in args.policies:
         runners.append(PolicyRunner(name, model, method_config(name, args.budget), ids, args))
+        bar.update()
     if args.hf_reference:
         chunk = args.prefill_chunk or ctx
         runners.append(HFRunner("hf_dynamic", model, ids, chunk, None))
         runners.append(HFRunner("hf_sliding_window", model, ids, chunk, args.budget + 1))
+        bar.update(2)
     for r in runners:  # warm-up: allocator, caches reaching their steady state
         with _sdpa(model) if isinstance(r, HFRunner) else _null():
             time_block(r, 2, sync)
@@ -218,11 +225,13 @@ def bench_point(model, ctx: int, batch: int, args: argparse.Namespace) -> list[d
             for r in runners:
                 with _sdpa(model) if isinstance(r, HFRunner) else _null():
                     times[r.name] += time_block(r, 1, sync)
+            bar.update()
         for r in runners:
             med[r.name].append(statistics.median(times[r.name]))
             mean[r.name].append(statistics.mean(times[r.name]))
             if isinstance(r, PolicyRunner):
                 r.after_block()
+    bar.close()
     rows = []
     for r in runners:
         row = {"policy": r.name, "context": ctx, "batch": batch, "step_ms": 1e3 * min(med[r.name]),

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from analysis.cli import require_at_least
 from zoomr import tokens
@@ -54,7 +55,8 @@ def run_arms(model, caches: dict, ids: list[int], n_prompt: int) -> dict[str, di
         cache.end_step()
     times = {k: [] for k in caches}
     rows = {k: [] for k in caches}
-    for t in range(n_prompt, len(ids) - 1):
+    bar = tqdm(range(n_prompt, len(ids) - 1), desc=f"bench_zoomr ({len(caches)} arms in lockstep)", unit="step")
+    for t in bar:  # the bar advances outside the timed spans
         for name, cache in caches.items():
             step = cache.begin_step(torch.ones(1, 1, dtype=torch.bool), input_ids=x[:, t : t + 1])
             t0 = time.perf_counter()

@@ -1,5 +1,5 @@
 """Shared by the analysis scripts' command lines: argument checks (refused before any model loads or file is
-written) and where a benchmark writes its report."""
+written), where a benchmark writes its report, and its console lines."""
 
 from __future__ import annotations
 
@@ -67,3 +67,15 @@ def write_bench_json(out: str | Path | None, name: str, tag: str, report: dict[s
     path.write_text(json.dumps(report, indent=2))
     print(f"\nwrote {path}")
     return path
+
+
+def brief(value: Any) -> Any:
+    """``value`` (a result, nested dicts and lists) with every float at 4 significant digits, for a console line
+    (the JSON keeps them whole)."""
+    if isinstance(value, float):
+        return float(f"{value:.4g}")
+    if isinstance(value, dict):
+        return {k: brief(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(brief(v) for v in value)
+    return value

@@ -1,5 +1,6 @@
 """A prepared GPU check (sized for ≤ 8 minutes on one H100/H200, not yet run on one): random-init weights of the R1-Distill-Qwen-7B
-architecture, no hub. Writes ``DIR/gpu_check.json`` + ``DIR/gpu_check.md`` (default ``analysis/results/gpu/``).
+architecture, no hub. Writes ``DIR/gpu_check.json`` + ``DIR/gpu_check.md`` (default ``analysis/results/gpu/``; with
+``--dry-run`` ``runs/gpu_check/dry_run/`` under the working directory).
 
     python -m analysis.gpu_check                       # on a GPU machine, every section
     python -m analysis.gpu_check --dry-run --out /tmp/g  # anywhere: tiny shapes, seconds (tests the code path)
@@ -30,8 +31,8 @@ from typing import Any
 
 import torch
 
-from analysis.cli import require_at_least
-from zoomr.paths import REPO_ROOT, output_dir
+from analysis.cli import brief, require_at_least
+from zoomr.paths import REPO_ROOT, output_dir, output_problem
 
 R1_QWEN_7B = {  # deepseek-ai/DeepSeek-R1-Distill-Qwen-7B config.json (Qwen2ForCausalLM)
     "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
@@ -41,6 +42,8 @@ R1_QWEN_7B = {  # deepseek-ai/DeepSeek-R1-Distill-Qwen-7B config.json (Qwen2ForC
 DRY = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
        "num_key_value_heads": 2, "max_position_embeddings": 32768}  # fmt: skip
 SECTIONS = ("flex", "zoomr_offload", "memory", "throughput")
+RESULTS_DIR = REPO_ROOT / "analysis" / "results" / "gpu"  # the GPU run's results, committed
+DRY_RUN_OUT = "runs/gpu_check/dry_run"  # under the working directory, like the benches' runs/<bench>/
 
 
 def sync() -> None:
@@ -223,7 +226,7 @@ def section_memory(args, tok) -> dict[str, Any]:
             "device_gib_batch_7b": float(s.device_bytes[-1]) * scale / 2**30,
             "kv_gib_batch_7b": float(s.kv_bytes[-1]) * B * scale / 2**30, "rows_mean": float(s.rows[-1].mean()),
         })  # fmt: skip
-        print(f"  memory {name}: {rows[-1]}", flush=True)
+        print(f"  memory {name}: {brief(rows[-1])}", flush=True)
     full = rows[0]
     for r in rows:
         r["device_bytes_over_full"] = r["device_bytes_held"] / full["device_bytes_held"]
@@ -255,7 +258,7 @@ def section_throughput(args, tok) -> dict[str, Any]:
                      "engine_tokens_per_s": B * N / t["engine_full"],
                      "hf_tokens_per_s": B * N / t["hf_generate_dynamic"],
                      "engine_over_hf_time": t["engine_full"] / t["hf_generate_dynamic"]})  # fmt: skip
-        print(f"  throughput B{B}: {rows[-1]}", flush=True)
+        print(f"  throughput B{B}: {brief(rows[-1])}", flush=True)
     return {"layers": model_layers(args), "rows": rows}
 
 
@@ -284,7 +287,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--dry-run", action="store_true", help="tiny shapes and lengths (any device): checks the code"
     )
     p.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
-    p.add_argument("--out", type=output_dir, default=str(REPO_ROOT / "analysis" / "results" / "gpu"))
+    p.add_argument(
+        "--out", type=output_dir, help=f"default {RESULTS_DIR.relative_to(REPO_ROOT)}/, with --dry-run {DRY_RUN_OUT}/"
+    )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     # sizes default to FULL_SIZES, or DRY_SIZES with --dry-run; a size given on the command line is kept either way
     p.add_argument("--repeats", type=int)
@@ -307,6 +312,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, name) is None:
             setattr(args, name, value)
     require_at_least(p, args, 1, *FULL_SIZES)
+    if args.out is None:  # a dry run's tiny-shape numbers never land where the GPU results are kept
+        args.out = DRY_RUN_OUT if args.dry_run else str(RESULTS_DIR)
+        if problem := output_problem(args.out, directory=True):
+            p.error(f"--out {problem}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--device cuda but no GPU is visible (use --dry-run to check the code path on CPU)")
     if not args.dry_run and not args.device.startswith("cuda"):

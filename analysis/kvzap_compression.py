@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from analysis.cli import require_at_least
+from zoomr.paths import output_file
 
 
 def math500_prompts(tokenizer, n: int) -> list[list[int]]:
@@ -121,7 +122,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--window", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--json", default="runs/bench/kvzap_compression.json", help="written under the working directory")
+    p.add_argument("--json", "--out", type=output_file, default="runs/bench/kvzap_compression.json",
+                   help="written under the working directory (--out as for the other benches)")  # fmt: skip
     args = p.parse_args(argv)
     require_at_least(p, args, 1, "prompts", "max_new_tokens", "batch_size")
     require_at_least(p, args, 0, "window")

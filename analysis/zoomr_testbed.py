@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from analysis.cli import require_at_least, require_checkpoint, require_testbed_data
+from analysis.cli import brief, require_at_least, require_checkpoint, require_testbed_data
 from zoomr import tokens
 from zoomr.paths import output_dir
 from zoomr.testbed.grading import load_test_problems
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         compute = functools.partial(run_one, model, tok, datas[which], args.n, cfg, args.batch, args.window,
                                     args.consensus, prompt_len, name == "zoomr")  # fmt: skip
         r = cached(out_dir / "arms" / f"{name}.json", key, compute)
-        print(name, {k: v for k, v in r.items() if isinstance(v, float | int) or k == "selection"}, flush=True)
+        print(name, brief({k: v for k, v in r.items() if isinstance(v, float | int) or k == "selection"}), flush=True)
         return r
 
     for name in [a for a in BASE_ARMS if a in wanted or a in ("full", "zoomr") and any(m in wanted for m in MATCHED)]:

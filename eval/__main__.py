@@ -112,8 +112,7 @@ def _finish(cfg, run_dir, logger, task, bench, spec, rows, counts, max_error_rat
     print(
         f"\n== eval {bench.name} | {spec.name} | {cfg.run_name} ==\n{table}\nresults: {run_dir}", flush=True
     )
-    logger.summary({k: v for k, v in pooled.items() if isinstance(v, int | float)})
-    logger.summary({f"acc/{name}": m["accuracy"] for name, m in metrics["by_competition"].items()})
+    log_summary(logger, task.name, metrics)
     logger.table(
         "per_competition",
         ["competition", "problems", "accuracy", "truncation_rate", "mean_tokens"],
@@ -131,6 +130,22 @@ def _finish(cfg, run_dir, logger, task, bench, spec, rows, counts, max_error_rat
             "the rows are kept and a rerun grades those samples again"
         )
     return metrics
+
+
+def log_summary(logger: Any, task: str, metrics: dict[str, Any]) -> None:
+    """The run's numbers into the tracker's summary (``eval/<metric>``): the pooled metrics, accuracy per
+    competition, and the task's own metrics (the testbed's recall by distance, RULER's and LongBench's subset
+    scores: ``eval/testbed/recall_all``, ``eval/ruler/subsets/niah_single_1/score``), which only the console showed."""
+    from zoomr.rundir import flatten
+
+    logger.summary({k: v for k, v in metrics["pooled"].items() if isinstance(v, int | float)})
+    logger.summary({f"acc/{name}": m["accuracy"] for name, m in metrics["by_competition"].items()})
+    own = metrics.get(task) if task else None
+    if isinstance(own, dict):
+        logger.summary({
+            f"{task}/{k.replace('.', '/')}": v
+            for k, v in flatten(own).items() if isinstance(v, int | float) and not isinstance(v, bool)
+        })  # fmt: skip
 
 
 def check_settings(cfg: Any) -> None:

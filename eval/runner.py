@@ -114,8 +114,9 @@ def evaluate(
     correct, graded = sum(r["correct"] for r in done_in_scope), len(done_in_scope)
     if graded:  # a resumed run: say what it skips
         tqdm.write(f"resuming {store.path}: {graded} of {len(scope)} samples already done, skipped; {len(todo)} to run")
-    bar = tqdm(
-        total=len(scope), initial=graded, desc=f"eval {benchmark}", disable=not progress, dynamic_ncols=True
+    bar = tqdm(  # named by the run's directory (its run_name: the arm), several arms may run one after another
+        total=len(scope), initial=graded, desc=f"eval {benchmark} [{store.path.parent.name}]", disable=not progress,
+        dynamic_ncols=True,
     )
     prompts: dict[str, str] = {}
     for start in range(0, len(todo), batch_size):

@@ -84,7 +84,7 @@ def test_serving_roles_equal_the_training_layout():
         assert kind[0].tolist() == s.kind and block[0].tolist() == s.block and slot[0].tolist() == s.slot
 
 
-def test_policy_builds_from_the_method_config_and_reads_checkpoints(model_tok, tmp_path):
+def test_policy_builds_from_the_method_config_and_reads_checkpoints(model_tok, tmp_path, caplog):
     model, tok = model_tok
     with pytest.raises(ValueError, match="has no abridge.json.*method.allow_untrained=true"):
         build_policy({"name": "abridge"}, model.config, tok)  # an untrained model: refused
@@ -93,7 +93,12 @@ def test_policy_builds_from_the_method_config_and_reads_checkpoints(model_tok, t
     save_abridge_config(tmp_path, AbridgeLayout(32, 8, "tail"), [4, 4, 8, 0])
     config = model.config.__class__.from_dict(model.config.to_dict())
     config._name_or_path = str(tmp_path)
-    cache = build_policy({"name": "abridge"}, config, tok)
+    with caplog.at_level("INFO", logger="zoomr.cache.abridge"):
+        cache = build_policy({"name": "abridge"}, config, tok)
+        build_policy({"name": "abridge"}, config, tok)  # the evaluator builds one per batch: said once, not each time
     assert cache.quotas == [4, 4, 8, 0] and cache.layout == AbridgeLayout(32, 8, "tail")
+    said = [r.getMessage() for r in caplog.records if "from the checkpoint" in r.getMessage()]
+    assert said == ["abridge: layout AbridgeLayout(block_size=32, num_pause=8, code_positions='tail') and quotas "
+                    "[4, 4, 8, 0] from the checkpoint"]  # fmt: skip
     with pytest.raises(ValueError, match="tokenizer"):
         build_policy({"name": "abridge"}, config, None)

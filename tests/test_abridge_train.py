@@ -113,9 +113,23 @@ def test_train_resume_and_allocate(tmp_path, cache_dir):
         ],
         alloc_dir,
     )
-    summary = allocate.run(acfg)
+    logged = {}  # what W&B's summary gets (the printed block is all text: the run had no summary numbers)
+
+    def start_run(*args, **kwargs):
+        run_dir, logger = start(*args, **kwargs)
+        logger.summary = logged.update
+        return run_dir, logger
+
+    start, allocate.start_run = allocate.start_run, start_run
+    try:
+        summary = allocate.run(acfg)
+    finally:
+        allocate.start_run = start
     schedule = json.loads((alloc_dir / "schedule.json").read_text())
     assert sorted(schedule["quotas"]) == [1, 1, 2, 4] and len(schedule["costs"]) == 4
+    assert logged["base_heldout_ce"] == schedule["base_heldout_ce"] and logged["schedule_mean"] == 2
+    assert [logged[f"layer_{i}_ce_increase"] for i in range(4)] == schedule["costs"]
+    assert [logged[f"layer_{i}_quota"] for i in range(4)] == schedule["quotas"]
     assert (alloc_dir / "layer_costs.png").stat().st_size > 0
     assert "method.schedule=" in summary["next"]
     written = (alloc_dir / "schedule.json").stat().st_mtime_ns

@@ -77,6 +77,10 @@ def test_testbed_table_and_the_loader_refuse_a_model_that_is_not_a_checkpoint(tm
         (["kv", "--checkpoint", "/nope"], "--checkpoint /nope: not a checkpoint directory"),
         (["step", "--repeats", "0"], "--repeats must be >= 1"),
         (["step", "--quota", "999"], "--quota 999 > --num-pause 16"),  # timed a mask keeping more rows than exist
+        # sizes a part never reads: kv ran at C=64 K=16 (the random model's layout) without a word
+        (["kv", "--block-size", "16", "--quota", "2"], "--block-size (step only), --quota (step only): not read by kv"),
+        (["parity", "--repeats", "3", "--data", "testbed"], "--data (step only), --repeats (step only): not read by"),
+        (["step", "--float64", "--new-tokens", "64"], "--float64 (parity only), --new-tokens (kv/parity only): not"),
     ],
 )
 def test_bench_abridge_refuses_what_it_cannot_measure(argv, message, tmp_path, capsys):
@@ -181,3 +185,54 @@ def test_a_malformed_checkpoint_record_ends_a_script_with_its_message(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-1500:]
     assert "bench_abridge: " in proc.stderr and "abridge.json: not the record +method=abridge writes" in proc.stderr
+
+
+
+@pytest.mark.slow  # ~3 s: Hydra's main in this process (the check itself is tested below in 0.4 s)
+def test_logger_wandb_on_an_analysis_task_that_logs_nothing_is_refused_before_it_runs(tmp_path, monkeypatch):
+    """``python -m analysis +task=bench_zoomr logger=wandb`` ran the task, wrote its files and ended without a W&B
+    run or a word about it (only paper_tables reads the logger config); now refused in one line before it runs."""
+    import sys
+
+    from analysis.__main__ import main
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setattr(sys, "argv", ["analysis", "+task=bench_zoomr", "logger=wandb", f"hydra.run.dir={tmp_path / 'r'}",
+                                      "hydra/job_logging=none", "hydra/hydra_logging=none"])  # fmt: skip
+    with pytest.raises(SystemExit, match=r"logger=wandb: the analysis task 'bench_zoomr' logs nothing to W&B .*"
+                                         r"then log the JSON it writes: python -m analysis.log_bench <file>$"):
+        main()
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_logger_check_passes_tasks_that_log_and_disabled_loggers_and_names_each_tasks_way(monkeypatch):
+    from hydra import compose, initialize_config_dir
+
+    from analysis.__main__ import check_logger
+    from zoomr.entry import CONF_DIR
+    from zoomr.schemas.checks import SettingsError
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        def check(*overrides):
+            check_logger(compose("analysis", overrides=list(overrides)))
+
+        check("+task=paper_tables", "logger=wandb")
+        check("+task=bench_zoomr")  # logger=none, the default
+        with pytest.raises(SettingsError, match=r"task.args='\[--logger,wandb\]' logger=none$"):
+            check("+task=bench_throughput", "logger=wandb")
+        with pytest.raises(SettingsError, match=r"'miniature' logs nothing to W&B .*run it with logger=none$"):
+            check("+task=miniature", "logger=wandb")
+        monkeypatch.setenv("WANDB_MODE", "disabled")  # disabled wins: nothing is asked of W&B
+        check("+task=bench_zoomr", "logger=wandb")
+
+
+def test_bench_zoomr_shows_a_progress_bar_over_its_steps(tmp_path, capsys):
+    """The lockstep loop (4,096 steps x 3 arms by default, minutes on a CPU) printed nothing until its table."""
+    from analysis import bench_zoomr
+
+    out = tmp_path / "rows.json"
+    bench_zoomr.main(["--prompt", "8", "--generate", "30", "--para", "10", "--summary", "3", "--window", "4",
+                      "--layers", "1", "--out", str(out)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert "bench_zoomr (3 arms in lockstep)" in err and "30/30" in err and out.exists()

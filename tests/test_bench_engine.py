@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,9 +16,11 @@ TINY_DECODE = ["--contexts", "80", "--batches", "1", "2", "--budget", "24", "--d
                "--e2e-prompt", "12", "--e2e-new", "3"]  # fmt: skip
 
 
-def test_bench_decode_writes_the_rows_under_the_working_directory(tmp_path, monkeypatch):
+def test_bench_decode_writes_the_rows_under_the_working_directory(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     report = bench_decode.main(TINY_DECODE)
+    err = capsys.readouterr().err  # a bar per cell: the caches filled, then the steps (minutes at 8K x 8, silent)
+    assert "ctx 80 B1: fill, then timed steps" in err and "ctx 80 B2: fill, then timed steps" in err and "/7 " in err
     written = list((tmp_path / "runs" / "bench_decode").glob("*/bench_decode.json"))
     assert len(written) == 1 and (written[0].parent / "bench_decode.md").exists()
     rows = json.loads(written[0].read_text())["rows"]
@@ -116,8 +120,11 @@ def test_policy_overhead_kvzap_evicts_rows_leaving_the_window():
     assert 0.25 * 160 <= dropped <= 0.75 * 160
 
 
-def test_gpu_check_dry_run_memory_section(tmp_path):
+def test_gpu_check_dry_run_memory_section(tmp_path, capsys):
     report = gpu_check.main(["--dry-run", "--only", "memory", "--out", str(tmp_path)])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  memory ")]
+    assert len(lines) == 3  # each arm's line at 4 significant digits ('seconds': 0.4866371740026807 before)
+    assert all(float(x) == float(f"{float(x):.4g}") for x in re.findall(r"\d+\.\d+(?:e-?\d+)?", "".join(lines)))
     sec = report["sections"]["memory"]
     assert "error" not in sec, sec.get("error")
     rows = {r["arm"]: r for r in sec["rows"]}
@@ -134,6 +141,15 @@ def test_gpu_check_dry_run_every_section(tmp_path):
     for name, sec in report["sections"].items():
         assert "error" not in sec, (name, sec.get("error"))
         assert sec["rows"], name
+
+
+def test_gpu_check_dry_run_writes_under_runs_not_into_the_committed_gpu_results(tmp_path, monkeypatch):
+    """A dry run without --out wrote its tiny-shape CPU numbers into analysis/results/gpu/, where the GPU run's
+    results are kept (and read as such); now into runs/gpu_check/dry_run/ under the working directory."""
+    monkeypatch.chdir(tmp_path)
+    out = Path(gpu_check.parse_args(["--dry-run"]).out)
+    assert out == Path("runs/gpu_check/dry_run") and gpu_check.RESULTS_DIR not in (out.resolve(), *out.resolve().parents)
+    assert gpu_check.parse_args(["--dry-run", "--out", str(tmp_path / "g")]).out == str(tmp_path / "g")
 
 
 def test_gpu_check_refuses_the_full_run_without_a_gpu(capsys):

@@ -166,3 +166,28 @@ def test_testbed_benchmark_scripted_and_graded_per_fact(tmp_path, cache_dir):
         assert r["recall"] == grade(rec, r["text"])["recall"] and len(r["recall"]) == len(rec["queries"])
         assert r["correct"] == grade(rec, r["text"])["correct"]
     assert metrics["testbed"]["recall_n"] == sum(len(r["queries"]) for r in records.values())
+
+
+def test_the_runs_wandb_summary_carries_the_tasks_own_metrics():
+    """W&B got the pooled metrics and accuracy per competition only: the testbed's recall by distance and RULER's /
+    LongBench's subset scores, printed under the console table and kept in metrics.json, never reached it."""
+    from eval.__main__ import log_summary
+    from zoomr.tracking import RunLogger
+
+    class Run:
+        summary: dict = {}
+
+    logger = RunLogger(Run(), namespace="eval")
+    pooled = {"pooled": {"accuracy": 0.5, "problems": 2}, "by_competition": {"c": {"accuracy": 0.5}}}
+    log_summary(logger, "testbed", {**pooled, "testbed": {"recall_all": 0.9, "recall_>256": 0.8, "recall_n": 92},
+                                    "eviction": {"samples": 2}})  # fmt: skip
+    assert Run.summary == {"eval/accuracy": 0.5, "eval/problems": 2, "eval/acc/c": 0.5, "eval/testbed/recall_all": 0.9,
+                           "eval/testbed/recall_>256": 0.8, "eval/testbed/recall_n": 92}  # fmt: skip
+    Run.summary = {}
+    ruler = {"subsets": {"niah_single_1": {"samples": 2, "score": 25.0}}, "average": 25.0, "note": "text", "x": None}
+    log_summary(logger, "ruler", {**pooled, "ruler": ruler})
+    assert Run.summary["eval/ruler/subsets/niah_single_1/score"] == 25.0 and Run.summary["eval/ruler/average"] == 25.0
+    assert "eval/ruler/note" not in Run.summary and "eval/ruler/x" not in Run.summary
+    Run.summary = {}
+    log_summary(logger, "math", pooled)  # a task without metrics of its own
+    assert set(Run.summary) == {"eval/accuracy", "eval/problems", "eval/acc/c"}

@@ -36,9 +36,10 @@ def fake_generate(prompts: list[str], seeds: list[int]) -> list[Generation]:
 
 
 def _evaluate(run_dir, generate=fake_generate, **kw):
+    kw = {"progress": False, **kw}
     with Grader(workers=1, math_verify=False) as grader:
         return evaluate(PROBLEMS, generate, grader, ResultStore(run_dir), lambda p: p.question,
-                        benchmark="toy", n_samples=3, batch_size=4, seed=1234, progress=False, **kw)  # fmt: skip
+                        benchmark="toy", n_samples=3, batch_size=4, seed=1234, **kw)  # fmt: skip
 
 
 def _strip_times(rows):
@@ -56,6 +57,12 @@ def test_rows_have_every_field(tmp_path):
     m = compute_metrics(rows)
     assert set(m["by_competition"]) == {"c0", "c1"}
     assert 0 < m["pooled"]["accuracy"] < 1
+
+
+def test_the_progress_bar_names_the_run_it_belongs_to(tmp_path, capsys):
+    """An analysis running several arms (testbed_table, zoomr_testbed) showed 'eval testbed' for each of them."""
+    _evaluate(tmp_path / "h2o-50", progress=True)
+    assert "eval toy [h2o-50]: 100%" in capsys.readouterr().err
 
 
 def test_interrupted_run_resumes_to_identical_rows(tmp_path):

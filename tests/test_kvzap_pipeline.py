@@ -93,6 +93,7 @@ def test_pairs_then_fit_through_the_configs(tmp_path, cache_dir):
     assert summary["r2_constant"] == 0.0 and summary["mse_constant"] > 0
     assert {"const_r2", "const_det", "const_mse"} <= set(rows[0])
     assert (tmp_path / "fit" / "r2_per_layer.png").stat().st_size > 1000
+    assert (summary["plot"], summary["table"]) == (str(tmp_path / "fit" / "r2_per_layer.png"), str(tmp_path / "fit" / "r2.csv"))
     # a rerun returns the finished fit untouched; another setting in the same run directory is refused
     from train.kvzap import run as run_fit
 
@@ -140,6 +141,18 @@ def test_flop_ratios_match_the_paper_bounds():
     assert all(r.mlp_ratio < 0.011 and r.linear_ratio < 0.0002 for n, r in rows.items() if "tiny" not in n)
     assert shapes_of(tiny_config("qwen2", vocab_size=64)) == KNOWN["tiny (foundation default)"]
 
+
+
+def test_flops_prints_its_table_once_and_writes_the_json_only_when_asked(tmp_path, capsys):
+    """``python -m zoomr.kvzap.flops`` printed its table, then the same numbers again as JSON (0.00015024038461538462)."""
+    from zoomr.kvzap.flops import main
+
+    main([])
+    out = capsys.readouterr().out
+    assert "KVzap-Linear" in out and "0.0150%" in out and "linear_ratio" not in out and len(out.splitlines()) == 5
+    rows = main(["--json", str(tmp_path / "flops.json")])
+    assert json.loads((tmp_path / "flops.json").read_text())[0]["linear_ratio"] == rows[0].linear_ratio
+    assert capsys.readouterr().out.endswith(f"written {tmp_path / 'flops.json'}\n")
 
 
 def test_documents_past_the_models_context_are_refused_before_any_state(tmp_path):

@@ -256,7 +256,7 @@ def test_kvzip_oracle_prunes_the_prompt_by_its_scores(tiny, mode):
                 assert got == [i for i in range(n) if log_s[la, h, i] >= cfg["threshold"] or i >= n - 8]
 
 
-def test_compression_sweep_script_runs_on_the_evaluators_prompts(tmp_path, monkeypatch, cache_dir):
+def test_compression_sweep_script_runs_on_the_evaluators_prompts(tmp_path, monkeypatch, cache_dir, capsys):
     """``python -m analysis.kvzap_compression`` (README, KVzap section) failed at import since the evaluator's
     prompts moved to tasks; it now prompts as ``eval`` does and writes its JSON under the working directory.
     τ = -inf keeps everything (full KV's tokens, nothing removed); a higher τ removes more."""
@@ -283,3 +283,8 @@ def test_compression_sweep_script_runs_on_the_evaluators_prompts(tmp_path, monke
         kvzap_compression.main(["--surrogate", str(tmp_path / "mlp"), "--thresholds=-6,x"])
     with pytest.raises(SystemExit):  # refused before any arm runs (the policy refused it after full KV's arm)
         kvzap_compression.main(["--surrogate", str(tmp_path / "missing"), "--thresholds=-6,nan"])
+    for flag in ("--json", "--out"):  # --out as every bench takes it (README), --json the script's own name
+        with pytest.raises(SystemExit):  # a file that cannot be written: refused before the sweep (a traceback after)
+            kvzap_compression.main(["--surrogate", str(tmp_path / "missing"), "--thresholds=-6",
+                                    flag, str(tmp_path / "runs/bench/kvzap_compression.json/x.json")])  # fmt: skip
+        assert "is a file, so nothing can be written under it" in capsys.readouterr().err

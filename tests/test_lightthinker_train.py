@@ -39,11 +39,24 @@ def test_config_composes_into_its_schema():
         _compose(["method.num_cache_token=3"])  # a typo fails at compose time
 
 
-def test_train_on_traces_and_refuse_a_resume_with_another_layout(tmp_path, cache_dir):
+def test_train_on_traces_and_refuse_a_resume_with_another_layout(tmp_path, cache_dir, monkeypatch):
     import train.lightthinker as recipe
 
     run_dir = tmp_path / "run"
+    logged, start = {}, recipe.start_run  # W&B's summary: the splitter figures were text only (no number reached it)
+
+    def start_run(*args, **kwargs):
+        run, logger = start(*args, **kwargs)
+        logger.summary = logged.update
+        return run, logger
+
+    monkeypatch.setattr(recipe, "start_run", start_run)
     first = recipe.run(_compose([*TINY_RUN, f"cache_dir={cache_dir}"], run_dir))
+    monkeypatch.undo()
+    split = first["heldout_splitter"]  # "recall 0.00, precision 0.00 (teacher-forced argmax at 1 splitters)"
+    assert f"recall {logged['heldout_splitter_recall']:.2f}, precision {logged['heldout_splitter_precision']:.2f} " \
+           f"(teacher-forced argmax at {logged['heldout_splitter_splitters']} splitters)" == split
+    assert logged["steps"] == 4 and logged["heldout_ce_full_kv"] == first["heldout_ce_full_kv"]
     assert first["steps"] == 4 and first["resumed_from"] == "-"
     assert first["loss_end"] < first["loss_start"]
     assert first["heldout_ce_lightthinker"] > 0 and first["heldout_ce_full_kv"] > 0

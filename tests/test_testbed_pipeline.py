@@ -4,6 +4,7 @@ config; the results table decodes every arm, respects the budgets and reuses fin
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -60,14 +61,18 @@ def test_table_arms_budgets_and_resume(checkpoint, tmp_path):
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "arms").glob("*.json")} == stamps
 
 
-def test_zoomr_arms_through_the_evaluator_keep_the_recompute_log(checkpoint, tmp_path):
+def test_zoomr_arms_through_the_evaluator_keep_the_recompute_log(checkpoint, tmp_path, capsys):
     """``analysis.zoomr_testbed``: ZoomR's per-cue selection comes from the recompute log its cache kept,
-    read by the evaluator's inspect hook into the rows; a rerun reuses the finished arms."""
+    read by the evaluator's inspect hook into the rows; a rerun reuses the finished arms. Each arm's console line
+    gives its numbers at 4 significant digits (they were printed whole: 'recall': 0.1253968253968254)."""
     from analysis import zoomr_testbed
     from eval.results import RESULTS_FILE
 
     argv = ["--model", str(checkpoint), "--n", "2", "--batch", "2", "--arms", "full", "zoomr", "--out", str(tmp_path)]
     results = zoomr_testbed.main(argv)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("full {", "zoomr {"))]
+    assert len(lines) == 2 and "'hit_rate': " in lines[1]
+    assert all(float(x) == float(f"{float(x):.4g}") for x in re.findall(r"\d+\.\d+(?:e-?\d+)?", "".join(lines)))
     records = load_test_problems(testbed_arms.trained_data(checkpoint), 2)
     sel = results["zoomr"]["selection"]
     assert sel["cues"] == sum(len(r["queries"]) for r in records) and 0.0 <= sel["hit_rate"] <= 1.0

@@ -234,10 +234,25 @@ def train_testbed(run_dir: Path, cache_dir: str, *overrides: str) -> dict:
     return recipe.run(cfg)
 
 
-def test_testbed_rerun_refuses_other_settings_finishes_at_once_and_continues_when_longer(tmp_path, cache_dir):
+def test_testbed_rerun_refuses_other_settings_finishes_at_once_and_continues_when_longer(tmp_path, cache_dir,
+                                                                                         monkeypatch):
+    import train.testbed_pretrain as recipe
+
     run = tmp_path / "tb"
+    history, summary = {}, {}  # W&B's history and summary keys (history was logged unprefixed: loss, tf_answer_all)
+    start = recipe.start_run
+
+    def start_run(*args, **kwargs):
+        run_dir, logger = start(*args, **kwargs)
+        logger.log, logger.summary = (lambda metrics, step=None: history.update(metrics)), summary.update
+        return run_dir, logger
+
+    monkeypatch.setattr(recipe, "start_run", start_run)
     first = train_testbed(run, cache_dir)
+    monkeypatch.undo()
     assert first["steps"] == 4 and sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-3", "step-4"]
+    assert {"train/loss", "train/lr", "train/tf_answer_all"} <= set(history) and all(k.startswith("train/") for k in history)
+    assert summary["tf_answer_all"] == first["tf_answer_all"]  # RunLogger prefixes it: train/tf_answer_all, one key
     written = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     with pytest.raises(SystemExit, match=r"method.learning_rate: was 0.002, now 0.5"):
         train_testbed(run, cache_dir, "method.learning_rate=0.5")

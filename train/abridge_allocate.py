@@ -146,5 +146,10 @@ def run(cfg) -> dict[str, Any]:
         "next": next_command(cfg.model.name, cfg.data.name, out, num_pause if num_pause != layout.num_pause else None),
     }
     write_summary(plan, summary, f"AbridgeKV allocation: {cfg.run_name}")
+    logger.summary({  # the block above is text; W&B gets its numbers (allocate/base_heldout_ce, ...)
+        "base_heldout_ce": base_ce, "base_quota": quotas[0], "schedule_mean": sum(schedule) / len(schedule),
+        **{f"layer_{i}_ce_increase": c for i, c in enumerate(costs)},
+        **{f"layer_{i}_quota": q for i, q in enumerate(schedule)},
+    })  # fmt: skip
     logger.finish()
     return summary

@@ -171,6 +171,8 @@ def run(cfg) -> dict[str, Any]:
         {
             "seconds": round(seconds, 1),
             "checkpoints": ", ".join(str(out / k) for k in kinds),
+            "table": str(run_dir / "r2.csv"),  # per layer and kind (r2.json the same)
+            "plot": str(run_dir / "r2_per_layer.png"),
             "run_dir": str(run_dir),
         }
     )

@@ -216,6 +216,8 @@ def run(cfg) -> dict[str, Any]:
         "checkpoint": str(final_dir),
         "run_dir": str(run_dir),
     }
+    # the splitter figures are text in the block above: W&B gets them as numbers (train/heldout_splitter_recall, ...)
+    logger.summary({f"heldout_splitter_{k}": split[k] for k in ("recall", "precision", "splitters")})
     return finish_run(plan, logger, summary, f"LightThinker training finished: {cfg.run_name}")
 
 

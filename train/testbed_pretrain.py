@@ -180,6 +180,12 @@ def check_method(method: TestbedTrainMethod, data: TestbedData) -> None:
                     "rises all along and never decays)", method.warmup_steps, method.max_steps)
 
 
+def train_keys(metrics: dict[str, Any]) -> dict[str, float]:
+    """W&B history keys under the run's job type, ``train/loss`` like the other trainers' (``tf_*`` then share their
+    keys with the summary's ``train/tf_*``, where unprefixed they showed up twice)."""
+    return {f"train/{k}": v for k, v in metrics.items()}
+
+
 def run(cfg) -> dict[str, Any]:
     method: TestbedTrainMethod = to_dataclass(TestbedTrainMethod, cfg.method)
     data: TestbedData = to_dataclass(TestbedData, cfg.data)
@@ -269,11 +275,11 @@ def run(cfg) -> dict[str, Any]:
             if read is not None:
                 extra["value_read"] = read.item()
             bar.set_postfix(loss=f"{loss.item():.3f}", len=batch.trace_tokens, tok_s=f"{rate:.0f}")
-            logger.log({"loss": loss.item(), "lr": opt.param_groups[0]["lr"], "trace_tokens": batch.trace_tokens, "tokens_per_s": rate, **extra}, step=step)
+            logger.log(train_keys({"loss": loss.item(), "lr": opt.param_groups[0]["lr"], "trace_tokens": batch.trace_tokens, "tokens_per_s": rate, **extra}), step=step)
         if (step + 1) % method.eval_every == 0 or step + 1 == method.max_steps:
             ev = teacher_forced_eval(model, held_out, kinds, qk if data.summaries else None, method.cue_view_window)
             history.append({"step": step + 1, "seconds": round(elapsed, 1), "tokens": seen, **ev})
-            logger.log(ev, step=step)
+            logger.log(train_keys(ev), step=step)
             tqdm.write(f"step {step + 1}: {elapsed:.0f}s " + " ".join(f"{k}={v:.3f}" for k, v in ev.items()))
         stopped_early = bool(method.max_seconds and elapsed >= method.max_seconds and step + 1 < method.max_steps)
         if (step + 1) % method.save_every == 0 or step + 1 == method.max_steps or stopped_early:

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from zoomr.entry import model_spec, start_run, to_plain
 from zoomr.models import load_model, load_tokenizer
 from zoomr.rundir import finish_run, prepare_run
@@ -61,6 +63,7 @@ def sft_args(
         eval_strategy="steps" if evaluate else "no",
         eval_steps=method.save_steps if evaluate else None,
         per_device_eval_batch_size=method.per_device_batch_size,
+        dataloader_pin_memory=torch.cuda.is_available(),  # (AbridgeKV's too) on CPU torch warned at every epoch
     )
 
 

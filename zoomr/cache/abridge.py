@@ -115,6 +115,9 @@ def checkpoint_layout(model_config) -> tuple[AbridgeLayout, list[int]] | None:
     return None
 
 
+_SAID: set[tuple] = set()  # (checkpoint, layout, quotas) announced in this process
+
+
 @register_policy("abridge", AbridgeMethod)
 class AbridgeCache(PolicyCache):
     def __init__(
@@ -156,7 +159,9 @@ class AbridgeCache(PolicyCache):
         self.prompt_len: torch.Tensor | None = None  # [B] stream tokens of the prompt
         self.generated: torch.Tensor | None = None  # [B] response tokens sampled so far
         self.compacting = False  # this forward carries some sequence's pause tokens
-        if saved:
+        said = (getattr(self.model_config, "_name_or_path", None), repr(layout), tuple(self.quotas))
+        if saved and said not in _SAID:  # once per checkpoint: the evaluator builds a cache for every batch
+            _SAID.add(said)
             log.info("abridge: layout %s and quotas %s from the checkpoint", layout, self.quotas)
 
     def forced_inputs(self, sampled: list[int | None]) -> dict[int, ForcedInput]:

@@ -66,11 +66,10 @@ def main(argv: list[str] | None = None) -> list[FlopRatio]:
     print(f"{'model':<28}{'model MACs/layer/token':>24}{'KVzap-Linear':>16}{'KVzap-MLP':>14}")
     for r in rows:
         print(f"{r.model:<28}{r.model_macs_per_layer:>24,}{r.linear_ratio:>15.4%}{r.mlp_ratio:>14.3%}")
-    text = json.dumps([asdict(r) for r in rows], indent=1)
-    print(text)
-    if args.json:
+    if args.json:  # the table's numbers, written only (they were also printed as JSON below the table)
         with open(args.json, "w") as f:
-            f.write(text)
+            f.write(json.dumps([asdict(r) for r in rows], indent=1))
+        print(f"written {args.json}")
     return rows
 
 
