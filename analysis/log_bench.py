@@ -3,7 +3,8 @@
 Every bench writes a JSON (``bench_decode``, ``bench_zoomr``, ``bench_abridge``, ``bench_throughput``, ...). This
 logs each file as one W&B run of job type ``bench``: name ``<file stem>-<model>``, group ``--group`` or
 ``<model>/bench``, config = the file's ``meta`` (or ``args``) block, summary = every numeric leaf of the rest as
-``bench/<path>`` (``bench/results/full/step_ms``; see :mod:`zoomr.tracking`). Offline without ``WANDB_API_KEY``
+``bench/<path>`` (``bench/results/full/step_ms``, ``bench/rows/h2o-context1024-batch8/step_ms`` for a list of rows;
+see :mod:`zoomr.tracking`). Offline without ``WANDB_API_KEY``
 (``wandb sync`` later); the runs land under ``--dir`` (default: next to each JSON).
 """
 
@@ -19,10 +20,29 @@ from zoomr.tracking import log_summary_run
 CONFIG_KEYS = ("meta", "args", "config", "settings")
 
 
+# the fields that say which measurement a row of a bench's list is (bench_decode: policy, context and batch)
+ROW_KEYS = ("policy", "mode", "arm", "server", "name", "length", "context", "batch", "block_size", "workers",
+            "concurrency")  # fmt: skip
+
+
+def row_label(row: Any) -> str | None:
+    """``h2o-context1024-batch8`` for a row ``{"policy": "h2o", "context": 1024, "batch": 8, ...}``; None when the
+    row names nothing of :data:`ROW_KEYS`."""
+    if not isinstance(row, dict):
+        return None
+    parts = [v if isinstance(v, str) else f"{k}{v}" for k in ROW_KEYS
+             if isinstance(v := row.get(k), str | int) and not isinstance(v, bool)]  # fmt: skip
+    return "-".join(parts) or None
+
+
 def flatten(obj: Any, prefix: str = "") -> dict[str, float]:
-    """Numeric leaves of nested dicts/lists as ``a/b/0/c`` keys (bools and strings left out)."""
+    """Numeric leaves of nested dicts/lists as ``a/b/c`` keys (bools and strings left out). A list of rows is keyed
+    by what each row measures (``rows/h2o-context1024-batch8/step_ms``, its identifying fields left out of the
+    leaves) when that tells every row apart, else by position (``agreeability/0``)."""
     out: dict[str, float] = {}
     items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else []
+    if isinstance(obj, list) and None not in (labels := [row_label(r) for r in obj]) and len(set(labels)) == len(obj):
+        items = ((label, {k: v for k, v in row.items() if k not in ROW_KEYS}) for label, row in zip(labels, obj))
     for k, v in items:
         key = f"{prefix}{k}"
         if isinstance(v, dict | list):

@@ -77,7 +77,7 @@ def run(cfg: Any) -> dict[str, Any]:
         raise SystemExit(f"benchmark {bench.name!r} with +method={name}: {e} (nothing was written)") from None
     with RunLock(cfg.run_dir):
         check_fingerprint(cfg.run_dir, fingerprint(cfg))  # before start_run rewrites config.json
-        run_dir, logger = start_run(cfg, job_type="eval")
+        run_dir, logger = start_run(cfg, job_type="eval", same_run=True)  # a rerun resumes rows and W&B run
         log.info(
             "%s: %d problems x %d samples, %s on %s, method %s -> %s",
             bench.name, len(problems), gen.n_samples, spec.name, device, cfg.run_name, run_dir,

@@ -69,6 +69,19 @@ def test_log_bench_puts_every_numeric_result_under_bench_keys(tmp_path, monkeypa
         log_bench([str(tmp_path / "missing.json")])
 
 
+def test_log_bench_keys_a_list_of_rows_by_what_each_row_measures():
+    """bench_decode's rows (and bench_train_step's, policy_overhead's, ...) reached W&B as bench/rows/7/step_ms: which
+    policy, context and batch row 7 was could not be told from the dashboard."""
+    from analysis.log_bench import flatten
+
+    rows = [{"policy": p, "context": 1024, "batch": b, "step_ms": ms} for p, b, ms in (("full", 1, 2.0), ("h2o", 8, 1.5))]
+    assert flatten({"rows": rows}) == {"rows/full-context1024-batch1/step_ms": 2.0,
+                                       "rows/h2o-context1024-batch8/step_ms": 1.5}  # fmt: skip
+    assert flatten({"results": [{"mode": "eager", "step_s": 0.4, "first_loss": 6.5}]}) == {
+        "results/eager/step_s": 0.4, "results/eager/first_loss": 6.5}
+    same = [{"policy": "full", "step_ms": 1.0}, {"policy": "full", "step_ms": 2.0}]  # not told apart: by position
+    assert flatten({"rows": same, "agreeability": [0.5, None]}) == {
+        "rows/0/step_ms": 1.0, "rows/1/step_ms": 2.0, "agreeability/0": 0.5}
 @pytest.mark.parametrize("content, message", [("[]", "a bench JSON is an object, got list"),
                                               ('{"meta": {"model": "m"}, "ok": true}', "no numeric results to log")])  # fmt: skip
 def test_log_bench_logs_nothing_when_a_later_file_cannot_be_logged(tmp_path, monkeypatch, content, message):

@@ -165,3 +165,23 @@ def test_the_log_level_variable_applies_after_hydra_configured_logging_and_a_bad
     finally:
         root.removeHandler(handler)
         root.setLevel(level)
+
+
+def test_a_run_directory_keeps_one_wandb_run_across_reruns(tmp_path, monkeypatch):
+    """Each rerun of an evaluation (resumed after a kill, or the finished command again) started another W&B run of
+    the same name, the finished one's figures twice in the project; now ``same_run`` resumes the directory's run."""
+    import wandb
+
+    from zoomr.tracking import RUN_ID_FILE, kept_run_id
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    asked = []
+    monkeypatch.setattr(wandb, "init", lambda **kw: asked.append(kw) or object())
+    for _ in range(2):
+        init_run(project="p", name="n", group="g", config={}, mode="offline", dir=tmp_path, job_type="eval", same_run=True)
+    kept = (tmp_path / "wandb" / RUN_ID_FILE).read_text().strip()
+    assert [(kw["id"], kw["resume"]) for kw in asked] == [(kept, "allow")] * 2 and kept == kept_run_id(tmp_path)
+    init_run(project="p", name="n", group="g", config={}, mode="offline", dir=tmp_path / "other")  # trainers: as before
+    assert (asked[-1]["id"], asked[-1]["resume"]) == (None, None) and not (tmp_path / "other" / "wandb").exists()
+    init_run(project="p", name="n", group="g", config={}, mode="disabled", dir=tmp_path / "off", same_run=True)
+    assert len(asked) == 3 and not (tmp_path / "off").exists()  # logger=none: nothing written

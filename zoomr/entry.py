@@ -347,8 +347,9 @@ def pick_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
-def start_run(cfg: Any, job_type: str) -> tuple[Path, RunLogger]:
-    """Create the run directory, write the resolved config, start the tracker."""
+def start_run(cfg: Any, job_type: str, same_run: bool = False) -> tuple[Path, RunLogger]:
+    """Create the run directory, write the resolved config, start the tracker (``same_run``: one W&B run per run
+    directory, resumed by a rerun; :func:`zoomr.tracking.kept_run_id`)."""
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     plain = to_plain(cfg)
@@ -364,6 +365,7 @@ def start_run(cfg: Any, job_type: str) -> tuple[Path, RunLogger]:
         mode=cfg.logger.mode,
         dir=run_dir,
         job_type=job_type,
+        same_run=same_run,
     )
     return run_dir, logger
 

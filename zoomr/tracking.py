@@ -157,14 +157,19 @@ def init_run(
     tags: list[str] | None = None,
     dir: str | Path | None = None,
     job_type: str | None = None,
+    same_run: bool = False,
 ) -> RunLogger:
-    """Start a W&B run (or return a disabled logger). ``config`` is the resolved config, scrubbed."""
+    """Start a W&B run (or return a disabled logger). ``config`` is the resolved config, scrubbed. ``same_run``:
+    every run in ``dir`` is one W&B run (:func:`kept_run_id`), resumed by a rerun rather than added again."""
     mode = resolve_mode(mode)
     if mode == "disabled":
         return RunLogger(None)
     import wandb
 
+    run_id = kept_run_id(dir) if same_run and dir else None
     run = wandb.init(
+        id=run_id,
+        resume="allow" if run_id else None,
         project=project,
         entity=entity,
         name=name,
@@ -178,6 +183,25 @@ def init_run(
     )
     log.info("W&B run %s (%s, group %s, job type %s)", name, mode, group, job_type)
     return RunLogger(run, namespace=job_type)
+
+
+RUN_ID_FILE = "zoomr_run_id"  # under <dir>/wandb/, beside W&B's own files
+
+
+def kept_run_id(dir: str | Path) -> str:
+    """The W&B run id of the runs in ``dir``, made by the first and kept in ``<dir>/wandb/zoomr_run_id``: a rerun of
+    the same evaluation (resumed after a kill, or the finished command again) updates that W&B run; it added another
+    run each time, the finished one's figures twice in the project (offline: each rerun's files sync into the one run).
+    Removing ``<dir>/wandb/`` starts a new W&B run."""
+    path = Path(dir) / "wandb" / RUN_ID_FILE
+    if path.is_file() and re.fullmatch(r"[0-9a-z]{8,64}", kept := path.read_text().strip()):
+        return kept
+    import uuid
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    run_id = uuid.uuid4().hex[:16]
+    path.write_text(run_id + "\n")
+    return run_id
 
 
 def log_summary_run(
