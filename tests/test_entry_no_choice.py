@@ -182,6 +182,20 @@ def test_an_out_option_that_cannot_be_written_is_refused_when_the_command_line_i
     assert a_file.read_text() == "kept"
 
 
+def test_a_directory_out_given_a_file_name_is_refused(tmp_path):
+    """``bench_throughput --out x.json`` made a directory named x.json; a directory that exists keeps its name."""
+    import argparse
+
+    from zoomr.paths import output_dir
+
+    with pytest.raises(argparse.ArgumentTypeError, match=r"x.json names a .json file, but this --out is the directory"):
+        output_dir(str(tmp_path / "x.json"))
+    assert not (tmp_path / "x.json").exists()
+    (tmp_path / "runs.v2.md").mkdir()
+    assert output_dir(str(tmp_path / "runs.v2.md")) == str(tmp_path / "runs.v2.md")
+    assert output_dir(str(tmp_path / "sweep.1e-3")) == str(tmp_path / "sweep.1e-3")
+
+
 def test_select_reads_a_dotted_key_from_a_config_or_plain_dicts():
     from omegaconf import OmegaConf
 

@@ -49,6 +49,9 @@ def _refuses_entries(directory: Path) -> str | None:
     return None
 
 
+FILE_SUFFIXES = (".json", ".jsonl", ".md", ".csv", ".tex", ".png", ".pdf", ".txt")  # never a directory's name
+
+
 def output_dir(value: str) -> str:
     """argparse ``type=`` of an ``--out`` directory: refused when the command line is read, not at the first write
     after the tool's work (a traceback that lost the work)."""
@@ -56,6 +59,11 @@ def output_dir(value: str) -> str:
 
     if problem := output_problem(value, directory=True):
         raise argparse.ArgumentTypeError(problem)
+    suffix = Path(value).suffix.lower()
+    if suffix in FILE_SUFFIXES and not Path(value).expanduser().is_dir():  # `--out x.json` made a directory x.json
+        raise argparse.ArgumentTypeError(
+            f"{value} names a {suffix} file, but this --out is the directory the tool writes its files in; give a directory"
+        )
     return value
 
 
