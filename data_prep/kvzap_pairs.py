@@ -163,13 +163,17 @@ def score_document(model, pretext: RepeatPretext, doc: Document, p: KVzapPairsPi
         raise ValueError(f"document {doc.index}: pretext context of {pretext.n_context} tokens, not {len(doc.ids)}")
     scores = kvzip_scores(model, pretext, chunk_size=p.chunk_size, keep_hidden=True)
     pos = sample_positions(len(doc.ids), p.tokens_per_doc, seed, doc.index)
-    return {
+    pairs = {
         "h": scores.hidden[:, pos].to(store_dtype),  # (L, k, D)
         "y": scores.log(plus=True)[:, :, pos].transpose(1, 2),  # (L, k, H_kv)
         "y_kvzip": scores.log(plus=False)[:, :, pos].transpose(1, 2),
-        "pos": pos,
-        "floored": int((scores.kvzip_plus[:, :, pos] <= LOG_FLOOR).sum()),
     }
+    for name, values in pairs.items():  # the fit refuses such shards; say so here, naming the cause, before writing
+        if bad := int((~torch.isfinite(values)).sum()):
+            overflow = f" (pipeline.store_dtype={p.store_dtype} overflows; try float32)" if name == "h" else ""
+            raise SettingsError(f"document {doc.index}: {bad} non-finite values in its {name} pairs{overflow}; "
+                                "nothing of this shard was written")  # fmt: skip
+    return {**pairs, "pos": pos, "floored": int((scores.kvzip_plus[:, :, pos] <= LOG_FLOOR).sum())}
 
 
 def write_shards(

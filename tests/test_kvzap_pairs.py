@@ -150,3 +150,19 @@ def test_pairs_deterministic_resumable_and_correct(model_tok, sources, tmp_path)
     X, y = load_layer(tmp_path / "a", 2, "val")
     assert X.shape == (manifest["n_pairs"]["val"], 256) and y.shape == (manifest["n_pairs"]["val"], 2)
     assert torch.isfinite(y).all()
+
+
+def test_pairs_that_overflow_their_store_dtype_are_refused_before_a_shard(model_tok, sources, tmp_path):
+    """Hidden states past float16's range were stored as inf and written; the fit then refused the shard (or, before
+    that, fitted NaN surrogates). The pipeline now names the document and the cause before writing the shard."""
+    import copy
+
+    model, tok = model_tok
+    loud = copy.deepcopy(model)
+    with torch.no_grad():
+        for layer in loud.model.layers:  # the surrogate's input is the attention's: past 65,504, float16's largest
+            layer.input_layernorm.weight.mul_(1e6)
+    p = settings(tmp_path / "a", sources, store_dtype="float16")
+    with pytest.raises(SettingsError, match=r"non-finite values in its h pairs \(pipeline.store_dtype=float16 overflows"):
+        make_pairs(loud, tok, p, seed=5, model_info={"name": "tiny-qwen2", **describe(model)})
+    assert not list((tmp_path / "a").glob("shard-*"))
