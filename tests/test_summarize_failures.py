@@ -4,6 +4,7 @@ bounded on a hanging one; nothing finished is lost; a relative out_dir lands in 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -94,14 +95,31 @@ def test_an_input_without_usable_rows_is_refused_before_the_run_directory(tmp_pa
     assert not (tmp_path / "run").exists() and not (tmp_path / "out").exists()
 
 
-class _TricklingHandler(BaseHTTPRequestHandler):
+class _QuietHandler(BaseHTTPRequestHandler):
+    """A test server's handler that logs nothing (http.server prints every request to stderr)."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _serving(handler: type[BaseHTTPRequestHandler]):
+    """A real HTTP server on a free port with ``handler``, for the duration; yields its ``/v1`` base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class _TricklingHandler(_QuietHandler):
     """Sends the headers of a 200 and then one byte of its body every 0.1 s for 8 s: each read is quick, the answer
     never comes (a proxy keeping a dead upstream alive)."""
 
     stop = threading.Event()
-
-    def log_message(self, *args: object) -> None:
-        pass
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers["Content-Length"]))
@@ -121,19 +139,14 @@ class _TricklingHandler(BaseHTTPRequestHandler):
 def test_a_server_trickling_its_answer_is_bounded_by_the_request_timeout(tmp_path):
     """httpx's timeout bounds each read, not the request: a server sending a byte every 0.1 s held a request (and
     the run) for as long as it kept sending, past endpoint.timeout_s and stall_timeout_s."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _TricklingHandler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_port}/v1"
-    try:
-        t0 = time.monotonic()
-        with pytest.raises(SummarizeFailed, match="no answer accepted") as e:
-            run_pipeline(tmp_path, url, timeout_s=0.5, max_retries=1000, stall_timeout_s=1.0)
-        seconds = time.monotonic() - t0
-    finally:
-        _TricklingHandler.stop.set()
-        server.shutdown()
-        server.server_close()
+    with _serving(_TricklingHandler) as url:
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(SummarizeFailed, match="no answer accepted") as e:
+                run_pipeline(tmp_path, url, timeout_s=0.5, max_retries=1000, stall_timeout_s=1.0)
+            seconds = time.monotonic() - t0
+        finally:
+            _TricklingHandler.stop.set()  # before the server's shutdown, which waits for the handler
     assert seconds < 1.0 + 0.5 + 3  # stall timeout + one request timeout + slack
     assert url in str(e.value) and "timeout: " in str(e.value)
 
@@ -170,11 +183,8 @@ def test_a_store_locked_by_another_process_stops_the_run_naming_it(tmp_path):
     assert report.done == 0 and report.requested == len(jobs) > 0
 
 
-class _BadGzipHandler(BaseHTTPRequestHandler):
+class _BadGzipHandler(_QuietHandler):
     """Answers 200 with ``Content-Encoding: gzip`` and a body that is not gzip (a misconfigured proxy)."""
-
-    def log_message(self, *args: object) -> None:
-        pass
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers["Content-Length"]))
@@ -188,16 +198,8 @@ class _BadGzipHandler(BaseHTTPRequestHandler):
 def test_a_body_that_does_not_decode_is_a_failed_attempt_not_a_traceback(tmp_path):
     """httpx's DecodingError (a body its Content-Encoding does not decode) escaped the client's retry loop and ended
     the run in its traceback, without stats.json; now it is a bad_json attempt like any other malformed answer."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _BadGzipHandler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_port}/v1"
-    try:
-        with pytest.raises(SummarizeFailed, match="every request failed") as e:
-            run_pipeline(tmp_path, url, rows=small_rows()[:1], max_retries=1)
-    finally:
-        server.shutdown()
-        server.server_close()
+    with _serving(_BadGzipHandler) as url, pytest.raises(SummarizeFailed, match="every request failed") as e:
+        run_pipeline(tmp_path, url, rows=small_rows()[:1], max_retries=1)
     assert e.value.stats["attempts"]["bad_json"] == 2 * e.value.stats["summaries_requested"] > 0
     assert (tmp_path / "stats.json").exists()
 
@@ -223,11 +225,8 @@ def test_data_settings_the_summariser_cannot_use_are_refused_by_name(tmp_path, o
     assert not (tmp_path / "out").exists()
 
 
-class _RedirectHandler(BaseHTTPRequestHandler):
+class _RedirectHandler(_QuietHandler):
     """Answers every request with a 308 to https (a proxy moving the endpoint), with no body."""
-
-    def log_message(self, *args: object) -> None:
-        pass
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers["Content-Length"]))
@@ -239,13 +238,6 @@ class _RedirectHandler(BaseHTTPRequestHandler):
 
 def test_a_redirect_names_where_the_endpoint_moved(tmp_path):
     """A redirect stopped the run with "HTTP 308: ''", not saying where to; the message now names the Location."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _RedirectHandler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        with pytest.raises(SummarizeFailed, match="HTTP 308: redirected to https://llm.example/v1/chat/completions; "
-                                                  "give the endpoint's own address as endpoint.base_url"):  # fmt: skip
-            run_pipeline(tmp_path, f"http://127.0.0.1:{server.server_port}/v1", rows=small_rows()[:1])
-    finally:
-        server.shutdown()
-        server.server_close()
+    moved = "HTTP 308: redirected to https://llm.example/v1/chat/completions; give the endpoint's own address as endpoint.base_url"
+    with _serving(_RedirectHandler) as url, pytest.raises(SummarizeFailed, match=moved):
+        run_pipeline(tmp_path, url, rows=small_rows()[:1])
