@@ -32,6 +32,11 @@ def is_integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def is_finite_number(value: Any) -> bool:
+    """An ``int`` or ``float`` (not a ``bool``) that is neither NaN nor infinite."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def type_problem(name: str, value: Any, hint: Any) -> str | None:
     """``"<name>=<value> (must be an int)"`` when ``value`` lacks the type of a scalar field ``hint`` (``int``,
     ``float``, ``bool``, ``str``; an int is a float, None passes, other hints are not checked here); else None.
