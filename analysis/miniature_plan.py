@@ -28,7 +28,7 @@ from zoomr.schemas.checks import SettingsError
 # boundary (MINIATURE_NOTES). The paper's C = 512 (4:1 with q = 128) would leave a 1,024-token trace one completed block.
 BLOCK, PAUSES = 64, 16
 ABRIDGE_STEPS = 3000  # the C = 64 models' first stage
-KVZAP_THRESHOLDS = (-8.0, -7.0, -6.0, -5.75, -5.5, -5.0, -4.0)  # log-score thresholds τ (analysis/miniature_kvzap.py);
+KVZAP_THRESHOLDS = (-8.0, -7.0, -6.0, -5.75, -5.5, -5.0, -4.0)  # log-score thresholds τ (README, KVzap on the testbed);
 # -5.75 refines the grid where compression crosses 50% (between -6 and -5.5 on the validation seed 1,000,003)
 SECOND_STAGE = ("method.optim.learning_rate=5e-4", "data.seed=1")  # AbridgeKV's second stage: half the peak LR, fresh problems
 THIRD_STAGE = ("method.optim.learning_rate=5e-4", "data.seed=2")  # the per-layer model's third: other fresh problems
@@ -188,7 +188,7 @@ MODELS: dict[str, Model] = {
               _abridge(None, steps=2000, start="abridge_c64_perlayer", pauses=2 * PAUSES,
                        extra=(_schedule("abridge_c64_alloc"), *SECOND_STAGE)),
               needs=("abridge_c64_perlayer", "abridge_c64_alloc")),
-        # KVzap (analysis/miniature_kvzap.py): pairs from the base model's own hidden states on training-stream
+        # KVzap (README, KVzap on the testbed): pairs from the base model's own hidden states on training-stream
         # traces, then the linear and MLP surrogates; the arms serve the base model with them
         Model("kvzap_pairs", ("+pipeline=kvzap_pairs_testbed", "model=tiny-testbed", "model.hf_id={base}"),
               needs=("base",), entry="data_prep", done="runs/kvzap/{base_name}/pairs/manifest.json", serves="base"),

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 from hydra import compose, initialize_config_dir
 
-from analysis.miniature import done_file, ensure_model, eval_command, train_command
+from analysis.miniature import checkpoint, done_file, ensure_model, eval_command, train_command
 from analysis.miniature_plan import ARMS, MODELS, full_arm, plan
 from zoomr.entry import CONF_DIR
 from zoomr.paths import REPO_ROOT
@@ -128,6 +128,23 @@ def test_abridge_trains_at_c256_on_its_own_allocation_and_the_evictors_keep_a_qu
         cmd = eval_command(ARMS[e if block == 256 else f"{e}_c{block}"], MiniatureTask(n=8, test_seed=2_000_003), None)
         method = _compose("eval", cmd[3:]).method
         assert (method.name, method.block_size, method.quota) == (e, block, block // 4)
+
+
+def test_kvzap_fits_the_base_models_own_pairs_from_other_problems_and_its_arms_serve_those_surrogates():
+    pairs = _compose("data_prep", train_command("kvzap_pairs", 1024)[3:])
+    fit = _compose("train", train_command("kvzap", 1024)[3:])
+    base = str(checkpoint("base", 1024))
+    assert pairs.model.hf_id == fit.model.hf_id == base  # the base model's own hidden states
+    assert pairs.pipeline.testbed.seed < 1_000_003  # a training stream; test seeds are 1,000,003 and up
+    assert fit.method.pairs_dir == pairs.pipeline.out_dir  # the fit reads what the pipeline writes
+    thresholds = {a.extra["threshold"] for a in ARMS.values() if a.method in ("kvzap", "kvzap_linear")}
+    assert len(thresholds) >= 4  # the grid: at least four thresholds per surrogate
+    for name in ("kvzap@-5", "kvzap_linear@-5"):
+        cmd = eval_command(ARMS[name], MiniatureTask(n=8, test_seed=2_000_003), None)
+        method = _compose("eval", cmd[3:]).method
+        assert method.surrogate_dir == fit.method.surrogate_dir and method.threshold == -5
+        assert method.model_type == ("linear" if name.startswith("kvzap_linear") else "mlp")
+        assert method.decoding and method.window == 128  # the paper's window, pruning in prefill and decoding
 
 
 def test_lightthinker_trains_as_long_as_a_uniform_abridgekv_stage():
