@@ -144,3 +144,14 @@ def test_a_budget_below_one_row_is_refused_not_clamped(tmp_path):
     with pytest.raises(ValueError, match=r"method.budget_fraction=0.001: .* is budget_rows=0, which h2o cannot use"):
         resolve_budget(cfg)
     assert cfg.method.budget_rows == 1024 and not (tmp_path / "h2o").exists()
+
+
+@pytest.mark.parametrize("pooled", ['{"rows_mean": null, "rows_peak_mean": 180.0}', '{"rows_mean": 120.0, "rows_peak_mean": NaN}'])
+def test_a_reference_whose_rows_are_not_numbers_is_named(tmp_path, pooled):
+    """A reference ``metrics.json`` with ``rows_mean: null`` was a TypeError traceback (``budget_fraction * None``,
+    or formatting the rows of the refusal); a NaN became 'budget_rows=nan, which h2o cannot use'."""
+    ref = _finished(tmp_path / "full", None, rows_mean=0.0, rows_peak_mean=0.0)
+    (ref / "metrics.json").write_text('{"pooled": ' + pooled + "}")
+    for arg in ("method.budget_fraction=0.5", f"method.budget_match={ref}"):
+        with pytest.raises(SystemExit, match=r"full/metrics.json has pooled rows_(peak_)?mean=(None|nan), not a number"):
+            resolve_budget(_cfg(tmp_path / "h2o", "+method=h2o", arg))
