@@ -52,6 +52,9 @@ def _cfg(run_dir, cache_dir, *overrides):
         (["+method=streaming", "method.budget_rows=2"], "budget_rows > n_sink"),
         (["+method=kvzip", "method.chunk_size=0"], "method.chunk_size=0"),  # was a traceback after config.json
         (["+method=kvzip", "method.threshold=nan"], "threshold is NaN"),  # was accepted: log s < nan keeps all
+        # was accepted: the threshold rule ran, config.json and the fingerprint said ratio 0.3
+        (["+method=kvzip", "method.mode=threshold", "method.ratio=0.3"], "method.ratio=0.3 would be ignored with method.mode=threshold"),
+        (["+method=kvzip", "method.window=16"], "method.window=16 would be ignored with method.mode=ratio"),
         (["+method=lightthinker", "method.page_size=0"], "method.page_size=0"),  # was a traceback after config.json
     ],
 )
