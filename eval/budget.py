@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from zoomr.jsonl import read_json_object
-from zoomr.schemas.checks import SettingsError
+from zoomr.schemas.checks import SettingsError, is_finite_number
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,10 @@ def _reference(run_dir: Path, what: str, fix: str) -> tuple[dict[str, Any], dict
     pooled = read_json_object(metrics_file, "eval metrics").get("pooled")
     if not isinstance(pooled, dict) or not {"rows_mean", "rows_peak_mean"} <= set(pooled):
         raise SystemExit(f"{what}: {metrics_file} has no pooled rows_mean / rows_peak_mean (not an eval run's metrics)")
+    wrong = {k: pooled[k] for k in ("rows_mean", "rows_peak_mean") if not is_finite_number(pooled[k]) or pooled[k] < 0}
+    if wrong:  # null was a TypeError traceback, NaN a budget of 'nan' rows
+        shown = ", ".join(f"{k}={v!r}" for k, v in wrong.items())
+        raise SystemExit(f"{what}: {metrics_file} has pooled {shown}, not a number of rows (a damaged metrics.json)")
     config_file = run_dir / "config.json"
     config = read_json_object(config_file, "run config") if config_file.is_file() else {}
     return pooled, config

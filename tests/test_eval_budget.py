@@ -130,3 +130,28 @@ def test_tiny_run_says_it_never_evicted_then_a_fraction_does(tmp_path, cache_dir
     assert half["pooled"]["rows_peak_max"] <= budget + 1
     summary = json.loads((tmp_path / "streaming-50" / "summary.json").read_text())
     assert summary["evicted_samples"] == longer
+
+
+def test_a_budget_below_one_row_is_refused_not_clamped(tmp_path):
+    """``match_budget`` turned 0, -5 or 0.2 rows into ``budget_rows=1`` without a word (a fraction of a short full-KV
+    run decoded at one row), and NaN / infinity / a string were a ValueError, OverflowError or TypeError traceback."""
+    for rows in (0, -5, 0.2, float("nan"), float("inf"), "5", True):
+        with pytest.raises(ValueError, match=rf"match_budget: rows={rows!r} is not a row budget for policy 'h2o'"):
+            match_budget(H2OConfig(), rows)
+    assert match_budget(H2OConfig(), 0.6).budget_rows == 1 and match_budget(H2OConfig(), 2).budget_rows == 2
+    _finished(tmp_path / "full", None, rows_mean=120.0, rows_peak_mean=180.0)
+    cfg = _cfg(tmp_path / "h2o", "+method=h2o", "method.budget_fraction=0.001")
+    with pytest.raises(ValueError, match=r"method.budget_fraction=0.001: .* is budget_rows=0, which h2o cannot use"):
+        resolve_budget(cfg)
+    assert cfg.method.budget_rows == 1024 and not (tmp_path / "h2o").exists()
+
+
+@pytest.mark.parametrize("pooled", ['{"rows_mean": null, "rows_peak_mean": 180.0}', '{"rows_mean": 120.0, "rows_peak_mean": NaN}'])
+def test_a_reference_whose_rows_are_not_numbers_is_named(tmp_path, pooled):
+    """A reference ``metrics.json`` with ``rows_mean: null`` was a TypeError traceback (``budget_fraction * None``,
+    or formatting the rows of the refusal); a NaN became 'budget_rows=nan, which h2o cannot use'."""
+    ref = _finished(tmp_path / "full", None, rows_mean=0.0, rows_peak_mean=0.0)
+    (ref / "metrics.json").write_text('{"pooled": ' + pooled + "}")
+    for arg in ("method.budget_fraction=0.5", f"method.budget_match={ref}"):
+        with pytest.raises(SystemExit, match=r"full/metrics.json has pooled rows_(peak_)?mean=(None|nan), not a number"):
+            resolve_budget(_cfg(tmp_path / "h2o", "+method=h2o", arg))

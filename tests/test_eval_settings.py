@@ -47,9 +47,14 @@ def _cfg(run_dir, cache_dir, *overrides):
         (["grading.timeout_s=inf"], "grading.timeout_s must be > 0 and finite"),  # was an OverflowError traceback
         (["grading.max_error_rate=2"], "grading.max_error_rate must lie in"),
         (["+method=rkv", "method.similarity_threshold=1.5"], "similarity_threshold is a cosine similarity"),
+        # was accepted and ignored: rkv_serving compacts every compact_every tokens (rows equal to the default's)
+        (["+method=rkv_serving", "method.buffer=0"], "method.buffer=0 would be ignored: rkv_serving compacts"),
         (["+method=streaming", "method.budget_rows=2"], "budget_rows > n_sink"),
         (["+method=kvzip", "method.chunk_size=0"], "method.chunk_size=0"),  # was a traceback after config.json
         (["+method=kvzip", "method.threshold=nan"], "threshold is NaN"),  # was accepted: log s < nan keeps all
+        # was accepted: the threshold rule ran, config.json and the fingerprint said ratio 0.3
+        (["+method=kvzip", "method.mode=threshold", "method.ratio=0.3"], "method.ratio=0.3 would be ignored with method.mode=threshold"),
+        (["+method=kvzip", "method.window=16"], "method.window=16 would be ignored with method.mode=ratio"),
         (["+method=lightthinker", "method.page_size=0"], "method.page_size=0"),  # was a traceback after config.json
     ],
 )

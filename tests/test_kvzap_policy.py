@@ -229,8 +229,8 @@ def test_kvzip_oracle_prunes_the_prompt_by_its_scores(tiny, mode):
     prompt = tok("The capital of France is Paris. The capital of Spain is Madrid. " * 3).input_ids
     log_s = kvzip_scores(model, build_repeat_pretext(tok, prompt)).log()  # [L, H, n]
     L, H, n = log_s.shape
-    cfg = {"policy": "kvzip", "mode": mode, "ratio": 0.5, "n_sink": 2, "window": 8,
-           "threshold": float(log_s.median())}  # fmt: skip
+    own = {"ratio": 0.5, "n_sink": 2} if mode == "ratio" else {"window": 8, "threshold": float(log_s.median())}
+    cfg = {"policy": "kvzip", "mode": mode, **own}
     cache = build_policy(cfg, model.config, tok)
     out = generate(
         model, tok, [prompt], cache, DecodeSettings(max_new_tokens=5, progress=False, stop_token_ids=[])

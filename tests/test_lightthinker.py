@@ -221,7 +221,13 @@ def test_policy_builds_from_the_method_config_and_reads_checkpoints(model_tok, t
     save_config(tmp_path, 6)
     config = model.config.__class__.from_dict(model.config.to_dict())
     config._name_or_path = str(tmp_path)
-    assert build_policy({"name": "lightthinker", "num_cache_tokens": 5}, config, tok).tt.n == 6
+    assert build_policy({"name": "lightthinker"}, config, tok).tt.n == 6  # the checkpoint's n
+    assert build_policy({"name": "lightthinker", "num_cache_tokens": 6}, config, tok).tt.n == 6
+    # another n was served as the checkpoint's 6 while config.json said 5
+    with pytest.raises(ValueError, match=r"num_cache_tokens=5, but .*lightthinker.json was trained with 6 cache"):
+        build_policy({"name": "lightthinker", "num_cache_tokens": 5}, config, tok)
+    assert build_policy({"name": "lightthinker", "num_cache_tokens": 5, "layout_from_checkpoint": False}, config,
+                        tok).tt.n == 5  # fmt: skip
     (tmp_path / "lightthinker.json").write_text('{"num_cache_tokens": "6"}')  # was int("6"); a typo: a traceback
     with pytest.raises(ValueError, match="lightthinker.json: num_cache_tokens must be an integer >= 1, got '6'"):
         build_policy({"name": "lightthinker"}, config, tok)

@@ -9,7 +9,7 @@ the oracle the KVzap surrogate (:mod:`zoomr.cache.kvzap`) approximates.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -52,6 +52,15 @@ class KVzipConfig(PolicyConfig):
         check_fields(self, "method", n_sink=NON_NEGATIVE, window=NON_NEGATIVE, chunk_size=AT_LEAST_ONE)
         if math.isnan(self.threshold):
             raise ValueError("KVzipConfig: threshold is NaN (give a number; -.inf keeps every row)")
+        # the other mode's fields: method.mode=threshold method.ratio=0.3 ran the threshold rule, recorded as ratio 0.3
+        other = ("threshold", "window") if self.mode == "ratio" else ("ratio", "layerwise", "n_sink")
+        defaults = {f.name: f.default for f in fields(self)}
+        if changed := [f"method.{k}={getattr(self, k)!r}" for k in other if getattr(self, k) != defaults[k]]:
+            raise ValueError(
+                f"KVzipConfig: {', '.join(changed)} would be ignored with method.mode={self.mode} (ratio, layerwise "
+                "and n_sink belong to mode=ratio, threshold and window to mode=threshold); set the mode they belong "
+                "to or leave them at their defaults"
+            )
 
 
 @register_policy("kvzip", KVzipConfig)

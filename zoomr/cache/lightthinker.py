@@ -78,6 +78,13 @@ def resolve_cache_tokens(config: LightThinkerMethod, model_config, explicit: int
             "method.allow_untrained=true to run on this model anyway (a smoke test, not a result)"
         )
     saved = found if config.layout_from_checkpoint else None
+    if saved is not None and config.num_cache_tokens not in (None, saved):  # the checkpoint's n won without a word
+        raise ValueError(
+            f"lightthinker policy: method.num_cache_tokens={config.num_cache_tokens}, but "
+            f"{model_config._name_or_path}/{FILENAME} was trained with {saved} cache tokens, which serving uses; "
+            f"leave method.num_cache_tokens=null (or {saved}), or set method.layout_from_checkpoint=false to serve "
+            "with another n"
+        )
     if saved is not None:
         return saved
     if config.num_cache_tokens is not None:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import pkgutil
 from collections.abc import Callable, Mapping
+from numbers import Real
 from typing import Any
 
 from zoomr.cache.base import PolicyCache
@@ -108,8 +110,13 @@ def match_budget(cfg: Any, rows: float) -> Any:
     config = policy_config(cfg)
     if not has_row_budget(config):
         raise ValueError(f"policy {config.policy!r} has no row budget (budget_rows)")
+    if isinstance(rows, bool) or not isinstance(rows, Real) or not math.isfinite(rows) or round(rows) < 1:
+        raise ValueError(  # was max(1, round(rows)): 0, -5 or 0.2 rows silently became a budget of 1 row
+            f"match_budget: rows={rows!r} is not a row budget for policy {config.policy!r} (need a finite number "
+            "that rounds to at least 1 row)"
+        )
     return dataclasses.replace(
-        config, budget_rows=max(1, round(rows)), budget_fraction=None, budget_reference=None, budget_match=None
+        config, budget_rows=round(rows), budget_fraction=None, budget_reference=None, budget_match=None
     )
 
 

@@ -26,6 +26,12 @@ class RKVServingConfig(RKVConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_positive("RKVServingConfig", compact_every=self.compact_every)
+        if self.buffer != RKVConfig.buffer:  # R-KV's budget + buffer trigger: this variant never reads it
+            raise ValueError(
+                f"RKVServingConfig: method.buffer={self.buffer} would be ignored: rkv_serving compacts at the end of "
+                "the prefill and every method.compact_every generated tokens, not at budget_rows + buffer rows "
+                f"(that is +method=rkv); leave buffer at {RKVConfig.buffer}"
+            )
 
 
 @register_policy("rkv_serving", RKVServingConfig)
