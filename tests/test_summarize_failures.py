@@ -241,3 +241,26 @@ def test_a_redirect_names_where_the_endpoint_moved(tmp_path):
     moved = "HTTP 308: redirected to https://llm.example/v1/chat/completions; give the endpoint's own address as endpoint.base_url"
     with _serving(_RedirectHandler) as url, pytest.raises(SummarizeFailed, match=moved):
         run_pipeline(tmp_path, url, rows=small_rows()[:1])
+
+
+def test_a_retry_after_given_as_an_http_date_is_honoured_and_capped():
+    """``Retry-After: <HTTP date>`` (RFC 9110 allows it beside seconds) was read as no header, and the client backed
+    off exponentially from a few ms, hammering a server that had said when to come back; now the date is honoured,
+    capped by ``backoff_max_s`` like the seconds form."""
+    import datetime
+    from email.utils import format_datetime
+
+    import httpx
+
+    from data_prep.llm_client import ChatClient, EndpointSettings, _retry_after
+
+    def after(value: str) -> float | None:
+        return _retry_after(httpx.Response(429, headers={"Retry-After": value}))
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    soon = format_datetime(now + datetime.timedelta(seconds=30), usegmt=True)
+    assert 25 <= after(soon) <= 30
+    assert after(format_datetime(now - datetime.timedelta(hours=1), usegmt=True)) == 0.0  # already past: at once
+    assert after("7") == 7.0 and after("soon") is None and after("Wed, 31 Feb 2015 07:28:00 GMT") is None
+    client = ChatClient(EndpointSettings(backoff_max_s=2.0))
+    assert client._backoff(0, after(soon)) == 2.0
