@@ -264,3 +264,36 @@ def test_a_retry_after_given_as_an_http_date_is_honoured_and_capped():
     assert after("7") == 7.0 and after("soon") is None and after("Wed, 31 Feb 2015 07:28:00 GMT") is None
     client = ChatClient(EndpointSettings(backoff_max_s=2.0))
     assert client._backoff(0, after(soon)) == 2.0
+
+
+def test_traces_sharing_an_id_are_refused_naming_the_ids_and_their_rows(tmp_path):
+    """A trace file holding one trace twice (or two traces under one id) was summarised and written twice under that
+    id, without a word; now the run is refused before anything is written, naming each id and its rows (lines)."""
+    from hydra import compose, initialize_config_dir
+
+    from data_prep.summarize import run, summarize_traces
+    from data_prep.traces import TraceRow
+    from zoomr.entry import CONF_DIR
+    from zoomr.jsonl import BadRowError
+    from zoomr.schemas import register_with_hydra
+
+    src = (REPO_ROOT / "data_prep/data/traces/sky-t1-math-correct-5k-32b-ckpt140_aime24.jsonl").read_text().splitlines()
+    traces = tmp_path / "dup.jsonl"
+    traces.write_text("\n".join([*src[:3], src[0], ""]))
+    register_with_hydra()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("data_prep", overrides=["+pipeline=summarize", f"data.path={traces}",
+                                              f"pipeline.out_dir={tmp_path / 'out'}"])  # fmt: skip
+    first = json.loads(src[0])["idx"]
+    with pytest.raises(BadRowError, match=rf"{traces}: 1 trace id\(s\) appear more than once: id '{first}' on rows 1, 4;"):
+        run(cfg)
+    by_hand = [TraceRow("a", "q", "r"), TraceRow("b", "q", "r"), TraceRow("a", "q2", "r2")]
+    with pytest.raises(BadRowError, match="id 'a' on rows #1, #3"):
+        summarize_traces(by_hand, settings_for_refusal(), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def settings_for_refusal():
+    from test_summarize import settings
+
+    return settings(f"http://127.0.0.1:{free_port()}/v1")
