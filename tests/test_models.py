@@ -142,6 +142,20 @@ def test_tiny_rope_parameters_are_kept():
     assert tiny_config("llama", 100).rope_parameters == {"rope_type": "default", "rope_theta": 10000.0}
 
 
+def test_building_a_tiny_config_leaves_the_spec_as_it_was(tmp_path):
+    """The config class filled the spec's own ``rope_parameters`` dict in place with its default rope_theta, so in a
+    process that resolved the model twice (the tokenizer, then the model) the second time named another cache
+    directory and built a model with rope_theta 10000 instead of the spec's 500, without a word."""
+    from zoomr.models import _tiny_dir
+
+    spec = tiny_spec("llama", rope_theta=500.0, rope_parameters={"rope_type": "linear", "factor": 4.0})
+    where = _tiny_dir(spec, tmp_path)
+    for _ in range(2):
+        config = tiny_config(spec.arch, 100, **spec.tiny)
+        assert config.rope_parameters == {"rope_type": "linear", "rope_theta": 500.0, "factor": 4.0}
+    assert spec.tiny["rope_parameters"] == {"rope_type": "linear", "factor": 4.0} and _tiny_dir(spec, tmp_path) == where
+
+
 def test_real_model_id_fails_fast_with_clear_message():
     code = (
         "from zoomr.models import ModelSpec, load_tokenizer\n"

@@ -8,6 +8,7 @@ with real checkpoints is the one tests exercise.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -116,7 +117,7 @@ def tiny_config(arch: str, vocab_size: int, **overrides: Any):
     )
     if arch == "qwen3":
         base["head_dim"] = 64
-    base.update(overrides)
+    base.update(copy.deepcopy(overrides))  # the config class fills rope_parameters in place: never the caller's spec
     heads, kv = base["num_attention_heads"], base["num_key_value_heads"]
     if not all(isinstance(n, int) and n >= 1 for n in (heads, kv)):  # kv = 0 was a ZeroDivisionError here
         raise SettingsError(f"tiny {arch}: num_attention_heads={heads!r} and num_key_value_heads={kv!r} must be ints >= 1")
