@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -67,7 +68,7 @@ def test_entry_point_exits_non_zero_on_a_dead_endpoint_and_writes_relative_out_d
     proc = subprocess.run(
         [sys.executable, "-m", "data_prep", "+pipeline=summarize", "+data=traces", f"data.path={REPO_ROOT}/"
          "data_prep/data/traces/sky-t1-math-correct-5k-32b-ckpt140_aime24.jsonl",
-         f"pipeline.endpoint.base_url={url}", "pipeline.max_rows=2", "pipeline.count_tokens=false",
+         f"pipeline.endpoint.base_url='{url}'", "pipeline.max_rows=2", "pipeline.count_tokens=false",
          "pipeline.out_dir=rel_out", f"hydra.run.dir={tmp_path / 'run'}", "logger.mode=disabled"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},  # this checkout's code, run from another directory
@@ -297,3 +298,27 @@ def settings_for_refusal():
     from test_summarize import settings
 
     return settings(f"http://127.0.0.1:{free_port()}/v1")
+
+
+@pytest.mark.parametrize(("url", "message"), [
+    ("http://127.0.0.1:99999/v1", r"is not a URL the client can call \(Port out of range 0-65535\)"),  # ExceptionGroup
+    ("http://[::1/v1", r"is not a URL the client can call \(Invalid IPv6 URL\)"),  # httpx.InvalidURL traceback
+    ("http://:8000/v1", "names no host"),
+])  # fmt: skip
+def test_an_endpoint_url_no_request_can_go_to_is_refused_by_name(tmp_path, url, message):
+    """A base_url with a port above 65535 ended the run in an ExceptionGroup traceback (an OverflowError deep in the
+    connection pool), one with a torn IPv6 host in httpx's InvalidURL traceback; now both are refused as settings."""
+    from hydra import compose, initialize_config_dir
+
+    from data_prep.summarize import run
+    from zoomr.entry import CONF_DIR
+    from zoomr.schemas import register_with_hydra
+    from zoomr.schemas.checks import SettingsError
+
+    register_with_hydra()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("data_prep", overrides=["+pipeline=summarize", "+data=traces", f"pipeline.endpoint.base_url='{url}'",
+                                              f"pipeline.out_dir={tmp_path / 'out'}"])  # fmt: skip
+    with pytest.raises(SettingsError, match=rf"endpoint.base_url='{re.escape(url)}' {message}"):
+        run(cfg)
+    assert not (tmp_path / "out").exists()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from zoomr.schemas.checks import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, check_fields
 
@@ -44,6 +45,12 @@ class EndpointSettings:
             )
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"endpoint.base_url must be an http(s) URL, got {self.base_url!r}")
+        try:  # a port above 65535 was an OverflowError in an ExceptionGroup traceback, "http://[::1/v1" httpx's InvalidURL
+            host, _ = urlsplit(self.base_url).hostname, urlsplit(self.base_url).port
+        except ValueError as e:
+            raise ValueError(f"endpoint.base_url={self.base_url!r} is not a URL the client can call ({e})") from None
+        if not host:
+            raise ValueError(f"endpoint.base_url={self.base_url!r} names no host (e.g. http://127.0.0.1:8000/v1)")
 
     def api_key(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else None
