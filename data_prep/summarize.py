@@ -457,6 +457,7 @@ def run(cfg) -> dict[str, Any]:
     tokenizer = load_tokenizer(model_spec(cfg), cfg.cache_dir) if pipe.count_tokens else None
     out_dir = Path(pipe.out_dir).expanduser().absolute()  # relative: the working directory, never the repo
     settings = SummarizeSettings.from_pipeline(pipe)
+    settings.endpoint.api_key()  # a key no header can carry is refused here, not at the first request
     check_request_settings(pipe.store or out_dir / "store.sqlite", settings.endpoint.model, PROMPT_VERSION,
                            request_settings(settings))  # before the run directory is written  # fmt: skip
     run_dir, logger = start_run(cfg, job_type="data_prep")

@@ -322,3 +322,23 @@ def test_an_endpoint_url_no_request_can_go_to_is_refused_by_name(tmp_path, url, 
     with pytest.raises(SettingsError, match=rf"endpoint.base_url='{re.escape(url)}' {message}"):
         run(cfg)
     assert not (tmp_path / "out").exists()
+
+
+def test_an_api_key_no_header_can_carry_is_refused_naming_the_variable_not_the_key(tmp_path, monkeypatch):
+    """A key pasted with curly quotes ended the run in a UnicodeEncodeError traceback at the first request, after the
+    output directory was written; now it is refused first, naming the variable and never the key."""
+    from hydra import compose, initialize_config_dir
+
+    from data_prep.summarize import run
+    from zoomr.entry import CONF_DIR
+    from zoomr.schemas import register_with_hydra
+    from zoomr.schemas.checks import SettingsError
+
+    monkeypatch.setenv("ZOOMR_PASTED_KEY", "\u201csk-secret\u201d")
+    register_with_hydra()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("data_prep", overrides=["+pipeline=summarize", "+data=traces", f"pipeline.out_dir={tmp_path / 'out'}",
+                                              "pipeline.endpoint.api_key_env=ZOOMR_PASTED_KEY"])  # fmt: skip
+    with pytest.raises(SettingsError, match=r"the API key in \$ZOOMR_PASTED_KEY holds a character") as e:
+        run(cfg)
+    assert "secret" not in str(e.value) and not (tmp_path / "out").exists()
