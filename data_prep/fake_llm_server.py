@@ -170,6 +170,10 @@ def main() -> None:
     """``python -m data_prep.fake_llm_server --port 8000 --error-rate 0.2``: serve until Ctrl-C."""
     import argparse
 
+    from zoomr.startup import started
+
+    started()  # Ctrl-C stops the server (data_prep's __init__ made it one line while importing)
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, default=8000)
     for name in (

@@ -1,6 +1,6 @@
 """Async client for an OpenAI-compatible ``/v1/chat/completions`` endpoint (vLLM, ``transformers serve``, …).
 
-Retries with exponential backoff (full jitter, ``Retry-After`` honoured) on 429, 5xx, timeouts,
+Retries with exponential backoff (full jitter, ``Retry-After`` honoured, seconds or an HTTP date) on 429, 5xx, timeouts,
 connection errors, malformed JSON (or a body its Content-Encoding does not decode) and answers the caller's validator rejects; other 4xx answers
 (bad model name, bad key) fail at once. A refused connection before the endpoint has ever answered
 (nothing listening: wrong port, server not started) fails at once too (:class:`EndpointUnreachable`);
@@ -14,6 +14,8 @@ the settings, sent only in the ``Authorization`` header, and never logged or sto
 from __future__ import annotations
 
 import asyncio
+import datetime
+import email.utils
 import logging
 import random
 import time
@@ -192,11 +194,21 @@ class ChatClient:
 
 
 def _retry_after(resp: httpx.Response) -> float | None:
+    """Seconds to wait that ``Retry-After`` asks for: a number of seconds or an HTTP date (RFC 9110 §10.2.3)."""
     value = resp.headers.get("retry-after")
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
+    if value is None:
         return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:  # an HTTP date is always GMT; a date without a zone is read as one
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return max(0.0, (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds())
 
 
 def _parse(resp: httpx.Response) -> tuple[str, str | None, dict[str, Any]] | str:

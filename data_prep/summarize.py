@@ -33,6 +33,7 @@ from data_prep.summary_store import (
 )
 from data_prep.traces import TraceRow
 from zoomr import tokens
+from zoomr.jsonl import BadRowError
 from zoomr.rundir import write_json
 from zoomr.runlock import hold_run_lock
 from zoomr.schemas.endpoint import EndpointSettings
@@ -130,6 +131,20 @@ def describe_skipped(skipped: dict[str, int]) -> str:
     if not skipped:
         return "none"
     return "; ".join(f"{n} {SKIP_REASONS.get(k, k)}" for k, n in sorted(skipped.items()))
+
+
+def check_unique_ids(rows: list[TraceRow], where: str | None = None) -> None:
+    """Refuse traces that share an id (:class:`BadRowError` naming the ids and their rows: a JSONL file's line
+    numbers): the output's rows are keyed by it, and each copy was written with the same id (summarised once)."""
+    lines: dict[str, list[str]] = {}
+    for n, row in enumerate(rows, 1):
+        lines.setdefault(row.id, []).append(str(row.line if row.line is not None else f"#{n}"))
+    repeated = {i: at for i, at in lines.items() if len(at) > 1}
+    if repeated:
+        shown = "; ".join(f"id {i!r} on rows {', '.join(at)}" for i, at in list(repeated.items())[:5])
+        more = f" (and {len(repeated) - 5} more ids)" if len(repeated) > 5 else ""
+        raise BadRowError(f"{where or 'the traces'}: {len(repeated)} trace id(s) appear more than once: {shown}{more}; "
+                          "each row must be its own trace (remove the copies or give each row its own id)")  # fmt: skip
 
 
 def plan_rows(rows: list[TraceRow], settings: SummarizeSettings) -> tuple[list[PlannedRow], Counter]:
@@ -368,6 +383,7 @@ def summarize_traces(
 ) -> dict[str, Any]:
     """The whole pipeline on parsed rows; returns the stats it writes to ``out_dir/stats.json``."""
     out_dir = Path(out_dir)
+    check_unique_ids(rows)
     hold_run_lock(out_dir, "summarize pipeline")  # two at once wrote summarized.jsonl.tmp together
     store_path = Path(store_path) if store_path else out_dir / "store.sqlite"
     planned, skipped = plan_rows(rows, settings)
@@ -437,9 +453,11 @@ def run(cfg) -> dict[str, Any]:
         format=traces.format,
         max_samples=pipe.max_rows if pipe.max_rows is not None else traces.max_samples,
     )
+    check_unique_ids(rows, traces.path if traces.source == "local" else f"{traces.hub_id} [{traces.split}]")
     tokenizer = load_tokenizer(model_spec(cfg), cfg.cache_dir) if pipe.count_tokens else None
     out_dir = Path(pipe.out_dir).expanduser().absolute()  # relative: the working directory, never the repo
     settings = SummarizeSettings.from_pipeline(pipe)
+    settings.endpoint.api_key()  # a key no header can carry is refused here, not at the first request
     check_request_settings(pipe.store or out_dir / "store.sqlite", settings.endpoint.model, PROMPT_VERSION,
                            request_settings(settings))  # before the run directory is written  # fmt: skip
     run_dir, logger = start_run(cfg, job_type="data_prep")

@@ -30,6 +30,7 @@ class TraceRow:
     response: str
     system: str | None = None
     defects: list[str] = field(default_factory=list)
+    line: int | None = None  # where it was read: a JSONL file's line, a dataset's row (from 1); None when made by hand
 
     def messages(self, include_system: bool = True) -> list[dict[str, str]]:
         msgs = []
@@ -99,6 +100,7 @@ PARSERS = {"skythought_eval": _from_skythought_eval, "bespoke": _from_bespoke}
 
 
 def iter_raw_rows(source: str, path: str | None, hub_id: str | None, split: str):
+    """``(line, row)`` of every input row: a JSONL file's line number, a dataset's row number (from 1)."""
     if source == "local":
         if not path:
             raise ValueError("data.source=local needs data.path")
@@ -106,15 +108,15 @@ def iter_raw_rows(source: str, path: str | None, hub_id: str | None, split: str)
         if not p.exists():
             raise MissingInput(f"trace file not found: {path} (looked at {p})")
         if p.suffix == ".parquet" or p.is_dir():
-            yield from local_dataset(p, path)
+            yield from enumerate(local_dataset(p, path), 1)
             return
         reader = JsonlReader(p, on_bad="skip")  # not UTF-8 / not JSON / not an object: counted, logged
         seen = 0
-        for _, row in reader:
-            yield from ({MALFORMED: b.reason, "line": b.line} for b in reader.bad[seen:])
+        for line, row in reader:
+            yield from ((b.line, {MALFORMED: b.reason, "line": b.line}) for b in reader.bad[seen:])
             seen = len(reader.bad)
-            yield row
-        yield from ({MALFORMED: b.reason, "line": b.line} for b in reader.bad[seen:])
+            yield line, row
+        yield from ((b.line, {MALFORMED: b.reason, "line": b.line}) for b in reader.bad[seen:])
     elif source == "hub":
         import datasets
 
@@ -126,7 +128,7 @@ def iter_raw_rows(source: str, path: str | None, hub_id: str | None, split: str)
                 f"({e.__class__.__name__}: {str(e)[:200]}); on a machine without the hub use data.source=local and "
                 "data.path=<a local JSONL, parquet or save_to_disk copy>"
             ) from None
-        yield from rows
+        yield from enumerate(rows, 1)
     else:
         raise ValueError(f"data.source must be local or hub, got {source!r}")
 
@@ -164,7 +166,7 @@ def load_trace_rows(
     parse = PARSERS[format]
     report = LoadReport()
     rows: list[TraceRow] = []
-    for i, raw in enumerate(iter_raw_rows(source, path, hub_id, split)):
+    for i, (line, raw) in enumerate(iter_raw_rows(source, path, hub_id, split)):
         report.rows += 1
         if MALFORMED in raw:  # a line the JSONL reader could not read (logged there with file and line)
             reason = raw[MALFORMED].split(" (")[0]
@@ -178,6 +180,7 @@ def load_trace_rows(
             report.defects["lone_surrogate"] += 1
             continue
         parsed.defects = trace_defects(parsed.response)
+        parsed.line = line
         report.defects.update(parsed.defects)
         rows.append(parsed)
         if max_samples is not None and len(rows) >= max_samples:

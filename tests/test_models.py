@@ -142,6 +142,49 @@ def test_tiny_rope_parameters_are_kept():
     assert tiny_config("llama", 100).rope_parameters == {"rope_type": "default", "rope_theta": 10000.0}
 
 
+def test_building_a_tiny_config_leaves_the_spec_as_it_was(tmp_path):
+    """The config class filled the spec's own ``rope_parameters`` dict in place with its default rope_theta, so in a
+    process that resolved the model twice (the tokenizer, then the model) the second time named another cache
+    directory and built a model with rope_theta 10000 instead of the spec's 500, without a word."""
+    from zoomr.models import _tiny_dir
+
+    spec = tiny_spec("llama", rope_theta=500.0, rope_parameters={"rope_type": "linear", "factor": 4.0})
+    where = _tiny_dir(spec, tmp_path)
+    for _ in range(2):
+        config = tiny_config(spec.arch, 100, **spec.tiny)
+        assert config.rope_parameters == {"rope_type": "linear", "rope_theta": 500.0, "factor": 4.0}
+    assert spec.tiny["rope_parameters"] == {"rope_type": "linear", "factor": 4.0} and _tiny_dir(spec, tmp_path) == where
+
+
+def test_a_cached_tiny_model_built_otherwise_than_its_spec_is_built_again(tmp_path, cache_dir, caplog):
+    """A tiny model built before model.tiny.rope_parameters was applied (4cab432) is cached unscaled under its scaled
+    spec's name, and was loaded as it was: an unscaled model for a scaled spec, without a word. Loading now compares
+    the cached config with the spec's and builds the model again in its place (same directory) when they differ."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from transformers import AutoConfig
+
+    from zoomr.models import load_tokenizer_dir
+
+    tokenizers = load_tokenizer_dir(Path(cache_dir), 4096)  # the shared cache's (trained once), not trained again
+    shutil.copytree(tokenizers, tmp_path / "tokenizers" / tokenizers.name)
+    spec = tiny_spec("llama", hidden_size=64, intermediate_size=128, num_hidden_layers=1, rope_theta=500.0,
+                     rope_parameters={"rope_type": "linear", "factor": 4.0})  # fmt: skip
+    out = build_tiny(spec, tmp_path)
+    written = (out / "config.json").stat().st_mtime_ns
+    assert build_tiny(spec, tmp_path) == out and (out / "config.json").stat().st_mtime_ns == written  # kept as is
+    config = json.loads((out / "config.json").read_text())
+    config["rope_parameters"] = {"rope_theta": 500.0, "rope_type": "default"}  # as the code before 4cab432 built it
+    (out / "config.json").write_text(json.dumps(config))
+    with caplog.at_level("WARNING", logger="zoomr.models"):
+        assert build_tiny(spec, tmp_path) == out
+    assert "built with rope_parameters={'rope_theta': 500.0, 'rope_type': 'default'} where the spec gives" in caplog.text
+    assert AutoConfig.from_pretrained(out).rope_parameters == {"rope_type": "linear", "rope_theta": 500.0, "factor": 4.0}
+    assert sorted(p.name for p in (tmp_path / "tiny").iterdir()) == [out.name]
+
+
 def test_real_model_id_fails_fast_with_clear_message():
     code = (
         "from zoomr.models import ModelSpec, load_tokenizer\n"

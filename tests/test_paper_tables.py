@@ -348,7 +348,7 @@ def test_a_rerun_cut_short_leaves_no_torn_table_and_no_index_of_the_old_run(tmp_
     the rerun rewrites anything (the new one is written last)."""
     import csv
 
-    from analysis.paper_tables.report import Report
+    from analysis.paper_tables.report import WRITING, Report
 
     out = tmp_path / "paper"
     first = Report(out)
@@ -365,6 +365,36 @@ def test_a_rerun_cut_short_leaves_no_torn_table_and_no_index_of_the_old_run(tmp_
     monkeypatch.setattr(csv, "writer", killed)
     with pytest.raises(KeyboardInterrupt):
         rerun.table("t1", "Table 1", ["arm", "acc"], [["full", 0.75]], ["run/full"], "1 problem")
-    after = {p.name: p.read_bytes() for p in out.iterdir()}
+    after = {p.name: p.read_bytes() for p in out.iterdir() if p.name != WRITING}  # the record of what runs wrote
     assert set(after) == {"t0.md", "t0.csv", "t0.tex", "t1.md", "t1.csv", "t1.tex"}
     assert all(after[name] == before[name] for name in after if name.startswith("t1"))
+
+
+def test_a_rerun_removes_the_tables_an_earlier_run_made_that_it_skips_and_no_other_file(tmp_path):
+    """A rerun whose inputs no longer fed a table (listed as skipped in its new index) left the earlier run's table
+    beside its fresh ones, for a reader to take as this run's; now the files an earlier run's index lists (or a run
+    cut short recorded) that this run does not make are removed, and named in the index. Other files stay."""
+    from analysis.paper_tables.report import WRITING, Report
+
+    out, nothing = tmp_path / "paper", {"counts": {}, "problems": [], "unused": []}
+
+    def table(report: Report, key: str) -> None:
+        report.table(key, key, ["arm", "acc"], [["full", 0.5]], ["run/full"], "1 problem")
+
+    first = Report(out)
+    for key in ("t1", "t2"):
+        table(first, key)
+    first.write_index(nothing)
+    (out / "notes.md").write_text("mine")
+    cut = Report(out)  # a rerun cut short after its first table: the earlier index is gone, t3 is new
+    table(cut, "t3")
+    assert not (out / "manifest.json").exists() and (out / WRITING).exists()
+    last = Report(out)
+    table(last, "t1")
+    last.skip("t2", "inputs absent")
+    index = last.write_index(nothing)
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "manifest.json", "notes.md", "t1.csv", "t1.md",
+                                                      "t1.tex"]  # fmt: skip
+    assert "## Removed (an earlier run's tables and figures this run did not make)" in index and "- t3.tex" in index
+    assert json.loads((out / "manifest.json").read_text())["removed"] == [f"t{i}.{e}" for i in (2, 3)
+                                                                          for e in ("csv", "md", "tex")]  # fmt: skip

@@ -37,6 +37,65 @@ def test_ctrl_c_while_importing_prints_one_line(entry):
     assert proc.stderr.strip() == f"{entry}: interrupted while starting; nothing was run"
 
 
+# The same for `python -m <package>.<script>`: sys.argv[0] is "-m" while Python imports the script's packages, as it is
+# under `python -m`; SIGINT the moment the script (or its package) first imports `module`.
+INTERRUPT_SCRIPT_AT = """
+import builtins, os, runpy, signal, sys
+real_import, at = builtins.__import__, sys.argv[2]
+def interrupt_at(name, *args, **kwargs):
+    if name == at:
+        builtins.__import__ = real_import
+        os.kill(os.getpid(), signal.SIGINT)
+    return real_import(name, *args, **kwargs)
+builtins.__import__ = interrupt_at
+script, sys.argv = sys.argv[1], ["-m", "--help"]
+runpy.run_module(script, run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize(("script", "module", "name"), [
+    ("analysis.bench_decode", "torch", "bench_decode"),
+    ("analysis.paper_tables", "torch", "analysis"),  # a package: torch comes while -m imports it, before its __main__
+    ("eval.compare", "numpy", "compare"),
+    ("data_prep.bench_summarize", "httpx", "bench_summarize"),
+])  # fmt: skip
+def test_ctrl_c_while_a_script_imports_prints_one_line(script, module, name):
+    """Ctrl-C while `python -m analysis.<script>` (or eval's, data_prep's) imported torch printed Python's traceback
+    through that import; only the four entry points were quiet."""
+    proc = subprocess.run(
+        [sys.executable, "-c", INTERRUPT_SCRIPT_AT, script, module], cwd=REPO_ROOT, capture_output=True, text=True,
+        timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    assert proc.returncode == 130 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip() == f"{name}: interrupted while starting; nothing was run"
+
+
+def test_a_script_package_is_quiet_only_while_python_m_locates_a_script(monkeypatch):
+    """Importing analysis (a test, a notebook) leaves Ctrl-C alone; run_script's main gets KeyboardInterrupt back."""
+    from zoomr import startup
+    from zoomr.script import run_script
+
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        startup.quiet_if_running_a_script("analysis")
+        assert signal.getsignal(signal.SIGINT) is before
+        monkeypatch.setattr(startup, "_package", None)
+        monkeypatch.setattr(sys, "argv", ["-m"])
+        startup.quiet_if_running_a_script("analysis")
+        assert signal.getsignal(signal.SIGINT) is startup._stop_starting
+        monkeypatch.setattr(sys, "argv", ["analysis/x.py"])
+
+        def main():
+            signal.raise_signal(signal.SIGINT)
+
+        with pytest.raises(SystemExit) as stop:
+            run_script(main)  # "x: interrupted", status 130
+        assert stop.value.code == startup.INTERRUPTED
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def test_started_restores_only_its_own_handler():
     from zoomr import startup
 

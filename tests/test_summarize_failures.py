@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -67,7 +68,7 @@ def test_entry_point_exits_non_zero_on_a_dead_endpoint_and_writes_relative_out_d
     proc = subprocess.run(
         [sys.executable, "-m", "data_prep", "+pipeline=summarize", "+data=traces", f"data.path={REPO_ROOT}/"
          "data_prep/data/traces/sky-t1-math-correct-5k-32b-ckpt140_aime24.jsonl",
-         f"pipeline.endpoint.base_url={url}", "pipeline.max_rows=2", "pipeline.count_tokens=false",
+         f"pipeline.endpoint.base_url='{url}'", "pipeline.max_rows=2", "pipeline.count_tokens=false",
          "pipeline.out_dir=rel_out", f"hydra.run.dir={tmp_path / 'run'}", "logger.mode=disabled"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},  # this checkout's code, run from another directory
@@ -241,3 +242,103 @@ def test_a_redirect_names_where_the_endpoint_moved(tmp_path):
     moved = "HTTP 308: redirected to https://llm.example/v1/chat/completions; give the endpoint's own address as endpoint.base_url"
     with _serving(_RedirectHandler) as url, pytest.raises(SummarizeFailed, match=moved):
         run_pipeline(tmp_path, url, rows=small_rows()[:1])
+
+
+def test_a_retry_after_given_as_an_http_date_is_honoured_and_capped():
+    """``Retry-After: <HTTP date>`` (RFC 9110 allows it beside seconds) was read as no header, and the client backed
+    off exponentially from a few ms, hammering a server that had said when to come back; now the date is honoured,
+    capped by ``backoff_max_s`` like the seconds form."""
+    import datetime
+    from email.utils import format_datetime
+
+    import httpx
+
+    from data_prep.llm_client import ChatClient, EndpointSettings, _retry_after
+
+    def after(value: str) -> float | None:
+        return _retry_after(httpx.Response(429, headers={"Retry-After": value}))
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    soon = format_datetime(now + datetime.timedelta(seconds=30), usegmt=True)
+    assert 25 <= after(soon) <= 30
+    assert after(format_datetime(now - datetime.timedelta(hours=1), usegmt=True)) == 0.0  # already past: at once
+    assert after("7") == 7.0 and after("soon") is None and after("Wed, 31 Feb 2015 07:28:00 GMT") is None
+    client = ChatClient(EndpointSettings(backoff_max_s=2.0))
+    assert client._backoff(0, after(soon)) == 2.0
+
+
+def test_traces_sharing_an_id_are_refused_naming_the_ids_and_their_rows(tmp_path):
+    """A trace file holding one trace twice (or two traces under one id) was summarised and written twice under that
+    id, without a word; now the run is refused before anything is written, naming each id and its rows (lines)."""
+    from hydra import compose, initialize_config_dir
+
+    from data_prep.summarize import run, summarize_traces
+    from data_prep.traces import TraceRow
+    from zoomr.entry import CONF_DIR
+    from zoomr.jsonl import BadRowError
+    from zoomr.schemas import register_with_hydra
+
+    src = (REPO_ROOT / "data_prep/data/traces/sky-t1-math-correct-5k-32b-ckpt140_aime24.jsonl").read_text().splitlines()
+    traces = tmp_path / "dup.jsonl"
+    traces.write_text("\n".join([*src[:3], src[0], ""]))
+    register_with_hydra()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("data_prep", overrides=["+pipeline=summarize", f"data.path={traces}",
+                                              f"pipeline.out_dir={tmp_path / 'out'}"])  # fmt: skip
+    first = json.loads(src[0])["idx"]
+    with pytest.raises(BadRowError, match=rf"{traces}: 1 trace id\(s\) appear more than once: id '{first}' on rows 1, 4;"):
+        run(cfg)
+    by_hand = [TraceRow("a", "q", "r"), TraceRow("b", "q", "r"), TraceRow("a", "q2", "r2")]
+    with pytest.raises(BadRowError, match="id 'a' on rows #1, #3"):
+        summarize_traces(by_hand, settings_for_refusal(), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def settings_for_refusal():
+    from test_summarize import settings
+
+    return settings(f"http://127.0.0.1:{free_port()}/v1")
+
+
+@pytest.mark.parametrize(("url", "message"), [
+    ("http://127.0.0.1:99999/v1", r"is not a URL the client can call \(Port out of range 0-65535\)"),  # ExceptionGroup
+    ("http://[::1/v1", r"is not a URL the client can call \(Invalid IPv6 URL\)"),  # httpx.InvalidURL traceback
+    ("http://:8000/v1", "names no host"),
+])  # fmt: skip
+def test_an_endpoint_url_no_request_can_go_to_is_refused_by_name(tmp_path, url, message):
+    """A base_url with a port above 65535 ended the run in an ExceptionGroup traceback (an OverflowError deep in the
+    connection pool), one with a torn IPv6 host in httpx's InvalidURL traceback; now both are refused as settings."""
+    from hydra import compose, initialize_config_dir
+
+    from data_prep.summarize import run
+    from zoomr.entry import CONF_DIR
+    from zoomr.schemas import register_with_hydra
+    from zoomr.schemas.checks import SettingsError
+
+    register_with_hydra()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("data_prep", overrides=["+pipeline=summarize", "+data=traces", f"pipeline.endpoint.base_url='{url}'",
+                                              f"pipeline.out_dir={tmp_path / 'out'}"])  # fmt: skip
+    with pytest.raises(SettingsError, match=rf"endpoint.base_url='{re.escape(url)}' {message}"):
+        run(cfg)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_api_key_no_header_can_carry_is_refused_naming_the_variable_not_the_key(tmp_path, monkeypatch):
+    """A key pasted with curly quotes ended the run in a UnicodeEncodeError traceback at the first request, after the
+    output directory was written; now it is refused first, naming the variable and never the key."""
+    from hydra import compose, initialize_config_dir
+
+    from data_prep.summarize import run
+    from zoomr.entry import CONF_DIR
+    from zoomr.schemas import register_with_hydra
+    from zoomr.schemas.checks import SettingsError
+
+    monkeypatch.setenv("ZOOMR_PASTED_KEY", "\u201csk-secret\u201d")
+    register_with_hydra()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("data_prep", overrides=["+pipeline=summarize", "+data=traces", f"pipeline.out_dir={tmp_path / 'out'}",
+                                              "pipeline.endpoint.api_key_env=ZOOMR_PASTED_KEY"])  # fmt: skip
+    with pytest.raises(SettingsError, match=r"the API key in \$ZOOMR_PASTED_KEY holds a character") as e:
+        run(cfg)
+    assert "secret" not in str(e.value) and not (tmp_path / "out").exists()

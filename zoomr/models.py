@@ -8,10 +8,12 @@ with real checkpoints is the one tests exercise.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
 import os
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,7 +118,7 @@ def tiny_config(arch: str, vocab_size: int, **overrides: Any):
     )
     if arch == "qwen3":
         base["head_dim"] = 64
-    base.update(overrides)
+    base.update(copy.deepcopy(overrides))  # the config class fills rope_parameters in place: never the caller's spec
     heads, kv = base["num_attention_heads"], base["num_key_value_heads"]
     if not all(isinstance(n, int) and n >= 1 for n in (heads, kv)):  # kv = 0 was a ZeroDivisionError here
         raise SettingsError(f"tiny {arch}: num_attention_heads={heads!r} and num_key_value_heads={kv!r} must be ints >= 1")
@@ -157,12 +159,33 @@ def load_tokenizer_dir(cache_dir: Path, vocab_size: int) -> Path:
     return path
 
 
+def _cached_config_differs(spec: ModelSpec, out: Path) -> str | None:
+    """How the tiny model cached at ``out`` differs from what ``spec`` builds now (None: it does not), in the RoPE
+    parameters and every field the spec sets. The directory is named by the spec, not by what was built from it: a
+    model built before ``model.tiny.rope_parameters`` was applied (4cab432) is cached unscaled under a scaled spec."""
+    try:
+        cached = AutoConfig.from_pretrained(out).to_dict()
+    except (OSError, ValueError) as e:
+        return f"an unreadable config.json ({e.__class__.__name__})"
+    expected = tiny_config(spec.arch, vocab_size=cached.get("vocab_size", spec.vocab_size), **(spec.tiny or {})).to_dict()
+    rope = {"rope_theta", "rope_parameters", "partial_rotary_factor"}
+    keys = {"rope_parameters"} | {k for k in spec.tiny or {} if k not in rope}
+    differ = [f"{k}={cached.get(k)!r} where the spec gives {expected.get(k)!r}" for k in sorted(keys)
+              if cached.get(k) != expected.get(k)]  # fmt: skip
+    return "; ".join(differ) or None
+
+
 def build_tiny(spec: ModelSpec, cache_dir: Path | None = None) -> Path:
-    """Build the tiny model and tokenizer into the cache (once); return the directory."""
+    """Build the tiny model and tokenizer into the cache (once); return the directory. A cached model whose config
+    differs from the spec's (:func:`_cached_config_differs`) is built again in its place, with a warning."""
     cache_dir = Path(cache_dir or default_cache_dir())
     out = _tiny_dir(spec, cache_dir)
+    stale = None
     if (out / "config.json").exists():
-        return out
+        stale = _cached_config_differs(spec, out)
+        if stale is None:
+            return out
+        log.warning("tiny model %s in the cache was built with %s (by an earlier version); building it again", out, stale)
     builder = tokenizer_builder(spec.extra)
     tok_dir = named_tokenizer_dir(builder, cache_dir) if builder else load_tokenizer_dir(cache_dir, spec.vocab_size)
     tok = AutoTokenizer.from_pretrained(tok_dir)
@@ -175,6 +198,11 @@ def build_tiny(spec: ModelSpec, cache_dir: Path | None = None) -> Path:
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
+    if stale is not None and out.exists() and _cached_config_differs(spec, out) is not None:  # not yet replaced
+        old = out.with_name(out.name + f".stale{os.getpid()}")
+        out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
     if not out.exists():
         tmp.rename(out)
     log.info("built tiny model %s at %s", spec.name, out)

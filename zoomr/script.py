@@ -17,7 +17,7 @@ from typing import Any
 from zoomr.jsonl import BadRowError
 from zoomr.paths import MissingInput
 from zoomr.schemas.checks import SettingsError
-from zoomr.startup import INTERRUPTED
+from zoomr.startup import INTERRUPTED, started
 
 USER_ERRORS = (MissingInput, BadRowError, SettingsError)  # what the user gave is wrong: printed, not a traceback
 
@@ -42,6 +42,7 @@ def run_script(main: Callable[[], Any]) -> None:
     """Run a script's ``main()``; its exit code when it returns one (an ``int``)."""
     script = Path(sys.argv[0])
     name = script.parent.name if script.stem == "__main__" else script.stem  # python -m <package>: its name
+    started()  # Ctrl-C is a KeyboardInterrupt again (its package's __init__ made it one line while importing)
     try:
         code = main()
     except USER_ERRORS as e:

@@ -46,6 +46,25 @@ def describe_sources(sources: list[str], limit: int = 4) -> str:
 
 
 INDEX_FILES = ("README.md", "manifest.json")
+WRITING = ".paper_tables_writing.json"  # while a run rewrites the directory: the files earlier runs and it wrote
+
+
+def _owned_files(out: Path) -> set[str]:
+    """The table and figure files earlier runs wrote in ``out``: those its index lists, and those a run cut short
+    recorded in :data:`WRITING`. Only plain names of files in ``out`` (an unreadable or edited index: none)."""
+    names: set[str] = set()
+    for record in (out / "manifest.json", out / WRITING):
+        try:
+            data = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        items = [x for kind in ("tables", "figures") if isinstance(data.get(kind), list) for x in data[kind]]
+        lists = [x.get("files") for x in items if isinstance(x, dict)] + [data.get("files")]
+        listed = [f for files in lists if isinstance(files, list) for f in files]
+        names |= {f for f in listed if isinstance(f, str) and f and f == Path(f).name and not f.startswith(".")}
+    return names - set(INDEX_FILES)
 
 
 @dataclass
@@ -55,13 +74,22 @@ class Report:
     figures: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[dict[str, str]] = field(default_factory=list)
     writing: bool = False  # the previous run's index is gone: this run has started rewriting its files
+    earlier: set[str] = field(default_factory=set)  # files earlier runs wrote here (removed if this run does not)
+    removed: list[str] = field(default_factory=list)  # those removed by write_index
 
     def __post_init__(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
+        self.earlier = _owned_files(self.out)
 
-    def start_writing(self) -> None:
-        """Before the first table or figure: remove a previous run's index, which would otherwise describe a directory
-        this run, if cut short, left half rewritten (the index is written again last, by :meth:`write_index`)."""
+    def _written(self) -> list[str]:
+        return [f for item in (*self.tables, *self.figures) for f in item["files"]]
+
+    def start_writing(self, files: list[str]) -> None:
+        """Before each table or figure: record the files earlier runs and this one wrote (so that a run after this
+        one, if it is cut short, still knows them), and before the first remove a previous run's index, which would
+        otherwise describe a directory this run, if cut short, left half rewritten (the index is written again
+        last, by :meth:`write_index`)."""
+        write_text_atomic(self.out / WRITING, json.dumps({"files": sorted(self.earlier | {*self._written(), *files})}))
         if not self.writing:
             for name in INDEX_FILES:
                 (self.out / name).unlink(missing_ok=True)
@@ -75,7 +103,7 @@ class Report:
         md = f"### {title}\n\n{markdown(header, cells)}\n\n{provenance}" + (f"\n\n{note}" if note else "")
         rows_csv = io.StringIO()
         csv.writer(rows_csv).writerows([header, *cells])
-        self.start_writing()
+        self.start_writing([f"{key}.{ext}" for ext in ("md", "csv", "tex")])
         write_text_atomic(self.out / f"{key}.md", md + "\n")
         write_text_atomic(self.out / f"{key}.csv", rows_csv.getvalue(), newline="")
         write_text_atomic(self.out / f"{key}.tex", tex(header, cells, f"{title}. {fed_by}."))
@@ -92,7 +120,7 @@ class Report:
         fig.text(0.01, 0.005, f"{fed_by}; source: {describe_sources(sources)}", fontsize=6, color="0.35",
                  ha="left", va="bottom", wrap=True)  # fmt: skip
         fig.tight_layout(rect=(0, 0.05, 1, 0.95))
-        self.start_writing()
+        self.start_writing([f"{key}.png", f"{key}.pdf"])
         for ext in ("png", "pdf"):
             replace_file(self.out / f"{key}.{ext}", lambda tmp, ext=ext: fig.savefig(tmp, dpi=130, format=ext))
         plt.close(fig)
@@ -103,8 +131,19 @@ class Report:
     def skip(self, key: str, reason: str) -> None:
         self.skipped.append({"key": key, "reason": reason})
 
+    def remove_stale(self) -> None:
+        """Remove the tables and figures an earlier run wrote here that this run did not make (skipped now: their
+        inputs are gone), which a reader took for this run's beside its index; no other file is touched."""
+        made = set(self._written())
+        for name in sorted(self.earlier - made):
+            if (self.out / name).is_file():
+                (self.out / name).unlink()
+                self.removed.append(name)
+
     def write_index(self, inputs_summary: dict[str, Any]) -> str:
-        """``README.md`` (what was made, what was skipped and why, unusable inputs) and ``manifest.json``."""
+        """``README.md`` (what was made, what was skipped and why, unusable inputs) and ``manifest.json``; the files
+        of an earlier run that this one did not make are removed first (:meth:`remove_stale`)."""
+        self.remove_stale()
         lines = [f"# Paper tables and figures ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", ""]
         lines += ["## Tables", ""] + [f"- [{t['title']}]({t['key']}.md) — {t['fed_by']}" for t in self.tables]
         lines += ["", "## Figures", ""] + [f"- [{f['title']}]({f['key']}.png) — {f['fed_by']}" for f in self.figures]
@@ -115,10 +154,16 @@ class Report:
             lines += ["", "### Inputs that could not be used", ""] + [f"- {p}" for p in inputs_summary["problems"]]
         if inputs_summary["unused"]:
             lines += ["", "### Inputs no table reads", ""] + [f"- {p}" for p in inputs_summary["unused"]]
+        if self.removed:
+            lines += ["", "## Removed (an earlier run's tables and figures this run did not make)", ""]
+            lines += [f"- {name}" for name in self.removed]
         text = "\n".join(lines) + "\n"
         manifest = {"tables": self.tables, "figures": self.figures, "skipped": self.skipped, "inputs": inputs_summary}
+        if self.removed:
+            manifest["removed"] = self.removed
         write_text_atomic(self.out / "manifest.json", json.dumps(manifest, indent=2))
         write_text_atomic(self.out / "README.md", text)
+        (self.out / WRITING).unlink(missing_ok=True)
         return text
 
     def log_wandb(self, logger: Any) -> None:

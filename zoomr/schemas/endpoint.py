@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
-from zoomr.schemas.checks import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, check_fields
+from zoomr.schemas.checks import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, SettingsError, check_fields
 
 BODY_KEYS = ("model", "messages", "max_tokens", "temperature", "seed", "stream")  # what the client's request body sets
 
@@ -44,9 +45,21 @@ class EndpointSettings:
             )
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"endpoint.base_url must be an http(s) URL, got {self.base_url!r}")
+        try:  # a port above 65535 was an OverflowError in an ExceptionGroup traceback, "http://[::1/v1" httpx's InvalidURL
+            host, _ = urlsplit(self.base_url).hostname, urlsplit(self.base_url).port
+        except ValueError as e:
+            raise ValueError(f"endpoint.base_url={self.base_url!r} is not a URL the client can call ({e})") from None
+        if not host:
+            raise ValueError(f"endpoint.base_url={self.base_url!r} names no host (e.g. http://127.0.0.1:8000/v1)")
 
     def api_key(self) -> str | None:
-        return os.environ.get(self.api_key_env) if self.api_key_env else None
+        """The key in ``api_key_env``; one no HTTP header can carry (a character outside ASCII, e.g. a pasted curly
+        quote, was a UnicodeEncodeError traceback at the first request) is refused naming the variable, never the key."""
+        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        if key is not None and not (key.isascii() and key.isprintable()):
+            raise SettingsError(f"the API key in ${self.api_key_env} holds a character an HTTP header cannot carry (a "
+                                "non-ASCII or control character, e.g. a pasted quote); set it to the key alone")  # fmt: skip
+        return key
 
     def __repr__(self) -> str:  # the key is never part of the settings, but keep reprs short and safe
         return f"EndpointSettings(base_url={self.base_url!r}, model={self.model!r}, concurrency={self.concurrency})"
