@@ -28,8 +28,9 @@ from zoomr.jsonl import BadRowError, JsonlReader, read_json, read_json_object
 from zoomr.paths import output_dir
 
 DROPPED = ("text", "gold", "extracted", "recall")  # large per-row fields no table reads
+# problems.json: the problem ids of a RULER / LongBench run (eval.tasks.SCOPE_FILE), without which it cannot be read
 KEPT_FILES = ("config.json", "fingerprint.json", "summary.json", "metrics.json", "schedule.json", "r2.json",
-              "scope.json", "arm_command.json")  # fmt: skip
+              "problems.json", "arm_command.json")  # fmt: skip
 
 
 def slim_row(row: dict[str, Any]) -> dict[str, Any]:
