@@ -19,6 +19,7 @@ import argparse
 import csv
 import json
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ class CompareError(ValueError):
 
 
 def load_run(path: str | Path, label: str | None = None) -> Run:
-    from eval.tasks import get_task, read_scope
+    from eval.tasks import SCOPE_FILE, get_task, read_scope
     from zoomr.schemas import to_dataclass
     from zoomr.schemas.eval import BenchmarkConfig
 
@@ -81,6 +82,8 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
             ids = read_scope(path)
         except FileNotFoundError as e:
             raise CompareError(str(e)) from None
+        if problem := scope_problem(ids):  # an empty or edited list: no table over zero or doubled problems
+            raise CompareError(f"{path / SCOPE_FILE}: {problem}")
     else:
         ids = [p.id for p in task.load(bench)]
     scope = [(pid, s) for pid in ids for s in range(n)]
@@ -96,6 +99,17 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
         recorded = with_recorded_length(recorded, bench.length)
         settings = comparable_settings(recorded, task.arm_options, task.option_defaults())
     return Run(path, arm, bench.name, [rows[k] for k in scope], n, settings)
+
+
+def scope_problem(ids: Any) -> str | None:
+    """Why a run's recorded problem ids (``problems.json``) cannot be its scope (None when they can)."""
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        return "not a list of problem ids (strings)"
+    if not ids:
+        return "lists no problems: the run covers none, so it has no accuracy to compare"
+    if repeated := sorted(i for i, n in Counter(ids).items() if n > 1):
+        return f"lists problems more than once ({repeated[:5]}): their samples would count twice"
+    return None
 
 
 def comparable_settings(

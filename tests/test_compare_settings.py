@@ -4,6 +4,7 @@ refused with the differing fields named, or compared with ``--allow-different-se
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,42 @@ def test_an_older_fingerprint_without_the_length_takes_its_configs(tmp_path):
         (b / "fingerprint.json").write_text(json.dumps(fp))
         result = compare([load_run(a), load_run(b)], allow_different_settings=True)
         assert result["setting_differences"] == differences
+
+
+def _ruler_run(run_dir: Path, scope: object, ids: list[str] = ()) -> Path:
+    """A RULER run directory as ``python -m eval benchmark=ruler`` leaves it: ``problems.json`` lists ``scope``, and
+    ``results.jsonl`` holds one correct sample of each of ``ids``."""
+    from eval.results import ResultStore
+    from eval.tasks import SCOPE_FILE
+
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps({"run_name": run_dir.name, "model": {"name": "tiny"},
+        "benchmark": {"name": "ruler_1024", "task": "ruler", "sources": [], "length": 1024},
+        "generation": {"n_samples": 1}}))  # fmt: skip
+    (run_dir / SCOPE_FILE).write_text(json.dumps(scope))
+    (run_dir / "results.jsonl").touch()
+    store = ResultStore(run_dir, fsync=False)
+    for pid in ids:
+        store.append({"problem_id": pid, "sample": 0, "competition": "niah_single_1", "correct": True,
+                      "truncated": False, "n_tokens": 5, "kv": {}, "score": 1.0})  # fmt: skip
+    return run_dir
+
+
+@pytest.mark.parametrize(
+    "scope,message",
+    [
+        ([], "lists no problems"),  # a KeyError traceback in eval.compare, a ValueError one ending paper_tables
+        (["a", "b", "a"], r"lists problems more than once \(\['a'\]\)"),  # a's sample counted twice, without a word
+        ({"a": 0, "b": 1}, "not a list of problem ids"),  # its keys read as the problems
+    ],
+)
+def test_a_scope_with_no_or_repeated_problems_is_refused_naming_the_file(tmp_path, capsys, scope, message):
+    from analysis.paper_tables.inputs import discover
+
+    ok = _ruler_run(tmp_path / "ok", ["a", "b"], ["a", "b"])
+    bad = _ruler_run(tmp_path / "bad", scope, ["a", "b"])
+    assert main([str(ok), str(bad), "--out", str(tmp_path / "cmp")]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad / 'problems.json'}: " in err and re.search(message, err) and not (tmp_path / "cmp").exists()
+    inputs = discover([str(ok), str(bad)])  # paper_tables: an unusable input, named; the other run is still read
+    assert [a.run.path for a in inputs.evals] == [ok] and re.search(message, inputs.problems[0])

@@ -189,18 +189,9 @@ def test_a_ruler_runs_copy_keeps_its_problem_scope(tmp_path):
     """A RULER / LongBench run lists its problems in ``problems.json`` (:data:`eval.tasks.SCOPE_FILE`); the copy kept
     a ``scope.json`` no run writes, so the copy was an unusable input to paper_tables ("no problems.json")."""
     from eval.compare import load_run
-    from eval.results import ResultStore
-    from eval.tasks import SCOPE_FILE
+    from tests.test_compare_settings import _ruler_run
 
-    run = tmp_path / "runs/ruler"
-    run.mkdir(parents=True)
-    (run / "config.json").write_text(json.dumps({"run_name": "full", "model": {"name": "tiny"}, "generation": {"n_samples": 1},
-        "benchmark": {"name": "ruler_1024", "task": "ruler", "sources": [], "length": 1024}}))  # fmt: skip
-    (run / SCOPE_FILE).write_text(json.dumps(["niah_single_1/0", "niah_single_1/1"]))
-    store = ResultStore(run, fsync=False)
-    for pid in ("niah_single_1/0", "niah_single_1/1"):
-        store.append({"problem_id": pid, "sample": 0, "competition": "niah_single_1", "correct": True,
-                      "truncated": False, "n_tokens": 5, "kv": {}, "text": "long " * 20})  # fmt: skip
+    run = _ruler_run(tmp_path / "runs/ruler", ["niah_single_1/0", "niah_single_1/1"], ["niah_single_1/0", "niah_single_1/1"])
     slim_runs([run], tmp_path / "slim")
     copy = load_run(tmp_path / "slim/ruler")
     assert [r["problem_id"] for r in copy.rows] == [r["problem_id"] for r in load_run(run).rows]
