@@ -170,7 +170,11 @@ def compare(
     arms = list(dict.fromkeys(r.arm for r in runs))
     benchmarks = list(dict.fromkeys(r.benchmark for r in runs))
     by_key: dict[tuple[str, str], Run] = {}
+    given: dict[Path, Run] = {}
     for r in runs:
+        if (other := given.setdefault(r.path.resolve(), r)) is not r:  # under two labels: Δ 0 against itself
+            raise CompareError(f"{r.path} is given twice (arms {other.arm!r} and {r.arm!r}): an arm would be compared "
+                               "with itself")  # fmt: skip
         if (r.arm, r.benchmark) in by_key:
             raise CompareError(
                 f"two runs of arm {r.arm!r} on {r.benchmark}: {by_key[r.arm, r.benchmark].path}, {r.path}"

@@ -167,3 +167,12 @@ def test_a_scope_with_no_or_repeated_problems_is_refused_naming_the_file(tmp_pat
     assert f"{bad / 'problems.json'}: " in err and re.search(message, err) and not (tmp_path / "cmp").exists()
     inputs = discover([str(ok), str(bad)])  # paper_tables: an unusable input, named; the other run is still read
     assert [a.run.path for a in inputs.evals] == [ok] and re.search(message, inputs.problems[0])
+
+
+def test_the_same_run_directory_given_twice_is_refused(tmp_path, capsys):
+    """Under two ``--labels`` one run was compared with itself: a Δ of +0.0 [+0.0, +0.0], without a word."""
+    run = _fake_run(tmp_path / "a", "full", 0.6, seed=1)
+    (tmp_path / "link").symlink_to(run)
+    for argv in (["--labels", "x", "y"], []):
+        assert main([str(run), str(tmp_path / "link"), *argv, "--out", str(tmp_path / "cmp")]) == 2
+        assert f"{tmp_path / 'link'} is given twice" in capsys.readouterr().err and not (tmp_path / "cmp").exists()
