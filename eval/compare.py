@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import sys
 from collections import Counter
@@ -31,6 +32,7 @@ from eval.metrics import per_problem_accuracy, summarize
 from eval.results import FINGERPRINT_FILE, ResultStore, _diff, with_recorded_length
 from zoomr.jsonl import read_json_object
 from zoomr.paths import output_dir
+from zoomr.rundir import write_text_atomic
 
 ARM_FIELDS = ("model", "method")  # what arms are meant to differ in
 
@@ -299,10 +301,12 @@ def write_outputs(result: dict[str, Any], out_dir: Path) -> str:
         note += "\n\nWARNING: arms ran with different settings:\n" + "\n".join(
             f"- {d}" for d in result["setting_differences"]
         )
-    (out_dir / "table.md").write_text(md + "\n\n" + note + "\n")
-    with open(out_dir / "table.csv", "w", newline="") as f:
-        csv.writer(f).writerows([header, *rows])
-    (out_dir / "table.json").write_text(json.dumps(result, indent=2))
+    rows_csv = io.StringIO()
+    csv.writer(rows_csv).writerows([header, *rows])
+    # each through a rename: a kill leaves every table old or new, never torn (a csv was emptied before its rows)
+    write_text_atomic(out_dir / "table.md", md + "\n\n" + note + "\n")
+    write_text_atomic(out_dir / "table.csv", rows_csv.getvalue(), newline="")
+    write_text_atomic(out_dir / "table.json", json.dumps(result, indent=2))
     return md + "\n\n" + note
 
 

@@ -176,3 +176,22 @@ def test_the_same_run_directory_given_twice_is_refused(tmp_path, capsys):
     for argv in (["--labels", "x", "y"], []):
         assert main([str(run), str(tmp_path / "link"), *argv, "--out", str(tmp_path / "cmp")]) == 2
         assert f"{tmp_path / 'link'} is given twice" in capsys.readouterr().err and not (tmp_path / "cmp").exists()
+
+
+def test_a_comparison_cut_short_while_writing_leaves_the_old_tables_whole(tmp_path, monkeypatch):
+    """``table.csv`` was opened (emptied) before its rows were written and ``table.md`` rewritten before it: a kill
+    there left an empty csv beside a new md and the old json. Each file is renamed into place whole now."""
+    import csv
+
+    a, b = _fake_run(tmp_path / "a", "full", 0.6, seed=1), _fake_run(tmp_path / "b", "h2o", 0.4, seed=2)
+    out = tmp_path / "cmp"
+    assert main([str(a), str(b), "--out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # stands in for a kill while the rows are written
+
+    monkeypatch.setattr(csv, "writer", killed)
+    with pytest.raises(KeyboardInterrupt):
+        main([str(a), str(b), "--labels", "ref", "arm", "--out", str(out)])
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no torn file, no temporary one left
