@@ -314,6 +314,9 @@ def main(argv: list[str] | None = None) -> None:
     missing = [str(o) for o in args.outs if not (o / "results.json").is_file()]
     if missing:
         ap.error(f"not miniature outputs (no results.json): {', '.join(missing)}")
+    if onto := [str(o) for o in args.outs if o.resolve() == args.out.resolve()]:  # its results.json was replaced
+        ap.error(f"--out {args.out} is the input {onto[0]}: this table would replace its results.json and table.md; "
+                 "give another directory")  # fmt: skip
     results = run(args.outs, args.arms, args.vs, args.committed, args.keep_committed)
     compared = [c["arm"] for c in results["comparisons"] if c["vs"] == "full KV"]
     if args.forest is not None and (absent := [a for a in args.forest if a not in compared]):

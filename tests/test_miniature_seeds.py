@@ -241,3 +241,15 @@ def test_an_output_made_under_the_arm_names_before_the_rename_is_read_under_the_
     with pytest.raises(SystemExit, match=r"mixes the arm names before 2026-12-06 \(\['abridge_perlayer'\]\) with the "
                        r"new ones \(\['abridge_uniform'\]\)"):
         seeds.run([mixed], None)
+
+
+def test_an_out_that_is_one_of_the_inputs_is_refused_before_it_is_overwritten(tmp_path, capsys):
+    """``--out`` = an input replaced that miniature output's results.json and table.md with this script's (the
+    miniature's own table lost, the directory no longer an input of this script or of a --merge)."""
+    a = _fake_seed(tmp_path, 11, {"full": [1, 0, 1], "abridge": [1, 1, 0]})
+    b = _fake_seed(tmp_path, 12, {"full": [1, 1], "abridge": [0, 1]})
+    before = (a / "results.json").read_bytes()
+    with pytest.raises(SystemExit) as exc:
+        seeds.main([str(b), str(a), "--out", f"{a}/"])
+    assert exc.value.code == 2 and f"--out {a} is the input {a}" in capsys.readouterr().err
+    assert (a / "results.json").read_bytes() == before and not (a / "table.md").exists()
