@@ -161,6 +161,9 @@ def compare(seeds: list[dict[str, Any]], arm: str, vs: str | None) -> dict[str, 
         a = arm_run(seed, arm)
         if a.ids != b.ids:
             raise SystemExit(f"miniature_seeds: seed {seed['test_seed']}: {arm} and {other} ran different problems")
+        if len(a.ids) < 2:  # numpy's ValueError traceback inside the bootstrap
+            raise SystemExit(f"miniature_seeds: seed {seed['test_seed']} ({seed['dir']}): {arm} and {other} ran "
+                             f"{len(a.ids)} problem; a paired interval needs at least 2")  # fmt: skip
         ci = paired_bootstrap(a.correct, b.correct)
         per_seed.append({
             "test_seed": seed["test_seed"], "n": len(a.ids), "vs": other, "accuracy": float(a.correct.mean()),

@@ -292,3 +292,16 @@ def test_a_report_cut_short_while_writing_leaves_the_old_results_json_whole(tmp_
         seeds.main([str(a), "--out", str(out)])
     monkeypatch.undo()
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # whole, and no temporary file left
+
+
+def test_an_arm_of_no_or_one_problem_is_refused_by_name(tmp_path):
+    """An emptied results.jsonl and a one-problem run were ValueError tracebacks from inside the bootstrap."""
+    from zoomr.jsonl import BadRowError
+
+    one = _fake_seed(tmp_path, 11, {"full": [1], "abridge": [0]})
+    with pytest.raises(SystemExit, match=rf"seed 11 \({one}\): abridge and full ran 1 problem; a paired interval"):
+        seeds.run([one], ["abridge"], [])
+    empty = _fake_seed(tmp_path, 12, {"full": [1, 0], "abridge": [0, 1]})
+    (empty / "arms" / "abridge" / "results.jsonl").write_text("")
+    with pytest.raises(BadRowError, match=rf"{empty / 'arms' / 'abridge' / 'results.jsonl'}: no result rows"):
+        seeds.run([empty], ["abridge"], [])
