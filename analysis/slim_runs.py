@@ -151,6 +151,11 @@ def slim_runs(sources: list[Path], out: Path) -> dict[str, int]:
             )
         plan += [(run, Path(src.name) / run.relative_to(src)) for run in found]
     check_apart(sources, out, [(run, out / rel) for run, rel in plan])
+    copied_to: dict[Path, Path] = {}
+    for run, rel in plan:  # two folders of one name (runs/a/arms, runs/b/arms): the second copy replaced the first
+        if copied_to.setdefault(rel, run).resolve() != run.resolve():
+            raise SystemExit(f"slim_runs: {copied_to[rel]} and {run} would both be copied to {out / rel}; "
+                             "copy sources of the same name to different --out folders")  # fmt: skip
     moved: dict[str, str] = {}  # each copied run directory, as a bench JSON may name it -> its copy
     for run, rel in plan:
         for name in {str(run), str(run.resolve()), os.path.relpath(run)}:

@@ -195,3 +195,13 @@ def test_a_ruler_runs_copy_keeps_its_problem_scope(tmp_path):
     slim_runs([run], tmp_path / "slim")
     copy = load_run(tmp_path / "slim/ruler")
     assert [r["problem_id"] for r in copy.rows] == [r["problem_id"] for r in load_run(run).rows]
+
+
+def test_two_sources_of_one_name_are_refused_not_copied_onto_each_other(tmp_path):
+    """``runs/a/arms runs/b/arms`` both went to ``<out>/arms/<arm>``: b's copy of each arm replaced a's without a
+    word, so the copies held one seed's runs under both names."""
+    a, b = _eval_run(tmp_path / "a/arms/full", None), _eval_run(tmp_path / "b/arms/full", None)
+    with pytest.raises(SystemExit, match=rf"{a} and {b} would both be copied to {tmp_path / 'slim/arms/full'}"):
+        slim_runs([tmp_path / "a/arms", tmp_path / "b/arms"], tmp_path / "slim")
+    assert not (tmp_path / "slim").exists()
+    assert list(slim_runs([tmp_path / "a/arms", tmp_path / "a/arms"], tmp_path / "slim")) == ["arms/full"]  # the same run
