@@ -86,3 +86,18 @@ def test_a_run_of_other_problems_or_another_benchmark_is_refused_not_reported_as
         with pytest.raises(SystemExit, match=message):
             main([str(tmp_path), "--block-size", "128", "--out", str(tmp_path / "out.json")])
     assert not (tmp_path / "out.json").exists()
+
+
+def test_an_unfinished_run_is_refused_not_reported_over_the_problems_it_reached(tmp_path):
+    """A run killed (or still writing) after 40 of its 48 problems was reported over those 40 without a word; a run
+    limited by ``benchmark.problem_limit`` is finished at its limit."""
+    recs = load_test_problems(OPTIONS)
+    rows = [{**ROW, "problem_id": r["id"], "correct": True,
+             "recall": [{"key": q["key"], "correct": True} for q in r["queries"]]} for r in recs[:40]]  # fmt: skip
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "config.json").write_text(json.dumps({"benchmark": {"options": OPTIONS}}))
+    with pytest.raises(SystemExit, match=rf"incomplete run, 40 of 48 test problems done \(first missing {recs[40]['id']}\)"):
+        main([str(tmp_path), "--block-size", "128", "--out", str(tmp_path / "out.json")])
+    assert not (tmp_path / "out.json").exists()
+    (tmp_path / "config.json").write_text(json.dumps({"benchmark": {"options": OPTIONS, "problem_limit": 40}}))
+    assert boundary_report(tmp_path, 128)["problems"] == 40
