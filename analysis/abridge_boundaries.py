@@ -31,6 +31,7 @@ from typing import Any
 from analysis.cli import require_at_least
 from zoomr.jsonl import read_json_object
 from zoomr.paths import output_file
+from zoomr.rundir import write_text_atomic
 
 CLASSES = ("fact_straddle", "query_straddle", "inside")
 
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(reports, indent=1))
+        write_text_atomic(out, json.dumps(reports, indent=1))  # a kill leaves the old reports or the new ones
         print(f"\nwritten: {out}")
 
 
