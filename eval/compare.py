@@ -198,16 +198,16 @@ def compare(
         present = [by_key[a, bench] for a in arms if (a, bench) in by_key]
         ref_run = by_key.get((reference, bench))
         ids = check_same_problems(present)
-        if ref_run is not None:
-            diffs = setting_differences([ref_run, *[r for r in present if r is not ref_run]])
-            if diffs and not allow_different_settings:
-                raise CompareError(
-                    "arms ran with different settings, so their accuracies are not comparable:\n  "
-                    + "\n  ".join(diffs[:20])
-                    + "\nRerun the arm with the reference's settings, or pass --allow-different-settings "
-                    "(the table then lists these differences)"
-                )
-            out["setting_differences"] += diffs
+        settings_ref = ref_run or present[0]  # without the reference arm the others share a column all the same
+        diffs = setting_differences([settings_ref, *[r for r in present if r is not settings_ref]])
+        if diffs and not allow_different_settings:
+            raise CompareError(
+                "arms ran with different settings, so their accuracies are not comparable:\n  "
+                + "\n  ".join(diffs[:20])
+                + "\nRerun the arm with the reference's settings, or pass --allow-different-settings "
+                "(the table then lists these differences)"
+            )
+        out["setting_differences"] += diffs
         indices = index_matrix(len(ids), n_resamples, seed) if ref_run is not None and len(ids) > 1 else None
         ref_acc = per_problem_accuracy(ref_run.rows) if ref_run is not None else None
         for run in present:

@@ -195,3 +195,20 @@ def test_a_comparison_cut_short_while_writing_leaves_the_old_tables_whole(tmp_pa
     with pytest.raises(KeyboardInterrupt):
         main([str(a), str(b), "--labels", "ref", "arm", "--out", str(out)])
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no torn file, no temporary one left
+
+
+def test_arms_on_a_benchmark_the_reference_did_not_run_are_still_compared_for_settings(tmp_path):
+    """Two arms on a benchmark without the reference arm were tabulated side by side at 48 and 160 new tokens
+    without a word (their settings were only diffed against the reference's)."""
+    full = _fingerprint(_fake_run(tmp_path / "full", "full", 0.6, seed=1), None, 48)
+    arms = [_fingerprint(_fake_run(tmp_path / m, m, 0.4, seed=2), m, cap) for m, cap in (("h2o", 48), ("snap", 160))]
+    for run in arms:
+        config = json.loads((run / "config.json").read_text())
+        config["benchmark"]["name"] = "aime25_again"
+        (run / "config.json").write_text(json.dumps(config))
+    runs = [load_run(p) for p in (full, *arms)]
+    with pytest.raises(CompareError, match=r"tiny/snap vs tiny/h2o \(aime25_again\): generation.max_new_tokens: was 48, now 160"):
+        compare(runs)
+    assert compare(runs, allow_different_settings=True)["setting_differences"] == [
+        "tiny/snap vs tiny/h2o (aime25_again): generation.max_new_tokens: was 48, now 160"
+    ]
