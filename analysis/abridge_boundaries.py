@@ -31,6 +31,7 @@ from typing import Any
 from analysis.cli import require_at_least
 from zoomr.jsonl import read_json_object
 from zoomr.paths import output_file
+from zoomr.rundir import write_text_atomic
 
 CLASSES = ("fact_straddle", "query_straddle", "inside")
 
@@ -68,7 +69,10 @@ def boundary_report(run_dir: str | Path, block_size: int) -> dict[str, Any]:
         raise SystemExit(f"{run}: no finished samples in results.jsonl")
     queries, misses = Counter(), Counter()
     problems = Counter()
-    for rec in load_test_problems(options):
+    limit = bench.get("problem_limit")
+    tests = load_test_problems(options)[: limit if isinstance(limit, int) and limit > 0 else None]
+    unfinished = [rec["id"] for rec in tests if rec["id"] not in rows]
+    for rec in tests:
         row = rows.get(rec["id"])
         if row is None:
             continue
@@ -86,6 +90,9 @@ def boundary_report(run_dir: str | Path, block_size: int) -> dict[str, Any]:
     if not problems:  # every row skipped: a report of zeros would read as "nothing missed"
         raise SystemExit(f"{run}: none of its {len(rows)} finished rows is a test problem of the benchmark options in "
                          "its config.json (an edited config, or rows of another run)")  # fmt: skip
+    if unfinished:  # a run still writing, or killed: its misses would be reported over the problems it reached
+        raise SystemExit(f"{run}: incomplete run, {len(tests) - len(unfinished)} of {len(tests)} test problems done "
+                         f"(first missing {unfinished[0]}); rerun the same command to finish it")  # fmt: skip
     by_class = {
         f"{c}/{part}": {"queries": queries[(c, part)], "missed": misses[(c, part)],
                         "miss_rate": misses[(c, part)] / queries[(c, part)] if queries[(c, part)] else None}
@@ -136,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(reports, indent=1))
+        write_text_atomic(out, json.dumps(reports, indent=1))  # a kill leaves the old reports or the new ones
         print(f"\nwritten: {out}")
 
 

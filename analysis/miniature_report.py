@@ -17,6 +17,7 @@ import argparse
 import csv
 import io
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -244,6 +245,9 @@ def merge(results: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"{what} is not a miniature results.json (its meta has no {', '.join(missing)})")
         if problem := next(filter(None, map(arm_problem, r["arms"])), None):
             raise ValueError(f"{what} is not a miniature results.json ({problem})")
+        names = Counter(a["name"] for a in r["arms"])  # a second row of a name stayed beside the merged one
+        if twice := [n for n, count in names.items() if count > 1]:
+            raise ValueError(f"{what} is not a miniature results.json (arm {twice[0]!r} is listed {names[twice[0]]} times)")
     wrong = [f"{k}: {results['meta'].get(k)} vs {new['meta'].get(k)}" for k in MATCHED_META
              if results["meta"].get(k) != new["meta"].get(k)]  # fmt: skip
     if wrong:

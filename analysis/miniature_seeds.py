@@ -38,6 +38,7 @@ from eval.arms import load_arm
 from eval.bootstrap import paired_bootstrap, stratified_paired_bootstrap
 from zoomr.jsonl import BadRowError, read_json_object
 from zoomr.paths import output_dir
+from zoomr.rundir import replace_file, write_text_atomic
 
 DEFAULT_VS = (
     "abridge_perlayer_1500steps:abridge_uniform",  # per-layer vs uniform at the same steps and mean quota
@@ -160,6 +161,9 @@ def compare(seeds: list[dict[str, Any]], arm: str, vs: str | None) -> dict[str, 
         a = arm_run(seed, arm)
         if a.ids != b.ids:
             raise SystemExit(f"miniature_seeds: seed {seed['test_seed']}: {arm} and {other} ran different problems")
+        if len(a.ids) < 2:  # numpy's ValueError traceback inside the bootstrap
+            raise SystemExit(f"miniature_seeds: seed {seed['test_seed']} ({seed['dir']}): {arm} and {other} ran "
+                             f"{len(a.ids)} problem; a paired interval needs at least 2")  # fmt: skip
         ci = paired_bootstrap(a.correct, b.correct)
         per_seed.append({
             "test_seed": seed["test_seed"], "n": len(a.ids), "vs": other, "accuracy": float(a.correct.mean()),
@@ -246,7 +250,7 @@ def forest_figure(results: dict[str, Any], arms: list[str], path: Path) -> None:
     ax.set_xlabel("Δ answer accuracy vs full KV (points, paired 95% CI)")
     fig.legend(*ax.get_legend_handles_labels(), loc="lower center", fontsize=8)  # below the x-label: clear of every point
     fig.tight_layout(rect=(0, 0.45 / height, 1, 1))
-    fig.savefig(path, dpi=120)
+    replace_file(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)
 
 
@@ -314,13 +318,17 @@ def main(argv: list[str] | None = None) -> None:
     missing = [str(o) for o in args.outs if not (o / "results.json").is_file()]
     if missing:
         ap.error(f"not miniature outputs (no results.json): {', '.join(missing)}")
+    if onto := [str(o) for o in args.outs if o.resolve() == args.out.resolve()]:  # its results.json was replaced
+        ap.error(f"--out {args.out} is the input {onto[0]}: this table would replace its results.json and table.md; "
+                 "give another directory")  # fmt: skip
     results = run(args.outs, args.arms, args.vs, args.committed, args.keep_committed)
     compared = [c["arm"] for c in results["comparisons"] if c["vs"] == "full KV"]
     if args.forest is not None and (absent := [a for a in args.forest if a not in compared]):
         raise SystemExit(f"miniature_seeds: --forest {absent}: not compared with full KV here; compared: {compared}")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1))
-    (args.out / "table.md").write_text(markdown(results))
+    # through a rename: a kill leaves each file old or new (a torn results.json was a lost --committed input)
+    write_text_atomic(args.out / "results.json", json.dumps(results, indent=1))
+    write_text_atomic(args.out / "table.md", markdown(results))
     forest_figure(results, list(DEFAULT_FOREST) if args.forest is None else args.forest, args.out / "forest.png")
     print(markdown(results))
     print(f"written {args.out}/table.md, results.json, forest.png")

@@ -28,8 +28,9 @@ from zoomr.jsonl import BadRowError, JsonlReader, read_json, read_json_object
 from zoomr.paths import output_dir
 
 DROPPED = ("text", "gold", "extracted", "recall")  # large per-row fields no table reads
+# problems.json: the problem ids of a RULER / LongBench run (eval.tasks.SCOPE_FILE), without which it cannot be read
 KEPT_FILES = ("config.json", "fingerprint.json", "summary.json", "metrics.json", "schedule.json", "r2.json",
-              "scope.json", "arm_command.json")  # fmt: skip
+              "problems.json", "arm_command.json")  # fmt: skip
 
 
 def slim_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -150,6 +151,11 @@ def slim_runs(sources: list[Path], out: Path) -> dict[str, int]:
             )
         plan += [(run, Path(src.name) / run.relative_to(src)) for run in found]
     check_apart(sources, out, [(run, out / rel) for run, rel in plan])
+    copied_to: dict[Path, Path] = {}
+    for run, rel in plan:  # two folders of one name (runs/a/arms, runs/b/arms): the second copy replaced the first
+        if copied_to.setdefault(rel, run).resolve() != run.resolve():
+            raise SystemExit(f"slim_runs: {copied_to[rel]} and {run} would both be copied to {out / rel}; "
+                             "copy sources of the same name to different --out folders")  # fmt: skip
     moved: dict[str, str] = {}  # each copied run directory, as a bench JSON may name it -> its copy
     for run, rel in plan:
         for name in {str(run), str(run.resolve()), os.path.relpath(run)}:

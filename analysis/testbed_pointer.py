@@ -32,6 +32,7 @@ import torch
 
 from analysis.cli import require_at_least, require_checkpoint, require_testbed_data
 from zoomr.paths import output_dir
+from zoomr.rundir import write_text_atomic
 
 
 @torch.no_grad()
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {**vars(args), "test_seed": data.test_seed, "query_form": data.query_form}
-    (out / "pointer_hit_rate.json").write_text(json.dumps({"meta": meta, "results": res}, indent=2))
+    write_text_atomic(out / "pointer_hit_rate.json", json.dumps({"meta": meta, "results": res}, indent=2))  # whole
     print(f"written {out / 'pointer_hit_rate.json'}")
     return res
 

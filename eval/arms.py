@@ -119,6 +119,8 @@ def load_arm(run_dir: str | Path) -> ArmResult:
     """Per-problem correctness, recall and resident rows of a finished eval run (first sample of each)."""
     run_dir = Path(run_dir)
     rows = read_jsonl(run_dir / "results.jsonl", _arm_row_problem)  # a torn or malformed row is named (BadRowError)
+    if not rows:  # an emptied file: its accuracy and rows would be the mean of nothing (nan)
+        raise BadRowError(f"{run_dir / 'results.jsonl'}: no result rows (not a finished eval run)")
     metrics = read_json_object(run_dir / "metrics.json", "eval metrics")
     if not isinstance(metrics.get("pooled"), dict):
         raise BadRowError(f"{run_dir / 'metrics.json'}: no pooled metrics (not an eval run's metrics.json)")

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from eval.metrics import per_problem_accuracy, summarize
 from eval.results import FINGERPRINT_FILE, ResultStore, _diff, with_recorded_length
 from zoomr.jsonl import read_json_object
 from zoomr.paths import output_dir
+from zoomr.rundir import write_text_atomic
 
 ARM_FIELDS = ("model", "method")  # what arms are meant to differ in
 
@@ -51,7 +54,7 @@ class CompareError(ValueError):
 
 
 def load_run(path: str | Path, label: str | None = None) -> Run:
-    from eval.tasks import get_task, read_scope
+    from eval.tasks import SCOPE_FILE, get_task, read_scope
     from zoomr.schemas import to_dataclass
     from zoomr.schemas.eval import BenchmarkConfig
 
@@ -81,6 +84,8 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
             ids = read_scope(path)
         except FileNotFoundError as e:
             raise CompareError(str(e)) from None
+        if problem := scope_problem(ids):  # an empty or edited list: no table over zero or doubled problems
+            raise CompareError(f"{path / SCOPE_FILE}: {problem}")
     else:
         ids = [p.id for p in task.load(bench)]
     scope = [(pid, s) for pid in ids for s in range(n)]
@@ -96,6 +101,17 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
         recorded = with_recorded_length(recorded, bench.length)
         settings = comparable_settings(recorded, task.arm_options, task.option_defaults())
     return Run(path, arm, bench.name, [rows[k] for k in scope], n, settings)
+
+
+def scope_problem(ids: Any) -> str | None:
+    """Why a run's recorded problem ids (``problems.json``) cannot be its scope (None when they can)."""
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        return "not a list of problem ids (strings)"
+    if not ids:
+        return "lists no problems: the run covers none, so it has no accuracy to compare"
+    if repeated := sorted(i for i, n in Counter(ids).items() if n > 1):
+        return f"lists problems more than once ({repeated[:5]}): their samples would count twice"
+    return None
 
 
 def comparable_settings(
@@ -156,7 +172,11 @@ def compare(
     arms = list(dict.fromkeys(r.arm for r in runs))
     benchmarks = list(dict.fromkeys(r.benchmark for r in runs))
     by_key: dict[tuple[str, str], Run] = {}
+    given: dict[Path, Run] = {}
     for r in runs:
+        if (other := given.setdefault(r.path.resolve(), r)) is not r:  # under two labels: Δ 0 against itself
+            raise CompareError(f"{r.path} is given twice (arms {other.arm!r} and {r.arm!r}): an arm would be compared "
+                               "with itself")  # fmt: skip
         if (r.arm, r.benchmark) in by_key:
             raise CompareError(
                 f"two runs of arm {r.arm!r} on {r.benchmark}: {by_key[r.arm, r.benchmark].path}, {r.path}"
@@ -178,16 +198,16 @@ def compare(
         present = [by_key[a, bench] for a in arms if (a, bench) in by_key]
         ref_run = by_key.get((reference, bench))
         ids = check_same_problems(present)
-        if ref_run is not None:
-            diffs = setting_differences([ref_run, *[r for r in present if r is not ref_run]])
-            if diffs and not allow_different_settings:
-                raise CompareError(
-                    "arms ran with different settings, so their accuracies are not comparable:\n  "
-                    + "\n  ".join(diffs[:20])
-                    + "\nRerun the arm with the reference's settings, or pass --allow-different-settings "
-                    "(the table then lists these differences)"
-                )
-            out["setting_differences"] += diffs
+        settings_ref = ref_run or present[0]  # without the reference arm the others share a column all the same
+        diffs = setting_differences([settings_ref, *[r for r in present if r is not settings_ref]])
+        if diffs and not allow_different_settings:
+            raise CompareError(
+                "arms ran with different settings, so their accuracies are not comparable:\n  "
+                + "\n  ".join(diffs[:20])
+                + "\nRerun the arm with the reference's settings, or pass --allow-different-settings "
+                "(the table then lists these differences)"
+            )
+        out["setting_differences"] += diffs
         indices = index_matrix(len(ids), n_resamples, seed) if ref_run is not None and len(ids) > 1 else None
         ref_acc = per_problem_accuracy(ref_run.rows) if ref_run is not None else None
         for run in present:
@@ -281,10 +301,12 @@ def write_outputs(result: dict[str, Any], out_dir: Path) -> str:
         note += "\n\nWARNING: arms ran with different settings:\n" + "\n".join(
             f"- {d}" for d in result["setting_differences"]
         )
-    (out_dir / "table.md").write_text(md + "\n\n" + note + "\n")
-    with open(out_dir / "table.csv", "w", newline="") as f:
-        csv.writer(f).writerows([header, *rows])
-    (out_dir / "table.json").write_text(json.dumps(result, indent=2))
+    rows_csv = io.StringIO()
+    csv.writer(rows_csv).writerows([header, *rows])
+    # each through a rename: a kill leaves every table old or new, never torn (a csv was emptied before its rows)
+    write_text_atomic(out_dir / "table.md", md + "\n\n" + note + "\n")
+    write_text_atomic(out_dir / "table.csv", rows_csv.getvalue(), newline="")
+    write_text_atomic(out_dir / "table.json", json.dumps(result, indent=2))
     return md + "\n\n" + note
 
 

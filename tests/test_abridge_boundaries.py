@@ -86,3 +86,59 @@ def test_a_run_of_other_problems_or_another_benchmark_is_refused_not_reported_as
         with pytest.raises(SystemExit, match=message):
             main([str(tmp_path), "--block-size", "128", "--out", str(tmp_path / "out.json")])
     assert not (tmp_path / "out.json").exists()
+
+
+def test_an_unfinished_run_is_refused_not_reported_over_the_problems_it_reached(tmp_path):
+    """A run killed (or still writing) after 40 of its 48 problems was reported over those 40 without a word; a run
+    limited by ``benchmark.problem_limit`` is finished at its limit."""
+    recs = load_test_problems(OPTIONS)
+    rows = [{**ROW, "problem_id": r["id"], "correct": True,
+             "recall": [{"key": q["key"], "correct": True} for q in r["queries"]]} for r in recs[:40]]  # fmt: skip
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "config.json").write_text(json.dumps({"benchmark": {"options": OPTIONS}}))
+    with pytest.raises(SystemExit, match=rf"incomplete run, 40 of 48 test problems done \(first missing {recs[40]['id']}\)"):
+        main([str(tmp_path), "--block-size", "128", "--out", str(tmp_path / "out.json")])
+    assert not (tmp_path / "out.json").exists()
+    (tmp_path / "config.json").write_text(json.dumps({"benchmark": {"options": OPTIONS, "problem_limit": 40}}))
+    assert boundary_report(tmp_path, 128)["problems"] == 40
+
+
+def test_reports_cut_short_while_writing_leave_the_old_file_whole(tmp_path, monkeypatch):
+    """``--out`` was written in place: a kill mid-write left a torn JSON. It is renamed into place whole now."""
+    import builtins
+    import io
+
+    recs = load_test_problems(OPTIONS)
+    rows = [{**ROW, "problem_id": r["id"], "correct": True,
+             "recall": [{"key": q["key"], "correct": True} for q in r["queries"]]} for r in recs]  # fmt: skip
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "config.json").write_text(json.dumps({"benchmark": {"options": OPTIONS}}))
+    out = tmp_path / "out.json"
+    out.write_text("[]")
+    real_open = io.open
+
+    class Torn:  # a file whose write stops half-way: the kill
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, text):
+            self.f.write(text[: len(text) // 2])
+            self.f.close()
+            raise KeyboardInterrupt
+
+    def tearing_open(file, mode="r", *args, **kwargs):
+        f = real_open(file, mode, *args, **kwargs)
+        return Torn(f) if "w" in mode and "out.json" in str(file) else f
+
+    monkeypatch.setattr(io, "open", tearing_open)
+    monkeypatch.setattr(builtins, "open", tearing_open)
+    with pytest.raises(KeyboardInterrupt):
+        main([str(tmp_path), "--block-size", "128", "--out", str(out)])
+    monkeypatch.undo()
+    assert out.read_text() == "[]" and sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "out.json", "results.jsonl"]

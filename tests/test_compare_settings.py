@@ -4,6 +4,7 @@ refused with the differing fields named, or compared with ``--allow-different-se
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,87 @@ def test_an_older_fingerprint_without_the_length_takes_its_configs(tmp_path):
         (b / "fingerprint.json").write_text(json.dumps(fp))
         result = compare([load_run(a), load_run(b)], allow_different_settings=True)
         assert result["setting_differences"] == differences
+
+
+def _ruler_run(run_dir: Path, scope: object, ids: list[str] = ()) -> Path:
+    """A RULER run directory as ``python -m eval benchmark=ruler`` leaves it: ``problems.json`` lists ``scope``, and
+    ``results.jsonl`` holds one correct sample of each of ``ids``."""
+    from eval.results import ResultStore
+    from eval.tasks import SCOPE_FILE
+
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps({"run_name": run_dir.name, "model": {"name": "tiny"},
+        "benchmark": {"name": "ruler_1024", "task": "ruler", "sources": [], "length": 1024},
+        "generation": {"n_samples": 1}}))  # fmt: skip
+    (run_dir / SCOPE_FILE).write_text(json.dumps(scope))
+    (run_dir / "results.jsonl").touch()
+    store = ResultStore(run_dir, fsync=False)
+    for pid in ids:
+        store.append({"problem_id": pid, "sample": 0, "competition": "niah_single_1", "correct": True,
+                      "truncated": False, "n_tokens": 5, "kv": {}, "score": 1.0})  # fmt: skip
+    return run_dir
+
+
+@pytest.mark.parametrize(
+    "scope,message",
+    [
+        ([], "lists no problems"),  # a KeyError traceback in eval.compare, a ValueError one ending paper_tables
+        (["a", "b", "a"], r"lists problems more than once \(\['a'\]\)"),  # a's sample counted twice, without a word
+        ({"a": 0, "b": 1}, "not a list of problem ids"),  # its keys read as the problems
+    ],
+)
+def test_a_scope_with_no_or_repeated_problems_is_refused_naming_the_file(tmp_path, capsys, scope, message):
+    from analysis.paper_tables.inputs import discover
+
+    ok = _ruler_run(tmp_path / "ok", ["a", "b"], ["a", "b"])
+    bad = _ruler_run(tmp_path / "bad", scope, ["a", "b"])
+    assert main([str(ok), str(bad), "--out", str(tmp_path / "cmp")]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad / 'problems.json'}: " in err and re.search(message, err) and not (tmp_path / "cmp").exists()
+    inputs = discover([str(ok), str(bad)])  # paper_tables: an unusable input, named; the other run is still read
+    assert [a.run.path for a in inputs.evals] == [ok] and re.search(message, inputs.problems[0])
+
+
+def test_the_same_run_directory_given_twice_is_refused(tmp_path, capsys):
+    """Under two ``--labels`` one run was compared with itself: a Δ of +0.0 [+0.0, +0.0], without a word."""
+    run = _fake_run(tmp_path / "a", "full", 0.6, seed=1)
+    (tmp_path / "link").symlink_to(run)
+    for argv in (["--labels", "x", "y"], []):
+        assert main([str(run), str(tmp_path / "link"), *argv, "--out", str(tmp_path / "cmp")]) == 2
+        assert f"{tmp_path / 'link'} is given twice" in capsys.readouterr().err and not (tmp_path / "cmp").exists()
+
+
+def test_a_comparison_cut_short_while_writing_leaves_the_old_tables_whole(tmp_path, monkeypatch):
+    """``table.csv`` was opened (emptied) before its rows were written and ``table.md`` rewritten before it: a kill
+    there left an empty csv beside a new md and the old json. Each file is renamed into place whole now."""
+    import csv
+
+    a, b = _fake_run(tmp_path / "a", "full", 0.6, seed=1), _fake_run(tmp_path / "b", "h2o", 0.4, seed=2)
+    out = tmp_path / "cmp"
+    assert main([str(a), str(b), "--out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # stands in for a kill while the rows are written
+
+    monkeypatch.setattr(csv, "writer", killed)
+    with pytest.raises(KeyboardInterrupt):
+        main([str(a), str(b), "--labels", "ref", "arm", "--out", str(out)])
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no torn file, no temporary one left
+
+
+def test_arms_on_a_benchmark_the_reference_did_not_run_are_still_compared_for_settings(tmp_path):
+    """Two arms on a benchmark without the reference arm were tabulated side by side at 48 and 160 new tokens
+    without a word (their settings were only diffed against the reference's)."""
+    full = _fingerprint(_fake_run(tmp_path / "full", "full", 0.6, seed=1), None, 48)
+    arms = [_fingerprint(_fake_run(tmp_path / m, m, 0.4, seed=2), m, cap) for m, cap in (("h2o", 48), ("snap", 160))]
+    for run in arms:
+        config = json.loads((run / "config.json").read_text())
+        config["benchmark"]["name"] = "aime25_again"
+        (run / "config.json").write_text(json.dumps(config))
+    runs = [load_run(p) for p in (full, *arms)]
+    with pytest.raises(CompareError, match=r"tiny/snap vs tiny/h2o \(aime25_again\): generation.max_new_tokens: was 48, now 160"):
+        compare(runs)
+    assert compare(runs, allow_different_settings=True)["setting_differences"] == [
+        "tiny/snap vs tiny/h2o (aime25_again): generation.max_new_tokens: was 48, now 160"
+    ]

@@ -604,3 +604,22 @@ def test_a_report_cut_short_while_writing_leaves_the_old_results_json_whole(tmp_
     monkeypatch.undo()
     assert (tmp_path / "results.json").read_text() == old
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("where", ["the table", "the rerun"])
+def test_an_arm_listed_twice_is_refused_before_anything_is_written(tmp_path, capsys, where):
+    """A table listing ``zoomr`` twice kept its second, old row beside the merged one (two zoomr rows, one stale); a
+    rerun listing it twice merged only the last, without a word."""
+    from analysis.miniature_report import main
+
+    full = json.loads((REPO_ROOT / "analysis/results/miniature/results.json").read_text())
+    zoomr = next(a for a in full["arms"] if a["name"] == "zoomr")
+    twice = {**full, "arms": [*full["arms"], {**zoomr, "answer_accuracy": 0.25}]}
+    rerun = {"meta": full["meta"], "arms": [{**zoomr, "answer_accuracy": 0.5}]}
+    table, rerun = (twice, rerun) if where == "the table" else (full, {**rerun, "arms": [*rerun["arms"], zoomr]})
+    (tmp_path / "results.json").write_text(json.dumps(table))
+    (tmp_path / "rerun.json").write_text(json.dumps(rerun))
+    with pytest.raises(SystemExit):
+        main(["--merge", str(tmp_path / "rerun.json"), "--into", str(tmp_path)])
+    assert f"{where} is not a miniature results.json (arm 'zoomr' is listed 2 times)" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rerun.json", "results.json"]

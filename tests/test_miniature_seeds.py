@@ -241,3 +241,67 @@ def test_an_output_made_under_the_arm_names_before_the_rename_is_read_under_the_
     with pytest.raises(SystemExit, match=r"mixes the arm names before 2026-12-06 \(\['abridge_perlayer'\]\) with the "
                        r"new ones \(\['abridge_uniform'\]\)"):
         seeds.run([mixed], None)
+
+
+def test_an_out_that_is_one_of_the_inputs_is_refused_before_it_is_overwritten(tmp_path, capsys):
+    """``--out`` = an input replaced that miniature output's results.json and table.md with this script's (the
+    miniature's own table lost, the directory no longer an input of this script or of a --merge)."""
+    a = _fake_seed(tmp_path, 11, {"full": [1, 0, 1], "abridge": [1, 1, 0]})
+    b = _fake_seed(tmp_path, 12, {"full": [1, 1], "abridge": [0, 1]})
+    before = (a / "results.json").read_bytes()
+    with pytest.raises(SystemExit) as exc:
+        seeds.main([str(b), str(a), "--out", f"{a}/"])
+    assert exc.value.code == 2 and f"--out {a} is the input {a}" in capsys.readouterr().err
+    assert (a / "results.json").read_bytes() == before and not (a / "table.md").exists()
+
+
+def test_a_report_cut_short_while_writing_leaves_the_old_results_json_whole(tmp_path, monkeypatch):
+    """results.json (the ``--committed`` input of a later run) was written in place: a kill mid-write left it torn.
+    Each file is renamed into place whole now."""
+    a = _fake_seed(tmp_path, 11, {"full": [1, 0, 1], "abridge": [1, 1, 0]})
+    out = tmp_path / "report"
+    seeds.main([str(a), "--out", str(out)])
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    import builtins
+    import io
+
+    real_open = io.open
+
+    class Torn:  # a file whose write stops half-way: the kill
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, text):
+            self.f.write(text[: len(text) // 2])
+            self.f.close()
+            raise KeyboardInterrupt
+
+    def tearing_open(file, mode="r", *args, **kwargs):
+        f = real_open(file, mode, *args, **kwargs)
+        return Torn(f) if "w" in mode and "results.json" in str(file) else f
+
+    monkeypatch.setattr(io, "open", tearing_open)
+    monkeypatch.setattr(builtins, "open", tearing_open)
+    with pytest.raises(KeyboardInterrupt):
+        seeds.main([str(a), "--out", str(out)])
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # whole, and no temporary file left
+
+
+def test_an_arm_of_no_or_one_problem_is_refused_by_name(tmp_path):
+    """An emptied results.jsonl and a one-problem run were ValueError tracebacks from inside the bootstrap."""
+    from zoomr.jsonl import BadRowError
+
+    one = _fake_seed(tmp_path, 11, {"full": [1], "abridge": [0]})
+    with pytest.raises(SystemExit, match=rf"seed 11 \({one}\): abridge and full ran 1 problem; a paired interval"):
+        seeds.run([one], ["abridge"], [])
+    empty = _fake_seed(tmp_path, 12, {"full": [1, 0], "abridge": [0, 1]})
+    (empty / "arms" / "abridge" / "results.jsonl").write_text("")
+    with pytest.raises(BadRowError, match=rf"{empty / 'arms' / 'abridge' / 'results.jsonl'}: no result rows"):
+        seeds.run([empty], ["abridge"], [])

@@ -183,3 +183,25 @@ def test_committed_miniature_runs_regenerate_the_committed_paper_tables(tmp_path
     assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(
         p.name for p in COMMITTED_TABLES.glob("*.png")
     )
+
+
+def test_a_ruler_runs_copy_keeps_its_problem_scope(tmp_path):
+    """A RULER / LongBench run lists its problems in ``problems.json`` (:data:`eval.tasks.SCOPE_FILE`); the copy kept
+    a ``scope.json`` no run writes, so the copy was an unusable input to paper_tables ("no problems.json")."""
+    from eval.compare import load_run
+    from tests.test_compare_settings import _ruler_run
+
+    run = _ruler_run(tmp_path / "runs/ruler", ["niah_single_1/0", "niah_single_1/1"], ["niah_single_1/0", "niah_single_1/1"])
+    slim_runs([run], tmp_path / "slim")
+    copy = load_run(tmp_path / "slim/ruler")
+    assert [r["problem_id"] for r in copy.rows] == [r["problem_id"] for r in load_run(run).rows]
+
+
+def test_two_sources_of_one_name_are_refused_not_copied_onto_each_other(tmp_path):
+    """``runs/a/arms runs/b/arms`` both went to ``<out>/arms/<arm>``: b's copy of each arm replaced a's without a
+    word, so the copies held one seed's runs under both names."""
+    a, b = _eval_run(tmp_path / "a/arms/full", None), _eval_run(tmp_path / "b/arms/full", None)
+    with pytest.raises(SystemExit, match=rf"{a} and {b} would both be copied to {tmp_path / 'slim/arms/full'}"):
+        slim_runs([tmp_path / "a/arms", tmp_path / "b/arms"], tmp_path / "slim")
+    assert not (tmp_path / "slim").exists()
+    assert list(slim_runs([tmp_path / "a/arms", tmp_path / "a/arms"], tmp_path / "slim")) == ["arms/full"]  # the same run
