@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from zoomr.rundir import write_text_atomic
+
 
 def require_at_least(parser: argparse.ArgumentParser, args: argparse.Namespace, low: int, *names: str) -> None:
     """``parser.error`` naming every option among ``names`` (dests; lists: any element) below ``low``; None passes."""
@@ -52,8 +54,8 @@ def write_bench_report(out: Path, stem: str, report: dict[str, Any], table: str)
     """Print ``table``; write ``<out>/<stem>.json`` (``report``) and ``<stem>.md`` (the table); the JSON's path."""
     print("\n" + table)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
-    (out / f"{stem}.md").write_text(table + "\n")
+    write_text_atomic(out / f"{stem}.json", json.dumps(report, indent=2))  # whole: a kill leaves the old or the new
+    write_text_atomic(out / f"{stem}.md", table + "\n")
     print(f"\nwrote {out / f'{stem}.json'}")
     return out / f"{stem}.json"
 
@@ -64,7 +66,7 @@ def write_bench_json(out: str | Path | None, name: str, tag: str, report: dict[s
     print("\n" + table)
     path = Path(out) if out else Path.cwd() / "runs" / name / f"bench-{tag}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2))
+    write_text_atomic(path, json.dumps(report, indent=2))
     print(f"\nwrote {path}")
     return path
 

@@ -236,3 +236,29 @@ def test_bench_zoomr_shows_a_progress_bar_over_its_steps(tmp_path, capsys):
                       "--layers", "1", "--out", str(out)])  # fmt: skip
     err = capsys.readouterr().err
     assert "bench_zoomr (3 arms in lockstep)" in err and "30/30" in err and out.exists()
+
+
+@pytest.mark.parametrize("writer", ["report", "json"])
+def test_a_bench_cut_short_while_writing_leaves_its_earlier_output_whole(tmp_path, monkeypatch, writer):
+    import os
+
+    from analysis.cli import write_bench_json, write_bench_report
+
+    def write(report):
+        if writer == "report":
+            return write_bench_report(tmp_path, "bench", report, "| table |")
+        return write_bench_json(tmp_path / "bench.json", "bench", "quick", report, "| table |")
+
+    write({"rows": [1, 2, 3]})
+    before = (tmp_path / "bench.json").read_text()
+
+    def killed(src, dst):
+        raise KeyboardInterrupt  # Ctrl-C between writing the new file and putting it in place
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        write({"rows": [4]})
+    assert (tmp_path / "bench.json").read_text() == before  # was truncated and rewritten in place
+    monkeypatch.undo()
+    write({"rows": [4]})
+    assert '"rows"' in (tmp_path / "bench.json").read_text() and "4" in (tmp_path / "bench.json").read_text()
