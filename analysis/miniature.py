@@ -283,6 +283,9 @@ def summarize(arms: list[str], task: Any) -> list[dict[str, Any]]:
         full = loaded[full_arm(arm)]
         if r.ids != full.ids:
             raise SystemExit(f"miniature: arm {name} and {full_arm(arm)} ran different problems; rerun both")
+        if len(r.ids) != task.n:  # a finished arm holds every problem of its command unless its files were edited
+            raise SystemExit(f"miniature: arm {name} ({arm_dir(task, name)}) holds {len(r.ids)} problems, not "
+                             f"task.n={task.n}; move it aside and rerun")
         ci = paired_bootstrap(r.correct, full.correct, idx)
         recall_ci = paired_bootstrap(r.recall, full.recall, idx)
         testbed = r.metrics.get("testbed", {})

@@ -564,6 +564,23 @@ def test_a_damaged_arm_record_is_named_instead_of_a_traceback(tmp_path):
         run_arm(cmd, arm)
 
 
+def test_arms_that_hold_fewer_problems_than_task_n_are_named_instead_of_a_bootstrap_traceback(tmp_path):
+    """Two finished arms whose results.jsonl were cut to the same 200 problems (by hand) reached the paired bootstrap
+    with an index matrix for task.n = 256: a ValueError traceback from eval.bootstrap."""
+    import shutil
+
+    from analysis.miniature import summarize
+
+    for arm in ("full", "kvzip"):
+        d = tmp_path / "arms" / arm
+        shutil.copytree(REPO_ROOT / "analysis/results/miniature/runs/arms" / arm, d)
+        rows = (d / "results.jsonl").read_text().splitlines(keepends=True)
+        (d / "results.jsonl").write_text("".join(rows[:200]))
+    task = MiniatureTask(out=str(tmp_path), n=256)
+    with pytest.raises(SystemExit, match=r"arm full \(.*arms/full\) holds 200 problems, not task.n=256"):
+        summarize(["full", "kvzip"], task)
+
+
 def test_a_report_cut_short_while_writing_leaves_the_old_results_json_whole(tmp_path, monkeypatch):
     """``write_report`` wrote ``results.json`` in place: a kill mid-write (here: the file's write stops half-way) left
     it torn, and the next ``--merge`` into that table was refused, the arms of the earlier runs lost. Each file is
