@@ -40,12 +40,13 @@ class ArmRun:
 
 def fingerprint(model: Any, method: dict[str, Any] | None, bench: dict, gen: dict, grading: dict) -> dict[str, Any]:
     """What decides the content of a result row (``fingerprint.json``; a rerun with others is refused): the method
-    without its training-only fields (:func:`zoomr.cache.registry.serving_settings`)."""
-    from zoomr.cache.registry import serving_settings
+    without its training-only fields (:func:`zoomr.cache.registry.serving_settings`), with the digest of each file it
+    loads (KVzap's surrogate: :func:`zoomr.cache.registry.served_checkpoints`)."""
+    from zoomr.cache.registry import served_checkpoints, serving_settings
 
     return {
         "model": model,
-        "method": serving_settings(method),
+        "method": None if method is None else {**serving_settings(method), **served_checkpoints(method)},
         "benchmark": {k: bench.get(k) for k in BENCHMARK_CONTENT},
         "generation": {k: gen[k] for k in CONTENT_GENERATION},
         "grading": {k: grading[k] for k in ("strip_reasoning", "math_verify")},

@@ -143,6 +143,38 @@ def test_a_fingerprint_written_with_training_fields_is_read_without_them(tmp_pat
     assert serving_settings({"name": "sft", "lora": {"r": 4}}) == {"name": "sft", "lora": {"r": 4}}  # no policy: as is
 
 
+def test_a_surrogate_fitted_again_into_the_same_directory_refuses_resuming_the_kvzap_eval(tmp_path):
+    """The fingerprint named method.surrogate_dir, not what it held: surrogates fitted again into the same directory
+    resumed the eval, mixing rows scored by two surrogates. Their content is compared now, naming the checkpoint."""
+    import torch
+
+    from eval.__main__ import fingerprint
+    from eval.results import check_fingerprint
+    from zoomr.kvzap.surrogate import new_surrogate
+    from zoomr.paths import MissingInput
+
+    surrogates, run_dir = tmp_path / "kvzap", tmp_path / "run"
+    cfg = _cfg(run_dir, tmp_path, "+method=kvzap", f"method.surrogate_dir={surrogates}")
+    with pytest.raises(MissingInput, match=f"no surrogate checkpoint at {surrogates / 'mlp'}"):
+        fingerprint(cfg)  # before a fingerprint without the surrogate's digest is written
+    torch.manual_seed(0)
+    new_surrogate(8, 2, 2, 4).save_pretrained(surrogates / "mlp")
+    (surrogates / "mlp" / "fitted_by.json").write_text('{"run_dir": "a"}')
+    check_fingerprint(run_dir, fingerprint(cfg))
+    (surrogates / "mlp" / "fitted_by.json").write_text('{"run_dir": "b"}')  # the weights decide, not the record
+    check_fingerprint(run_dir, fingerprint(cfg))
+    new_surrogate(8, 2, 2, 4).save_pretrained(surrogates / "mlp")  # fitted again: other weights
+    with pytest.raises(SystemExit, match=f"method.served_surrogate: was '{surrogates / 'mlp'}, sha256 [0-9a-f]{{16}}', "
+                                         f"now '{surrogates / 'mlp'}, sha256 [0-9a-f]{{16}}'"):  # fmt: skip
+        check_fingerprint(run_dir, fingerprint(cfg))
+    # a fingerprint written before the surrogate's digest was in it: resumed as before, the digest recorded from now on
+    old = json.loads((run_dir / FINGERPRINT_FILE).read_text())
+    del old["method"]["served_surrogate"]
+    (run_dir / FINGERPRINT_FILE).write_text(json.dumps(old))
+    check_fingerprint(run_dir, fingerprint(cfg))
+    assert json.loads((run_dir / FINGERPRINT_FILE).read_text())["method"]["served_surrogate"].startswith(str(surrogates))
+
+
 def test_a_torn_fingerprint_is_named_with_what_to_do(tmp_path):
     """``fingerprint.json`` was written in place, so a kill could tear it, and the next run died in a
     JSONDecodeError traceback on every rerun of the directory."""
