@@ -169,6 +169,11 @@ def gpqa_problem(row: dict[str, Any], seed: int) -> Problem:
             raise ValueError(f"{key!r} is {json.dumps(row[key])}, not an option (a row with fewer columns?)")
     options = [row[key].strip() for key in keys]
     record = row["Record ID"]
+    if empty := [key for key, option in zip(keys, options) if not option]:  # was a blank choice the model could pick
+        raise ValueError(f"question {record}: {empty[0]!r} is empty, not an option")
+    if same := [key for key, option in zip(keys[1:], options[1:]) if option == options[0]]:
+        raise ValueError(f"question {record}: {same[0]!r} is the correct answer again ({options[0][:60]!r}), so "
+                         "two letters are right and the grader accepts only one")  # fmt: skip
     digest = hashlib.sha256(f"{seed}/{record}".encode()).hexdigest()
     order = random.Random(int(digest[:16], 16)).sample(range(4), 4)
     return Problem(

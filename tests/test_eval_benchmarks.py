@@ -142,6 +142,34 @@ def test_a_gpqa_file_that_is_not_the_authors_zip_is_refused_naming_it(tmp_path):
         load_source("gpqa_diamond", tmp_path)
 
 
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ("a,b, ,d", "row 3: question r2: 'Incorrect Answer 2' is empty, not an option"),
+        ("a,b,c,a ", "row 3: question r2: 'Incorrect Answer 3' is the correct answer again \\('a'\\)"),
+    ],
+)
+def test_a_gpqa_row_whose_letters_cannot_be_told_apart_is_refused_naming_it(tmp_path, options, message):
+    """An empty option, or the correct answer listed again as an incorrect one, was loaded without a word: the model
+    was offered a blank letter, or two right letters of which the grader accepted one. Two equal incorrect options
+    stay accepted (the real file has two such questions: any of those letters is wrong)."""
+    import zipfile
+
+    from eval.benchmarks import GPQA_MEMBER
+    from zoomr.jsonl import BadRowError
+
+    path = tmp_path / SOURCES["gpqa_diamond"].path
+    path.parent.mkdir(parents=True)
+    head = "Record ID,Question,Correct Answer,Incorrect Answer 1,Incorrect Answer 2,Incorrect Answer 3\n"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(GPQA_MEMBER, head + f"r1,Q?,a,b,b,d\nr2,Q?,{options}\n")
+    with pytest.raises(BadRowError, match=message):
+        load_source("gpqa_diamond", tmp_path)
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(GPQA_MEMBER, head + "r1,Q?,a,b,b,d\n")
+    assert sorted(load_source("gpqa_diamond", tmp_path)[0].choices) == ["a", "b", "b", "d"]
+
+
 def test_prompts_use_the_chat_template(tiny_model_and_tokenizer):
     _, tokenizer = tiny_model_and_tokenizer
     math = load_source("aime_2025", DATA)[0]
