@@ -104,13 +104,21 @@ def _problem_key(value: Any, name: str) -> str:
 
 _AOPS_AIME = re.compile(r"(\d{4})_AIME_(I{1,2})_Problems/Problem_(\d+)")
 _AOPS_AMC = re.compile(r"(\d{4})_AMC_(12[AB])_Problems/Problem_(\d+)")
+AOPS_PROBLEMS = {"AIME": 15, "AMC": 25}  # problems per paper (AIME I / II, AMC 12A / 12B)
+
+
+def _paper_number(num: int, contest: str, row: dict[str, Any]) -> int:
+    """The problem number of an AoPS url: Problem_16 of an AIME paper was the id I-16, Problem_0 I-00."""
+    if not 1 <= num <= AOPS_PROBLEMS[contest]:
+        raise ValueError(f"{contest} url names problem {num}, not one of 1-{AOPS_PROBLEMS[contest]}: {row['url']!r}")
+    return num
 
 
 def _aime_from_url(row: dict[str, Any]) -> Problem:
     m = _AOPS_AIME.search(row["url"])
     if not m:
         raise ValueError(f"AIME row without an AoPS problem url: {row.get('url')!r}")
-    year, part, num = m.group(1), m.group(2), int(m.group(3))
+    year, part, num = m.group(1), m.group(2), _paper_number(int(m.group(3)), "AIME", row)
     return Problem(
         id=f"aime_{year}/{part}-{num:02d}",
         question=_question_str(row["problem"]),
@@ -124,7 +132,7 @@ def _amc_from_url(row: dict[str, Any]) -> Problem:
     m = _AOPS_AMC.search(row["url"])
     if not m:
         raise ValueError(f"AMC row without an AoPS problem url: {row.get('url')!r}")
-    year, paper, num = m.group(1), m.group(2), int(m.group(3))
+    year, paper, num = m.group(1), m.group(2), _paper_number(int(m.group(3)), "AMC", row)
     return Problem(
         id=f"amc12_{year}/{paper}-{num:02d}",
         question=_question_str(row.get("problem") or row["question"]),
@@ -134,9 +142,13 @@ def _amc_from_url(row: dict[str, Any]) -> Problem:
     )
 
 
-def _matharena(competition: str) -> Callable[[dict[str, Any]], Problem]:
+def _matharena(competition: str, problems: int) -> Callable[[dict[str, Any]], Problem]:
+    """MathArena's rows of ``competition``, numbered 1..``problems`` (``problem_idx``; the vendored files hold each)."""
+
     def parse(row: dict[str, Any]) -> Problem:
         idx = _problem_number(row["problem_idx"])
+        if idx > problems:  # AIME 2025's 31 was the id II-01, HMMT's 31 a problem 31 of 30, without a word
+            raise ValueError(f"problem_idx is {idx}, past the {problems} problems of {competition}")
         if competition == "aime_2025":  # MathArena numbers AIME I as 1-15 and AIME II as 16-30
             pid = f"{'I' if idx <= 15 else 'II'}-{(idx - 1) % 15 + 1:02d}"
         else:
@@ -193,15 +205,15 @@ SOURCES: dict[str, Source] = {
     "aime_2022_2024": Source(
         "aimo_validation_aime_2022_2024/train.jsonl", "AI-MO/aimo-validation-aime", "train", _aime_from_url
     ),
-    "aime_2025": Source("aime_2025/train.jsonl", "MathArena/aime_2025", "train", _matharena("aime_2025")),
+    "aime_2025": Source("aime_2025/train.jsonl", "MathArena/aime_2025", "train", _matharena("aime_2025", 30)),
     "hmmt_feb_2025": Source(
-        "matharena_hmmt_feb_2025/train.jsonl", "MathArena/hmmt_feb_2025", "train", _matharena("hmmt_feb_2025")
+        "matharena_hmmt_feb_2025/train.jsonl", "MathArena/hmmt_feb_2025", "train", _matharena("hmmt_feb_2025", 30)
     ),
     "brumo_2025": Source(
-        "matharena_brumo_2025/train.jsonl", "MathArena/brumo_2025", "train", _matharena("brumo_2025")
+        "matharena_brumo_2025/train.jsonl", "MathArena/brumo_2025", "train", _matharena("brumo_2025", 30)
     ),
     "cmimc_2025": Source(
-        "matharena_cmimc_2025/train.jsonl", "MathArena/cmimc_2025", "train", _matharena("cmimc_2025")
+        "matharena_cmimc_2025/train.jsonl", "MathArena/cmimc_2025", "train", _matharena("cmimc_2025", 40)
     ),
     "amc12_2022_2023": Source(
         "aimo_validation_amc_2022_2023/train.jsonl", "AI-MO/aimo-validation-amc", "train", _amc_from_url
