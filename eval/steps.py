@@ -11,6 +11,7 @@ batch); :mod:`eval.arms` runs an arm as a ``python -m eval`` subprocess instead.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
@@ -22,6 +23,8 @@ from eval.tasks import Task, get_task, write_scope
 from zoomr.rundir import write_json
 from zoomr.schemas import to_dataclass
 from zoomr.schemas.eval import BenchmarkConfig, GenerationConfig, GradingConfig
+
+log = logging.getLogger(__name__)
 
 # the generation settings that decide a row's content (n_samples / batching only choose which rows exist)
 # the benchmark settings that decide the problems (RULER's length sizes every prompt; the problem ids do not show it)
@@ -51,6 +54,28 @@ def fingerprint(model: Any, method: dict[str, Any] | None, bench: dict, gen: dic
         "generation": {k: gen[k] for k in CONTENT_GENERATION},
         "grading": {k: grading[k] for k in ("strip_reasoning", "math_verify")},
     }
+
+
+def check_positions(task: Task, bench: BenchmarkConfig, model_config: Any) -> None:
+    """Refuse (``ValueError``) a ``benchmark.length`` past the positions an unscaled RoPE model was trained on, before
+    its prompts are built (the engine only warned at decode, after building them); past ``max_position_embeddings``
+    of a model that scales RoPE (:func:`zoomr.engine.position_limit`'s rule) it is a warning, up front."""
+    from eval.ruler import length_of
+    from zoomr.engine import position_limit
+
+    if not task.takes_length:
+        return
+    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    trained, length = getattr(text, "max_position_embeddings", None), length_of(bench)
+    if not isinstance(trained, int) or length <= trained:
+        return
+    if position_limit(model_config) is not None:
+        raise ValueError(f"benchmark.length={length} is past the model's max_position_embeddings={trained} and it "
+                         "scales no RoPE: positions past it were never trained, the prompts would be decoded into "
+                         f"degraded outputs (nothing was written); use benchmark.length <= {trained}")  # fmt: skip
+    log.warning("benchmark.length=%d is past the model's max_position_embeddings=%d: taken as covered by its scaled "
+                "RoPE (%s)", length, trained,
+                getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None))  # fmt: skip
 
 
 def load_problems(task: Task, bench: BenchmarkConfig, tokenizer: Any, gen: GenerationConfig) -> list[Problem]:
@@ -170,6 +195,7 @@ def evaluate_arm(
     gen = generation if isinstance(generation, GenerationConfig) else to_dataclass(GenerationConfig, generation or {})
     grade = grading if isinstance(grading, GradingConfig) else to_dataclass(GradingConfig, grading or {})
     task = get_task(bench.task)
+    check_positions(task, bench, model.config)
     problems = load_problems(task, bench, tokenizer, gen)
     model_id = getattr(model, "name_or_path", None) or type(model).__name__
     with RunLock(run_dir):
