@@ -180,7 +180,7 @@ def gpqa_problem(row: dict[str, Any], seed: int) -> Problem:
         if not isinstance(row[key], str):
             raise ValueError(f"{key!r} is {json.dumps(row[key])}, not an option (a row with fewer columns?)")
     options = [row[key].strip() for key in keys]
-    record = row["Record ID"]
+    record = _problem_key(row["Record ID"], "Record ID")  # an empty one was the id gpqa_diamond/
     if empty := [key for key, option in zip(keys, options) if not option]:  # was a blank choice the model could pick
         raise ValueError(f"question {record}: {empty[0]!r} is empty, not an option")
     if same := [key for key, option in zip(keys[1:], options[1:]) if option == options[0]]:

@@ -147,12 +147,14 @@ def test_a_gpqa_file_that_is_not_the_authors_zip_is_refused_naming_it(tmp_path):
     [
         ("a,b, ,d", "row 3: question r2: 'Incorrect Answer 2' is empty, not an option"),
         ("a,b,c,a ", "row 3: question r2: 'Incorrect Answer 3' is the correct answer again \\('a'\\)"),
+        ("a,b,c,d\n ,Q?,a,b,c,d", 'row 4: Record ID is " ", not an id'),  # was the problem id gpqa_diamond/
     ],
 )
-def test_a_gpqa_row_whose_letters_cannot_be_told_apart_is_refused_naming_it(tmp_path, options, message):
+def test_a_gpqa_row_that_cannot_be_asked_or_graded_is_refused_naming_it(tmp_path, options, message):
     """An empty option, or the correct answer listed again as an incorrect one, was loaded without a word: the model
     was offered a blank letter, or two right letters of which the grader accepted one. Two equal incorrect options
-    stay accepted (the real file has two such questions: any of those letters is wrong)."""
+    stay accepted (the real file has two such questions: any of those letters is wrong). A blank Record ID was the
+    problem id gpqa_diamond/."""
     import zipfile
 
     from eval.benchmarks import GPQA_MEMBER
