@@ -27,7 +27,7 @@ import numpy as np
 
 from eval.bootstrap import check_bootstrap_settings, index_matrix, paired_bootstrap
 from eval.metrics import per_problem_accuracy, summarize
-from eval.results import FINGERPRINT_FILE, ResultStore, _diff, with_recorded_length
+from eval.results import FINGERPRINT_FILE, ResultStore, _diff, is_grading_error, with_recorded_length
 from zoomr.jsonl import read_json_object
 from zoomr.paths import output_dir
 
@@ -53,7 +53,8 @@ class CompareError(ValueError):
 def load_run(path: str | Path, label: str | None = None) -> Run:
     from eval.tasks import get_task, read_scope
     from zoomr.schemas import to_dataclass
-    from zoomr.schemas.eval import BenchmarkConfig
+    from zoomr.schemas.checks import is_finite_number
+    from zoomr.schemas.eval import BenchmarkConfig, GradingConfig
 
     path = Path(path)
     config_file = path / "config.json"
@@ -90,6 +91,15 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
         raise CompareError(
             f"{path}: incomplete run, {len(scope) - len(missing)} of {len(scope)} samples done "
             f"(first missing {missing[0]}); rerun the same command to finish it"
+        )
+    failed = [k for k in scope if is_grading_error(rows[k])]  # counted as incorrect: the run's accuracy, not the arm's
+    grading = config.get("grading")
+    limit = grading.get("max_error_rate") if isinstance(grading, dict) else None
+    limit = limit if is_finite_number(limit) else GradingConfig.max_error_rate  # the default where not recorded
+    if len(failed) > limit * len(scope):
+        raise CompareError(
+            f"{path}: grading failed for {len(failed)} of {len(scope)} samples (first {failed[0]}), more than "
+            f"grading.max_error_rate={limit}; they would count as incorrect. Rerun the same command to grade them again"
         )
     settings = None
     if recorded is not None:  # an older fingerprint without benchmark.length: the config's (the last run's)

@@ -127,3 +127,20 @@ def test_an_older_fingerprint_without_the_length_takes_its_configs(tmp_path):
         (b / "fingerprint.json").write_text(json.dumps(fp))
         result = compare([load_run(a), load_run(b)], allow_different_settings=True)
         assert result["setting_differences"] == differences
+
+
+def test_a_run_whose_grading_failed_is_refused_not_counted_as_wrong(tmp_path, capsys):
+    """A run that ended with "grading failed for N samples ... a rerun grades those samples again" was compared as
+    complete, its ungraded samples counted as incorrect. Past grading.max_error_rate it is refused, naming the run."""
+    from eval.results import RESULTS_FILE
+
+    ref, arm = _fake_run(tmp_path / "a", "full", 0.6, seed=1), _fake_run(tmp_path / "b", "h2o", 0.6, seed=2)
+    lines = (arm / RESULTS_FILE).read_text().splitlines()
+    failed = [json.dumps({**json.loads(line), "correct": False, "grade_method": "error"}) for line in lines[:2]]
+    (arm / RESULTS_FILE).write_text("\n".join(failed + lines[2:]) + "\n")
+    assert main([str(ref), str(arm), "--out", str(tmp_path / "cmp")]) == 2
+    assert f"{arm}: grading failed for 2 of 12 samples (first ('aime_2025/I-01', 0)), more than " \
+           "grading.max_error_rate=0.01" in capsys.readouterr().err and not (tmp_path / "cmp").exists()  # fmt: skip
+    config = json.loads((arm / "config.json").read_text())
+    (arm / "config.json").write_text(json.dumps({**config, "grading": {"max_error_rate": 0.2}}))
+    assert load_run(arm).rows[0]["grade_method"] == "error"  # within the run's own rate: as the run counted them
