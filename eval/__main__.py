@@ -62,7 +62,7 @@ def run(cfg: Any) -> dict[str, Any]:
     spec = model_spec(cfg)
     tokenizer = load_tokenizer(spec, cfg.cache_dir)  # before the problems: RULER counts the model's tokens
     try:
-        if task.takes_length:  # RULER's prompts are built to benchmark.length: past the model's positions, refused first
+        if task.prompt_bound is not None:  # RULER's / LongBench's prompt length past the model's positions: refused first
             check_positions(task, bench, load_config(spec, cfg.cache_dir))
         problems = load_problems(task, bench, tokenizer, gen)
         task.check_model(bench, spec.hf_id)

@@ -370,10 +370,16 @@ def _score_problem(problem: Any, text: str) -> float:
     return score(problem.competition, text, problem.meta["answers"], problem.meta.get("all_classes"))
 
 
+def _prompt_bound(bench: Any) -> tuple[str, int] | None:
+    """``benchmark.options.max_prompt_tokens`` (None: prompts are not truncated, their lengths unknown until read)."""
+    limit = dict(bench.options or {}).get("max_prompt_tokens")
+    return ("benchmark.options.max_prompt_tokens", limit) if is_integer(limit) else None
+
+
 def _task() -> Any:
     from eval.tasks import ScoredTask
 
-    return ScoredTask("longbench", load, _score_problem, averages)
+    return ScoredTask("longbench", load, _score_problem, averages, prompt_bound=_prompt_bound)
 
 
 TASK = _task()

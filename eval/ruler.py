@@ -671,7 +671,8 @@ def _summarize(scores: dict[str, float]) -> dict[str, float]:
 def _task() -> Any:
     from eval.tasks import ScoredTask
 
-    return ScoredTask("ruler", load, _score_problem, _summarize, takes_length=True)
+    return ScoredTask("ruler", load, _score_problem, _summarize, takes_length=True,
+                      prompt_bound=lambda bench: ("benchmark.length", length_of(bench)))  # fmt: skip
 
 
 TASK = _task()

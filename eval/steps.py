@@ -57,25 +57,25 @@ def fingerprint(model: Any, method: dict[str, Any] | None, bench: dict, gen: dic
 
 
 def check_positions(task: Task, bench: BenchmarkConfig, model_config: Any) -> None:
-    """Refuse (``ValueError``) a ``benchmark.length`` past the positions an unscaled RoPE model was trained on, before
-    its prompts are built (the engine only warned at decode, after building them); past ``max_position_embeddings``
-    of a model that scales RoPE (:func:`zoomr.engine.position_limit`'s rule) it is a warning, up front."""
-    from eval.ruler import length_of
+    """Refuse (``ValueError``) the setting that bounds the task's prompts (RULER's ``benchmark.length``, LongBench's
+    ``benchmark.options.max_prompt_tokens``: ``task.prompt_bound``) past the positions an unscaled RoPE model was
+    trained on, before the prompts are built (the engine only warned at decode, after building them); past
+    ``max_position_embeddings`` of a model that scales RoPE (:func:`zoomr.engine.position_limit`'s rule) it is a
+    warning, up front."""
     from zoomr.engine import position_limit
 
-    if not task.takes_length:
-        return
+    bound = task.prompt_bound(bench) if task.prompt_bound is not None else None
     text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
-    trained, length = getattr(text, "max_position_embeddings", None), length_of(bench)
-    if not isinstance(trained, int) or length <= trained:
+    trained = getattr(text, "max_position_embeddings", None)
+    if bound is None or not isinstance(trained, int) or bound[1] <= trained:
         return
+    key, tokens = bound
     if position_limit(model_config) is not None:
-        raise ValueError(f"benchmark.length={length} is past the model's max_position_embeddings={trained} and it "
-                         "scales no RoPE: positions past it were never trained, the prompts would be decoded into "
-                         f"degraded outputs (nothing was written); use benchmark.length <= {trained}")  # fmt: skip
-    log.warning("benchmark.length=%d is past the model's max_position_embeddings=%d: taken as covered by its scaled "
-                "RoPE (%s)", length, trained,
-                getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None))  # fmt: skip
+        raise ValueError(f"{key}={tokens} is past the model's max_position_embeddings={trained} and it scales no "
+                         "RoPE: positions past it were never trained, the prompts would be decoded into degraded "
+                         f"outputs (nothing was written); use {key} <= {trained}")  # fmt: skip
+    log.warning("%s=%d is past the model's max_position_embeddings=%d: taken as covered by its scaled RoPE (%s)",
+                key, tokens, trained, getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None))
 
 
 def load_problems(task: Task, bench: BenchmarkConfig, tokenizer: Any, gen: GenerationConfig) -> list[Problem]:

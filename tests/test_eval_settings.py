@@ -144,10 +144,11 @@ def test_a_fingerprint_written_with_training_fields_is_read_without_them(tmp_pat
     assert serving_settings({"name": "sft", "lora": {"r": 4}}) == {"name": "sft", "lora": {"r": 4}}  # no policy: as is
 
 
-def test_a_ruler_length_past_an_unscaled_models_positions_is_refused_before_the_prompts(tmp_path, cache_dir, monkeypatch,
+def test_a_prompt_length_past_an_unscaled_models_positions_is_refused_before_the_prompts(tmp_path, cache_dir, monkeypatch,
                                                                                          caplog):
     """benchmark.length=40000 on a model trained on 32768 positions (unscaled RoPE) built every prompt and loaded the
-    model; the engine then warned at decode. Refused now before the prompts; a scaled RoPE is warned about up front."""
+    model; the engine then warned at decode. Refused now before the prompts; a scaled RoPE is warned about up front.
+    LongBench's max_prompt_tokens past the positions likewise."""
     import eval.steps
     from eval.steps import check_positions
     from eval.tasks import get_task
@@ -167,6 +168,13 @@ def test_a_ruler_length_past_an_unscaled_models_positions_is_refused_before_the_
     check_positions(get_task("ruler"), bench, scaled)
     assert "benchmark.length=1024 is past the model's max_position_embeddings=512: taken as covered" in caplog.text
     check_positions(get_task("ruler"), bench, tiny_config("qwen2", 300, max_position_embeddings=1024))  # fits
+    longbench = to_dataclass(BenchmarkConfig, _cfg(run_dir, cache_dir, "benchmark=longbench",
+                                                   "benchmark.options.max_prompt_tokens=40000").benchmark)  # fmt: skip
+    with pytest.raises(ValueError, match="benchmark.options.max_prompt_tokens=40000 is past the model's "
+                                         "max_position_embeddings=32768"):  # fmt: skip
+        check_positions(get_task("longbench"), longbench, tiny_config("qwen2", 300))
+    check_positions(get_task("longbench"), to_dataclass(BenchmarkConfig, _cfg(run_dir, cache_dir, "benchmark=longbench")
+                                                        .benchmark), tiny_config("qwen2", 300))  # null: not truncated
 
 
 def test_a_surrogate_fitted_again_into_the_same_directory_refuses_resuming_the_kvzap_eval(tmp_path):
