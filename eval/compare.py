@@ -83,7 +83,11 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
         except FileNotFoundError as e:
             raise CompareError(str(e)) from None
     else:
-        ids = [p.id for p in task.load(bench)]
+        try:  # the hub unreachable here was a RuntimeError traceback; a moved data_dir named no run
+            ids = [p.id for p in task.load(bench)]
+        except (ValueError, RuntimeError, FileNotFoundError) as e:
+            raise CompareError(f"{path}: the problems of its benchmark {bench.name!r} cannot be listed here, so its "
+                               f"rows cannot be checked: {e}") from None  # fmt: skip
     scope = [(pid, s) for pid in ids for s in range(n)]
     rows = ResultStore(path).load(repair=False)  # read only: the run may be writing its next row
     missing = [k for k in scope if k not in rows]
