@@ -81,6 +81,9 @@ def check_positions(task: Task, bench: BenchmarkConfig, model_config: Any) -> No
 def load_problems(task: Task, bench: BenchmarkConfig, tokenizer: Any, gen: GenerationConfig) -> list[Problem]:
     """The task's problems, its generation settings checked against them (``ValueError`` / ``RuntimeError`` /
     ``FileNotFoundError`` naming the problem; nothing is written)."""
+    from eval.prompts import check_chat_settings
+
+    check_chat_settings(tokenizer, gen.enable_thinking)
     problems = task.load(bench, tokenizer, gen)
     counts = Counter(p.id for p in problems)
     if twice := [pid for pid, n in counts.items() if n > 1]:  # a repeated id was decoded and counted once per copy

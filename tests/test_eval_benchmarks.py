@@ -186,6 +186,26 @@ def test_prompts_use_the_chat_template(tiny_model_and_tokenizer):
     assert render(math, tokenizer, system_prompt="Be brief.").startswith("<|im_start|>system\nBe brief.")
 
 
+def test_enable_thinking_a_chat_template_never_reads_is_warned_about_before_the_run(tiny_model_and_tokenizer, caplog):
+    """generation.enable_thinking=false was passed to a template that ignores it (R1-distill, Llama, the tiny models)
+    without a word: the run believed reasoning off while the prompts were the same."""
+    from eval.prompts import check_chat_settings
+    from eval.steps import load_problems as task_problems
+    from eval.tasks import get_task
+    from zoomr.schemas.eval import GenerationConfig
+
+    _, tokenizer = tiny_model_and_tokenizer
+    bench = _benchmark("aime25", "benchmark.problem_limit=1")
+    task_problems(get_task("math"), bench, tokenizer, GenerationConfig())
+    assert "enable_thinking" not in caplog.text
+    task_problems(get_task("math"), bench, tokenizer, GenerationConfig(enable_thinking=False))
+    assert "generation.enable_thinking=false changes nothing: the model's chat template does not read" in caplog.text
+    caplog.clear()
+    tokenizer_reads = type("T", (), {"chat_template": "{% if enable_thinking is false %}<think></think>{% endif %}"})()
+    check_chat_settings(tokenizer_reads, False)
+    assert not caplog.text
+
+
 def test_hub_source_fails_clearly_offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(RuntimeError, match="benchmark.source=local"):
