@@ -48,10 +48,10 @@ def run(cfg: Any) -> dict[str, Any]:
     from eval.grading import GraderBroken
     from eval.results import check_fingerprint
     from eval.settings import validate
-    from eval.steps import decode_and_grade, load_problems
+    from eval.steps import check_positions, decode_and_grade, load_problems
     from eval.tasks import get_task
     from zoomr.cache import match_budget
-    from zoomr.models import load_model, load_tokenizer
+    from zoomr.models import load_config, load_model, load_tokenizer
     from zoomr.runlock import RunLock
 
     # everything that can reject the settings runs before the lock, the fingerprint and config.json
@@ -62,6 +62,8 @@ def run(cfg: Any) -> dict[str, Any]:
     spec = model_spec(cfg)
     tokenizer = load_tokenizer(spec, cfg.cache_dir)  # before the problems: RULER counts the model's tokens
     try:
+        if task.prompt_bound is not None:  # RULER's / LongBench's prompt length past the model's positions: refused first
+            check_positions(task, bench, load_config(spec, cfg.cache_dir))
         problems = load_problems(task, bench, tokenizer, gen)
         task.check_model(bench, spec.hf_id)
     except (ValueError, FileNotFoundError, RuntimeError) as e:

@@ -104,13 +104,21 @@ def _problem_key(value: Any, name: str) -> str:
 
 _AOPS_AIME = re.compile(r"(\d{4})_AIME_(I{1,2})_Problems/Problem_(\d+)")
 _AOPS_AMC = re.compile(r"(\d{4})_AMC_(12[AB])_Problems/Problem_(\d+)")
+AOPS_PROBLEMS = {"AIME": 15, "AMC": 25}  # problems per paper (AIME I / II, AMC 12A / 12B)
+
+
+def _paper_number(num: int, contest: str, row: dict[str, Any]) -> int:
+    """The problem number of an AoPS url: Problem_16 of an AIME paper was the id I-16, Problem_0 I-00."""
+    if not 1 <= num <= AOPS_PROBLEMS[contest]:
+        raise ValueError(f"{contest} url names problem {num}, not one of 1-{AOPS_PROBLEMS[contest]}: {row['url']!r}")
+    return num
 
 
 def _aime_from_url(row: dict[str, Any]) -> Problem:
     m = _AOPS_AIME.search(row["url"])
     if not m:
         raise ValueError(f"AIME row without an AoPS problem url: {row.get('url')!r}")
-    year, part, num = m.group(1), m.group(2), int(m.group(3))
+    year, part, num = m.group(1), m.group(2), _paper_number(int(m.group(3)), "AIME", row)
     return Problem(
         id=f"aime_{year}/{part}-{num:02d}",
         question=_question_str(row["problem"]),
@@ -124,7 +132,7 @@ def _amc_from_url(row: dict[str, Any]) -> Problem:
     m = _AOPS_AMC.search(row["url"])
     if not m:
         raise ValueError(f"AMC row without an AoPS problem url: {row.get('url')!r}")
-    year, paper, num = m.group(1), m.group(2), int(m.group(3))
+    year, paper, num = m.group(1), m.group(2), _paper_number(int(m.group(3)), "AMC", row)
     return Problem(
         id=f"amc12_{year}/{paper}-{num:02d}",
         question=_question_str(row.get("problem") or row["question"]),
@@ -134,9 +142,13 @@ def _amc_from_url(row: dict[str, Any]) -> Problem:
     )
 
 
-def _matharena(competition: str) -> Callable[[dict[str, Any]], Problem]:
+def _matharena(competition: str, problems: int) -> Callable[[dict[str, Any]], Problem]:
+    """MathArena's rows of ``competition``, numbered 1..``problems`` (``problem_idx``; the vendored files hold each)."""
+
     def parse(row: dict[str, Any]) -> Problem:
         idx = _problem_number(row["problem_idx"])
+        if idx > problems:  # AIME 2025's 31 was the id II-01, HMMT's 31 a problem 31 of 30, without a word
+            raise ValueError(f"problem_idx is {idx}, past the {problems} problems of {competition}")
         if competition == "aime_2025":  # MathArena numbers AIME I as 1-15 and AIME II as 16-30
             pid = f"{'I' if idx <= 15 else 'II'}-{(idx - 1) % 15 + 1:02d}"
         else:
@@ -168,7 +180,12 @@ def gpqa_problem(row: dict[str, Any], seed: int) -> Problem:
         if not isinstance(row[key], str):
             raise ValueError(f"{key!r} is {json.dumps(row[key])}, not an option (a row with fewer columns?)")
     options = [row[key].strip() for key in keys]
-    record = row["Record ID"]
+    record = _problem_key(row["Record ID"], "Record ID")  # an empty one was the id gpqa_diamond/
+    if empty := [key for key, option in zip(keys, options) if not option]:  # was a blank choice the model could pick
+        raise ValueError(f"question {record}: {empty[0]!r} is empty, not an option")
+    if same := [key for key, option in zip(keys[1:], options[1:]) if option == options[0]]:
+        raise ValueError(f"question {record}: {same[0]!r} is the correct answer again ({options[0][:60]!r}), so "
+                         "two letters are right and the grader accepts only one")  # fmt: skip
     digest = hashlib.sha256(f"{seed}/{record}".encode()).hexdigest()
     order = random.Random(int(digest[:16], 16)).sample(range(4), 4)
     return Problem(
@@ -188,15 +205,15 @@ SOURCES: dict[str, Source] = {
     "aime_2022_2024": Source(
         "aimo_validation_aime_2022_2024/train.jsonl", "AI-MO/aimo-validation-aime", "train", _aime_from_url
     ),
-    "aime_2025": Source("aime_2025/train.jsonl", "MathArena/aime_2025", "train", _matharena("aime_2025")),
+    "aime_2025": Source("aime_2025/train.jsonl", "MathArena/aime_2025", "train", _matharena("aime_2025", 30)),
     "hmmt_feb_2025": Source(
-        "matharena_hmmt_feb_2025/train.jsonl", "MathArena/hmmt_feb_2025", "train", _matharena("hmmt_feb_2025")
+        "matharena_hmmt_feb_2025/train.jsonl", "MathArena/hmmt_feb_2025", "train", _matharena("hmmt_feb_2025", 30)
     ),
     "brumo_2025": Source(
-        "matharena_brumo_2025/train.jsonl", "MathArena/brumo_2025", "train", _matharena("brumo_2025")
+        "matharena_brumo_2025/train.jsonl", "MathArena/brumo_2025", "train", _matharena("brumo_2025", 30)
     ),
     "cmimc_2025": Source(
-        "matharena_cmimc_2025/train.jsonl", "MathArena/cmimc_2025", "train", _matharena("cmimc_2025")
+        "matharena_cmimc_2025/train.jsonl", "MathArena/cmimc_2025", "train", _matharena("cmimc_2025", 40)
     ),
     "amc12_2022_2023": Source(
         "aimo_validation_amc_2022_2023/train.jsonl", "AI-MO/aimo-validation-amc", "train", _amc_from_url

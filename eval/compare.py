@@ -29,7 +29,7 @@ import numpy as np
 
 from eval.bootstrap import check_bootstrap_settings, index_matrix, paired_bootstrap
 from eval.metrics import per_problem_accuracy, summarize
-from eval.results import FINGERPRINT_FILE, ResultStore, _diff, with_recorded_length
+from eval.results import FINGERPRINT_FILE, ResultStore, _diff, is_grading_error, with_recorded_length
 from zoomr.jsonl import read_json_object
 from zoomr.paths import output_dir
 from zoomr.rundir import write_text_atomic
@@ -56,7 +56,8 @@ class CompareError(ValueError):
 def load_run(path: str | Path, label: str | None = None) -> Run:
     from eval.tasks import SCOPE_FILE, get_task, read_scope
     from zoomr.schemas import to_dataclass
-    from zoomr.schemas.eval import BenchmarkConfig
+    from zoomr.schemas.checks import is_finite_number
+    from zoomr.schemas.eval import BenchmarkConfig, GradingConfig
 
     path = Path(path)
     config_file = path / "config.json"
@@ -87,7 +88,11 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
         if problem := scope_problem(ids):  # an empty or edited list: no table over zero or doubled problems
             raise CompareError(f"{path / SCOPE_FILE}: {problem}")
     else:
-        ids = [p.id for p in task.load(bench)]
+        try:  # the hub unreachable here was a RuntimeError traceback; a moved data_dir named no run
+            ids = [p.id for p in task.load(bench)]
+        except (ValueError, RuntimeError, FileNotFoundError) as e:
+            raise CompareError(f"{path}: the problems of its benchmark {bench.name!r} cannot be listed here, so its "
+                               f"rows cannot be checked: {e}") from None  # fmt: skip
     scope = [(pid, s) for pid in ids for s in range(n)]
     rows = ResultStore(path).load(repair=False)  # read only: the run may be writing its next row
     missing = [k for k in scope if k not in rows]
@@ -95,6 +100,15 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
         raise CompareError(
             f"{path}: incomplete run, {len(scope) - len(missing)} of {len(scope)} samples done "
             f"(first missing {missing[0]}); rerun the same command to finish it"
+        )
+    failed = [k for k in scope if is_grading_error(rows[k])]  # counted as incorrect: the run's accuracy, not the arm's
+    grading = config.get("grading")
+    limit = grading.get("max_error_rate") if isinstance(grading, dict) else None
+    limit = limit if is_finite_number(limit) else GradingConfig.max_error_rate  # the default where not recorded
+    if len(failed) > limit * len(scope):
+        raise CompareError(
+            f"{path}: grading failed for {len(failed)} of {len(scope)} samples (first {failed[0]}), more than "
+            f"grading.max_error_rate={limit}; they would count as incorrect. Rerun the same command to grade them again"
         )
     settings = None
     if recorded is not None:  # an older fingerprint without benchmark.length: the config's (the last run's)

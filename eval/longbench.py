@@ -319,6 +319,18 @@ def truncate_middle(prompt: str, tokenizer: Any, max_tokens: int | None) -> str:
 # the evaluator's task (eval/tasks.py): benchmark=longbench
 
 
+def check_word_cutter(subsets: list[str]) -> None:
+    """Refuse (``ValueError``) Chinese ``subsets`` scored with jieba's words when jieba is not installed, before any
+    decoding: the first of their samples was an ImportError after every subset before it had been decoded."""
+    if not subsets:
+        return
+    try:
+        import jieba  # noqa: F401
+    except ImportError:
+        raise ValueError(f"LongBench subsets {subsets} are scored on words cut by jieba, which is not installed: pip "
+                         "install jieba, or leave them out of benchmark.sources") from None  # fmt: skip
+
+
 def load(bench: Any, tokenizer: Any, gen: Any) -> list:
     """LongBench problems of ``bench`` (``sources`` = subsets; ``options``: ``data_dir``, ``hub_id``,
     ``max_prompt_tokens``), prompts rendered as LongBench's ``pred.py``."""
@@ -333,6 +345,7 @@ def load(bench: Any, tokenizer: Any, gen: Any) -> list:
     bad = [s for s in bench.sources if s not in METRICS]
     if bad:
         raise ValueError(f"unknown LongBench subsets {bad}; known: {', '.join(SUBSETS)}")
+    check_word_cutter([s for s in bench.sources if METRICS[s] in (qa_f1_zh, rouge_zh)])
     limit = options.get("max_prompt_tokens")
     if limit is not None and not (is_integer(limit) and limit >= 2):  # 0 or 1 kept all (ids[-0:]), < 0 doubled
         raise ValueError(f"benchmark.options.max_prompt_tokens={limit!r}: give an integer >= 2 (a longer prompt keeps "
@@ -370,10 +383,16 @@ def _score_problem(problem: Any, text: str) -> float:
     return score(problem.competition, text, problem.meta["answers"], problem.meta.get("all_classes"))
 
 
+def _prompt_bound(bench: Any) -> tuple[str, int] | None:
+    """``benchmark.options.max_prompt_tokens`` (None: prompts are not truncated, their lengths unknown until read)."""
+    limit = dict(bench.options or {}).get("max_prompt_tokens")
+    return ("benchmark.options.max_prompt_tokens", limit) if is_integer(limit) else None
+
+
 def _task() -> Any:
     from eval.tasks import ScoredTask
 
-    return ScoredTask("longbench", load, _score_problem, averages)
+    return ScoredTask("longbench", load, _score_problem, averages, prompt_bound=_prompt_bound)
 
 
 TASK = _task()

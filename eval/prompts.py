@@ -8,8 +8,11 @@ is set; the stored record always keeps the full text.
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 def chat_messages(content: str, system_prompt: str | None = None) -> list[dict[str, str]]:
@@ -29,6 +32,18 @@ def chat_text(
     return tokenizer.apply_chat_template(
         chat_messages(content, system_prompt), tokenize=False, add_generation_prompt=True, **kwargs
     )
+
+
+def check_chat_settings(tokenizer: Any, enable_thinking: bool | None) -> None:
+    """Warn, before a run, when ``generation.enable_thinking`` is set and the tokenizer's chat template never reads it
+    (only Qwen3-style templates do): the prompts are the same either way, so an R1-distill or Llama model reasons, or
+    not, as it always does. It was passed to the template without a word. A warning, not a refusal: arms of several
+    models keep the same settings for ``eval.compare``."""
+    template = getattr(tokenizer, "chat_template", None)
+    texts = list(template.values()) if isinstance(template, dict) else [template]
+    if enable_thinking is not None and template and not any("enable_thinking" in str(t) for t in texts):
+        log.warning("generation.enable_thinking=%s changes nothing: the model's chat template does not read "
+                    "enable_thinking (its prompts are the same either way)", str(enable_thinking).lower())  # fmt: skip
 
 
 # A closed reasoning block: R1/Qwen3 <think>…</think> (the opening tag may sit in the prompt) or the

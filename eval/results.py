@@ -127,7 +127,8 @@ def check_fingerprint(run_dir: str | Path, fingerprint: dict[str, Any]) -> None:
 
         previous = {**previous, "method": serving_settings(previous["method"])}
     if previous != current:
-        diffs = _diff(with_recorded_length(previous, current.get("benchmark", {}).get("length")), current)
+        recorded = with_recorded_length(previous, current.get("benchmark", {}).get("length"))
+        diffs = _diff(with_recorded_checkpoints(recorded, current.get("method")), current)
         if not diffs:  # only keys added since (a new setting at its null default, the length): the same settings
             write_json(path, current)
             return
@@ -145,6 +146,16 @@ def with_recorded_length(fingerprint: dict[str, Any], length: Any) -> dict[str, 
     if not isinstance(bench, dict) or "length" in bench:
         return fingerprint
     return {**fingerprint, "benchmark": {**bench, "length": length}}
+
+
+def with_recorded_checkpoints(fingerprint: dict[str, Any], method: Any) -> dict[str, Any]:
+    """``fingerprint`` with the method's served checkpoints (``served_surrogate``: path and digest) taken from ``method``
+    where it was written before they were part of it (2026-12-06): what such a run loaded is not known."""
+    recorded = fingerprint.get("method")
+    if not isinstance(recorded, dict) or not isinstance(method, dict):
+        return fingerprint
+    added = {k: v for k, v in method.items() if k.startswith("served_") and k not in recorded}
+    return {**fingerprint, "method": {**recorded, **added}} if added else fingerprint
 
 
 def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:

@@ -606,6 +606,11 @@ def to_json(example: Example) -> str:
 # the evaluator's task (eval/tasks.py): benchmark=ruler
 
 
+def length_of(bench: Any) -> int:
+    """``benchmark.length``, RULER's 4096 when null (0 was read as the default, 4096)."""
+    return RulerSettings.length if bench.length is None else bench.length
+
+
 def settings_of(bench: Any) -> RulerSettings:
     """:class:`RulerSettings` from a ``benchmark=ruler`` config (``sources`` = the subsets)."""
     options = dict(bench.options or {})
@@ -613,7 +618,7 @@ def settings_of(bench: Any) -> RulerSettings:
         if key in options:  # a field the benchmark config carries elsewhere
             raise ValueError(f"benchmark.options.{key}: RULER's {key} is {where} (e.g. {where}=...)")
     try:
-        length = 4096 if bench.length is None else bench.length  # 0 was read as the default, 4096
+        length = length_of(bench)
         return RulerSettings(length=length, subsets=list(bench.sources), **options)
     except TypeError as e:
         raise ValueError(f"benchmark.options for RULER: {e}") from None
@@ -666,7 +671,8 @@ def _summarize(scores: dict[str, float]) -> dict[str, float]:
 def _task() -> Any:
     from eval.tasks import ScoredTask
 
-    return ScoredTask("ruler", load, _score_problem, _summarize, takes_length=True)
+    return ScoredTask("ruler", load, _score_problem, _summarize, takes_length=True,
+                      prompt_bound=lambda bench: ("benchmark.length", length_of(bench)))  # fmt: skip
 
 
 TASK = _task()

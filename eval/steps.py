@@ -11,6 +11,7 @@ batch); :mod:`eval.arms` runs an arm as a ``python -m eval`` subprocess instead.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
@@ -22,6 +23,8 @@ from eval.tasks import Task, get_task, write_scope
 from zoomr.rundir import write_json
 from zoomr.schemas import to_dataclass
 from zoomr.schemas.eval import BenchmarkConfig, GenerationConfig, GradingConfig
+
+log = logging.getLogger(__name__)
 
 # the generation settings that decide a row's content (n_samples / batching only choose which rows exist)
 # the benchmark settings that decide the problems (RULER's length sizes every prompt; the problem ids do not show it)
@@ -40,21 +43,47 @@ class ArmRun:
 
 def fingerprint(model: Any, method: dict[str, Any] | None, bench: dict, gen: dict, grading: dict) -> dict[str, Any]:
     """What decides the content of a result row (``fingerprint.json``; a rerun with others is refused): the method
-    without its training-only fields (:func:`zoomr.cache.registry.serving_settings`)."""
-    from zoomr.cache.registry import serving_settings
+    without its training-only fields (:func:`zoomr.cache.registry.serving_settings`), with the digest of each file it
+    loads (KVzap's surrogate: :func:`zoomr.cache.registry.served_checkpoints`)."""
+    from zoomr.cache.registry import served_checkpoints, serving_settings
 
     return {
         "model": model,
-        "method": serving_settings(method),
+        "method": None if method is None else {**serving_settings(method), **served_checkpoints(method)},
         "benchmark": {k: bench.get(k) for k in BENCHMARK_CONTENT},
         "generation": {k: gen[k] for k in CONTENT_GENERATION},
         "grading": {k: grading[k] for k in ("strip_reasoning", "math_verify")},
     }
 
 
+def check_positions(task: Task, bench: BenchmarkConfig, model_config: Any) -> None:
+    """Refuse (``ValueError``) the setting that bounds the task's prompts (RULER's ``benchmark.length``, LongBench's
+    ``benchmark.options.max_prompt_tokens``: ``task.prompt_bound``) past the positions an unscaled RoPE model was
+    trained on, before the prompts are built (the engine only warned at decode, after building them); past
+    ``max_position_embeddings`` of a model that scales RoPE (:func:`zoomr.engine.position_limit`'s rule) it is a
+    warning, up front."""
+    from zoomr.engine import position_limit
+
+    bound = task.prompt_bound(bench) if task.prompt_bound is not None else None
+    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    trained = getattr(text, "max_position_embeddings", None)
+    if bound is None or not isinstance(trained, int) or bound[1] <= trained:
+        return
+    key, tokens = bound
+    if position_limit(model_config) is not None:
+        raise ValueError(f"{key}={tokens} is past the model's max_position_embeddings={trained} and it scales no "
+                         "RoPE: positions past it were never trained, the prompts would be decoded into degraded "
+                         f"outputs (nothing was written); use {key} <= {trained}")  # fmt: skip
+    log.warning("%s=%d is past the model's max_position_embeddings=%d: taken as covered by its scaled RoPE (%s)",
+                key, tokens, trained, getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None))
+
+
 def load_problems(task: Task, bench: BenchmarkConfig, tokenizer: Any, gen: GenerationConfig) -> list[Problem]:
     """The task's problems, its generation settings checked against them (``ValueError`` / ``RuntimeError`` /
     ``FileNotFoundError`` naming the problem; nothing is written)."""
+    from eval.prompts import check_chat_settings
+
+    check_chat_settings(tokenizer, gen.enable_thinking)
     problems = task.load(bench, tokenizer, gen)
     counts = Counter(p.id for p in problems)
     if twice := [pid for pid, n in counts.items() if n > 1]:  # a repeated id was decoded and counted once per copy
@@ -169,6 +198,7 @@ def evaluate_arm(
     gen = generation if isinstance(generation, GenerationConfig) else to_dataclass(GenerationConfig, generation or {})
     grade = grading if isinstance(grading, GradingConfig) else to_dataclass(GradingConfig, grading or {})
     task = get_task(bench.task)
+    check_positions(task, bench, model.config)
     problems = load_problems(task, bench, tokenizer, gen)
     model_id = getattr(model, "name_or_path", None) or type(model).__name__
     with RunLock(run_dir):

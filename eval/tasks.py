@@ -63,6 +63,8 @@ class Task:
     name: ClassVar[str] = ""
     scoped: ClassVar[bool] = False  # problems cannot be listed again without the tokenizer / the hub
     takes_length: bool = False  # problems generated to benchmark.length tokens (elsewhere the setting is refused)
+    # the setting that bounds every prompt's tokens and its value (None: unbounded), checked against the model's positions
+    prompt_bound: Callable[[Any], tuple[str, int] | None] | None = None
     # benchmark options a method sets without changing the problems; arms that differ in them stay comparable
     arm_options: ClassVar[tuple[str, ...]] = ()
 
@@ -191,9 +193,10 @@ class ScoredTask(Task):
         score: Callable[[Problem, str], float],
         summarize: Callable[[dict[str, float]], dict[str, float]],
         takes_length: bool = False,
+        prompt_bound: Callable[[Any], tuple[str, int] | None] | None = None,
     ):
         self.name, self.load, self.score, self.summarize = name, load, score, summarize  # type: ignore[misc,method-assign]
-        self.takes_length = takes_length
+        self.takes_length, self.prompt_bound = takes_length, prompt_bound
 
     def prompt(self, problem: Problem, tokenizer: Any, *_: Any) -> str:
         return problem.meta["prompt"]  # rendered by load (RULER opens the reply with its answer prefix)

@@ -289,6 +289,8 @@ def test_an_empty_benchmark_file_is_refused_not_left_out(tmp_path):
         ("aime_2025", {"problem_idx": 1.7}, "problem_idx is 1.7, not a problem number"),  # was AIME I-01
         ("aime_2025", {"problem_idx": 0}, "problem_idx is 0, not a problem number"),  # was AIME I-15
         ("hmmt_feb_2025", {"problem_idx": True}, "problem_idx is true, not a problem number"),  # was problem 01
+        ("aime_2025", {"problem_idx": 31}, "problem_idx is 31, past the 30 problems of aime_2025"),  # was II-01
+        ("cmimc_2025", {"problem_idx": "41"}, "problem_idx is 41, past the 40 problems of cmimc_2025"),
         ("aime_2025", {"answer": float("nan")}, "the answer is NaN, not a gold answer"),  # was the gold "nan"
         ("math500", {"unique_id": None}, "unique_id is null, not an id"),  # was the id math500/None
         ("math500", {"unique_id": " "}, 'unique_id is " ", not an id'),
@@ -301,6 +303,26 @@ def test_benchmark_row_with_an_unusable_id_or_gold_refuses_the_file(tmp_path, so
     path = tmp_path / SOURCES[source].path
     path.parent.mkdir(parents=True)
     _write(path, [json.dumps(good).encode(), json.dumps({**good, **bad}).encode()])
+    with pytest.raises(BadRowError, match=r"\.jsonl line 2: " + re.escape(message)):
+        load_source(source, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "source, url, message",
+    [
+        ("aime_2024", "2024_AIME_I_Problems/Problem_16", "AIME url names problem 16, not one of 1-15"),  # was I-16
+        ("aime_2022_2024", "2023_AIME_II_Problems/Problem_0", "AIME url names problem 0, not one of 1-15"),
+        ("amc23", "2023_AMC_12A_Problems/Problem_26", "AMC url names problem 26, not one of 1-25"),  # was 12A-26
+    ],
+)
+def test_an_aops_url_past_the_papers_problems_refuses_the_file(tmp_path, source, url, message):
+    from eval.benchmarks import SOURCES
+
+    wiki = "https://artofproblemsolving.com/wiki/index.php/"
+    good = {"problem": "P", "question": "P", "answer": 3, "url": wiki + url.rsplit("_", 1)[0] + "_1"}
+    path = tmp_path / SOURCES[source].path
+    path.parent.mkdir(parents=True)
+    _write(path, [json.dumps(good).encode(), json.dumps({**good, "url": wiki + url}).encode()])
     with pytest.raises(BadRowError, match=r"\.jsonl line 2: " + re.escape(message)):
         load_source(source, tmp_path)
 

@@ -212,3 +212,40 @@ def test_arms_on_a_benchmark_the_reference_did_not_run_are_still_compared_for_se
     assert compare(runs, allow_different_settings=True)["setting_differences"] == [
         "tiny/snap vs tiny/h2o (aime25_again): generation.max_new_tokens: was 48, now 160"
     ]
+
+
+def test_a_run_whose_grading_failed_is_refused_not_counted_as_wrong(tmp_path, capsys):
+    """A run that ended with "grading failed for N samples ... a rerun grades those samples again" was compared as
+    complete, its ungraded samples counted as incorrect. Past grading.max_error_rate it is refused, naming the run."""
+    from eval.results import RESULTS_FILE
+
+    ref, arm = _fake_run(tmp_path / "a", "full", 0.6, seed=1), _fake_run(tmp_path / "b", "h2o", 0.6, seed=2)
+    lines = (arm / RESULTS_FILE).read_text().splitlines()
+    failed = [json.dumps({**json.loads(line), "correct": False, "grade_method": "error"}) for line in lines[:2]]
+    (arm / RESULTS_FILE).write_text("\n".join(failed + lines[2:]) + "\n")
+    assert main([str(ref), str(arm), "--out", str(tmp_path / "cmp")]) == 2
+    assert f"{arm}: grading failed for 2 of 12 samples (first ('aime_2025/I-01', 0)), more than " \
+           "grading.max_error_rate=0.01" in capsys.readouterr().err and not (tmp_path / "cmp").exists()  # fmt: skip
+    config = json.loads((arm / "config.json").read_text())
+    (arm / "config.json").write_text(json.dumps({**config, "grading": {"max_error_rate": 0.2}}))
+    assert load_run(arm).rows[0]["grade_method"] == "error"  # within the run's own rate: as the run counted them
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        ({"source": "hub"}, "could not load MathArena/aime_2025 from the Hugging Face hub"),  # was a traceback
+        ({"data_dir": "no/such/dir"}, "aime_2025/train.jsonl not found"),  # named no run
+    ],
+)
+def test_a_run_whose_problems_cannot_be_listed_here_is_named(tmp_path, capsys, monkeypatch, edit, message):
+    def offline(source):  # eval.benchmarks._hub_rows without importing datasets
+        raise RuntimeError(f"could not load {source.hub_id} from the Hugging Face hub (offline)")
+
+    monkeypatch.setattr("eval.benchmarks._hub_rows", offline)
+    run = _fake_run(tmp_path / "a", "full", 0.6)
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "benchmark": {**config["benchmark"], **edit}}))
+    assert main([str(run), str(_fake_run(tmp_path / "b", "h2o", 0.6)), "--out", str(tmp_path / "cmp")]) == 2
+    err = capsys.readouterr().err
+    assert f"{run}: the problems of its benchmark 'aime25' cannot be listed here" in err and message in err

@@ -142,6 +142,36 @@ def test_a_gpqa_file_that_is_not_the_authors_zip_is_refused_naming_it(tmp_path):
         load_source("gpqa_diamond", tmp_path)
 
 
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ("a,b, ,d", "row 3: question r2: 'Incorrect Answer 2' is empty, not an option"),
+        ("a,b,c,a ", "row 3: question r2: 'Incorrect Answer 3' is the correct answer again \\('a'\\)"),
+        ("a,b,c,d\n ,Q?,a,b,c,d", 'row 4: Record ID is " ", not an id'),  # was the problem id gpqa_diamond/
+    ],
+)
+def test_a_gpqa_row_that_cannot_be_asked_or_graded_is_refused_naming_it(tmp_path, options, message):
+    """An empty option, or the correct answer listed again as an incorrect one, was loaded without a word: the model
+    was offered a blank letter, or two right letters of which the grader accepted one. Two equal incorrect options
+    stay accepted (the real file has two such questions: any of those letters is wrong). A blank Record ID was the
+    problem id gpqa_diamond/."""
+    import zipfile
+
+    from eval.benchmarks import GPQA_MEMBER
+    from zoomr.jsonl import BadRowError
+
+    path = tmp_path / SOURCES["gpqa_diamond"].path
+    path.parent.mkdir(parents=True)
+    head = "Record ID,Question,Correct Answer,Incorrect Answer 1,Incorrect Answer 2,Incorrect Answer 3\n"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(GPQA_MEMBER, head + f"r1,Q?,a,b,b,d\nr2,Q?,{options}\n")
+    with pytest.raises(BadRowError, match=message):
+        load_source("gpqa_diamond", tmp_path)
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(GPQA_MEMBER, head + "r1,Q?,a,b,b,d\n")
+    assert sorted(load_source("gpqa_diamond", tmp_path)[0].choices) == ["a", "b", "b", "d"]
+
+
 def test_prompts_use_the_chat_template(tiny_model_and_tokenizer):
     _, tokenizer = tiny_model_and_tokenizer
     math = load_source("aime_2025", DATA)[0]
@@ -154,6 +184,26 @@ def test_prompts_use_the_chat_template(tiny_model_and_tokenizer):
         f"{letter}) {c}" in msg for letter, c in zip("ABCD", gpqa.choices)
     )
     assert render(math, tokenizer, system_prompt="Be brief.").startswith("<|im_start|>system\nBe brief.")
+
+
+def test_enable_thinking_a_chat_template_never_reads_is_warned_about_before_the_run(tiny_model_and_tokenizer, caplog):
+    """generation.enable_thinking=false was passed to a template that ignores it (R1-distill, Llama, the tiny models)
+    without a word: the run believed reasoning off while the prompts were the same."""
+    from eval.prompts import check_chat_settings
+    from eval.steps import load_problems as task_problems
+    from eval.tasks import get_task
+    from zoomr.schemas.eval import GenerationConfig
+
+    _, tokenizer = tiny_model_and_tokenizer
+    bench = _benchmark("aime25", "benchmark.problem_limit=1")
+    task_problems(get_task("math"), bench, tokenizer, GenerationConfig())
+    assert "enable_thinking" not in caplog.text
+    task_problems(get_task("math"), bench, tokenizer, GenerationConfig(enable_thinking=False))
+    assert "generation.enable_thinking=false changes nothing: the model's chat template does not read" in caplog.text
+    caplog.clear()
+    tokenizer_reads = type("T", (), {"chat_template": "{% if enable_thinking is false %}<think></think>{% endif %}"})()
+    check_chat_settings(tokenizer_reads, False)
+    assert not caplog.text
 
 
 def test_hub_source_fails_clearly_offline(monkeypatch):

@@ -16,7 +16,8 @@ from eval.settings import validate
 from zoomr.cache.registry import policy_config
 from zoomr.entry import CONF_DIR
 from zoomr.runlock import RunLock
-from zoomr.schemas import register_with_hydra
+from zoomr.schemas import register_with_hydra, to_dataclass
+from zoomr.schemas.eval import BenchmarkConfig
 
 register_with_hydra()
 SMALL = ["benchmark=aime25", "benchmark.problem_limit=1", "generation.n_samples=1", "generation.temperature=0",
@@ -146,6 +147,71 @@ def test_a_fingerprint_written_with_training_fields_is_read_without_them(tmp_pat
     kvzap = {"name": "kvzap", "policy": "kvzap", "threshold": -4.0, "fit": {"epochs": 3}, "pairs_dir": "p"}
     assert serving_settings(kvzap) == {"name": "kvzap", "policy": "kvzap", "threshold": -4.0}
     assert serving_settings({"name": "sft", "lora": {"r": 4}}) == {"name": "sft", "lora": {"r": 4}}  # no policy: as is
+
+
+def test_a_prompt_length_past_an_unscaled_models_positions_is_refused_before_the_prompts(tmp_path, cache_dir, monkeypatch,
+                                                                                         caplog):
+    """benchmark.length=40000 on a model trained on 32768 positions (unscaled RoPE) built every prompt and loaded the
+    model; the engine then warned at decode. Refused now before the prompts; a scaled RoPE is warned about up front.
+    LongBench's max_prompt_tokens past the positions likewise."""
+    import eval.steps
+    from eval.steps import check_positions
+    from eval.tasks import get_task
+    from zoomr.models import tiny_config
+
+    def no_prompts(*args, **kwargs):
+        raise AssertionError("the prompts were built")
+
+    monkeypatch.setattr(eval.steps, "load_problems", no_prompts)
+    run_dir = tmp_path / "run"
+    with pytest.raises(SystemExit, match="benchmark.length=40000 is past the model's max_position_embeddings=32768 and "
+                                         "it scales no RoPE.* use benchmark.length <= 32768"):  # fmt: skip
+        run(_cfg(run_dir, cache_dir, "benchmark=ruler", "benchmark.length=40000"))
+    assert not run_dir.exists()
+    bench = to_dataclass(BenchmarkConfig, _cfg(run_dir, cache_dir, "benchmark=ruler", "benchmark.length=1024").benchmark)
+    scaled = tiny_config("qwen2", 300, max_position_embeddings=512, rope_parameters={"rope_type": "linear", "factor": 4.0})
+    check_positions(get_task("ruler"), bench, scaled)
+    assert "benchmark.length=1024 is past the model's max_position_embeddings=512: taken as covered" in caplog.text
+    check_positions(get_task("ruler"), bench, tiny_config("qwen2", 300, max_position_embeddings=1024))  # fits
+    longbench = to_dataclass(BenchmarkConfig, _cfg(run_dir, cache_dir, "benchmark=longbench",
+                                                   "benchmark.options.max_prompt_tokens=40000").benchmark)  # fmt: skip
+    with pytest.raises(ValueError, match="benchmark.options.max_prompt_tokens=40000 is past the model's "
+                                         "max_position_embeddings=32768"):  # fmt: skip
+        check_positions(get_task("longbench"), longbench, tiny_config("qwen2", 300))
+    check_positions(get_task("longbench"), to_dataclass(BenchmarkConfig, _cfg(run_dir, cache_dir, "benchmark=longbench")
+                                                        .benchmark), tiny_config("qwen2", 300))  # null: not truncated
+
+
+def test_a_surrogate_fitted_again_into_the_same_directory_refuses_resuming_the_kvzap_eval(tmp_path):
+    """The fingerprint named method.surrogate_dir, not what it held: surrogates fitted again into the same directory
+    resumed the eval, mixing rows scored by two surrogates. Their content is compared now, naming the checkpoint."""
+    import torch
+
+    from eval.__main__ import fingerprint
+    from eval.results import check_fingerprint
+    from zoomr.kvzap.surrogate import new_surrogate
+    from zoomr.paths import MissingInput
+
+    surrogates, run_dir = tmp_path / "kvzap", tmp_path / "run"
+    cfg = _cfg(run_dir, tmp_path, "+method=kvzap", f"method.surrogate_dir={surrogates}")
+    with pytest.raises(MissingInput, match=f"no surrogate checkpoint at {surrogates / 'mlp'}"):
+        fingerprint(cfg)  # before a fingerprint without the surrogate's digest is written
+    torch.manual_seed(0)
+    new_surrogate(8, 2, 2, 4).save_pretrained(surrogates / "mlp")
+    (surrogates / "mlp" / "fitted_by.json").write_text('{"run_dir": "a"}')
+    check_fingerprint(run_dir, fingerprint(cfg))
+    (surrogates / "mlp" / "fitted_by.json").write_text('{"run_dir": "b"}')  # the weights decide, not the record
+    check_fingerprint(run_dir, fingerprint(cfg))
+    new_surrogate(8, 2, 2, 4).save_pretrained(surrogates / "mlp")  # fitted again: other weights
+    with pytest.raises(SystemExit, match=f"method.served_surrogate: was '{surrogates / 'mlp'}, sha256 [0-9a-f]{{16}}', "
+                                         f"now '{surrogates / 'mlp'}, sha256 [0-9a-f]{{16}}'"):  # fmt: skip
+        check_fingerprint(run_dir, fingerprint(cfg))
+    # a fingerprint written before the surrogate's digest was in it: resumed as before, the digest recorded from now on
+    old = json.loads((run_dir / FINGERPRINT_FILE).read_text())
+    del old["method"]["served_surrogate"]
+    (run_dir / FINGERPRINT_FILE).write_text(json.dumps(old))
+    check_fingerprint(run_dir, fingerprint(cfg))
+    assert json.loads((run_dir / FINGERPRINT_FILE).read_text())["method"]["served_surrogate"].startswith(str(surrogates))
 
 
 def test_a_torn_fingerprint_is_named_with_what_to_do(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -118,6 +119,20 @@ def test_local_directory_prompts_and_truncation(tmp_path, tokenizer):
         lb.load_rows("musique", str(tmp_path))
     with pytest.raises(ValueError, match="unknown LongBench subset"):
         lb.load_rows("squad", str(tmp_path))
+
+
+def test_chinese_subsets_without_jieba_are_refused_before_decoding(tmp_path, tokenizer, monkeypatch):
+    """The default sources decoded narrativeqa, qasper and multifieldqa_en, then stopped with an ImportError at the
+    first multifieldqa_zh sample (run directory and fingerprint written); now refused by load, naming the subsets."""
+    monkeypatch.setitem(sys.modules, "jieba", None)  # not installed
+    _write(tmp_path, "hotpotqa", [{"input": "q", "context": "c", "answers": ["a"], "all_classes": None, "_id": "h"}])
+    gen = SimpleNamespace(system_prompt=None, enable_thinking=None)
+    bench = SimpleNamespace(sources=["hotpotqa", "dureader", "multifieldqa_zh"], options={"data_dir": str(tmp_path)},
+                            problem_limit=None)  # fmt: skip
+    with pytest.raises(ValueError, match=re.escape("LongBench subsets ['dureader', 'multifieldqa_zh'] are scored on "
+                                                   "words cut by jieba, which is not installed")):  # fmt: skip
+        lb.load(bench, tokenizer, gen)
+    assert len(lb.load(SimpleNamespace(**{**vars(bench), "sources": ["hotpotqa"]}), tokenizer, gen)) == 1
 
 
 @pytest.mark.parametrize("limit", [0, 1, -5, 2.5, "512", True])

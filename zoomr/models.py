@@ -284,6 +284,15 @@ def load_tokenizer(spec: ModelSpec, cache_dir: Path | None = None):
     return tokenizer
 
 
+def load_config(spec: ModelSpec, cache_dir: Path | None = None):
+    """The model's config without its weights (a PEFT adapter: its base model's), to check settings before loading."""
+    path = resolve_model_path(spec, cache_dir)
+    try:
+        return AutoConfig.from_pretrained(adapter_base(path) or path, trust_remote_code=spec.trust_remote_code)
+    except OSError as e:
+        raise _hub_error(spec, e) from e
+
+
 def tokenizer_vocab_problem(path: str | Path, tokenizer) -> str | None:
     """Why ``tokenizer`` cannot be the checkpoint ``path``'s own (None: it fits, or ``path`` holds no ``config.json``,
     e.g. a PEFT adapter, whose base is grown to its tokenizer): it has more tokens than the model has embedding rows

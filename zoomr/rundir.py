@@ -24,6 +24,7 @@ are whole (safetensors header and size, every shard of an index) and the optimiz
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -416,6 +417,24 @@ def weights_problems(ckpt: Path) -> list[str]:
         return [f"no model weights ({' / '.join(WEIGHT_FILES)})"]
     bad = [p.name for p in present if not weights_file_whole(p)]
     return [f"truncated weights: {', '.join(bad)}"] if bad else []
+
+
+def checkpoint_digest(ckpt: Path) -> str:
+    """sha256 (16 hex digits) of what loading checkpoint directory ``ckpt`` reads: ``config.json`` and the weights (an
+    index and its shards), by name and content. Other files (a fit record, a README) do not count, so a checkpoint
+    written again with other weights at the same path has another digest and a copy of it elsewhere the same one."""
+    names = {"config.json", *WEIGHT_FILES, *INDEX_FILES}
+    for index in INDEX_FILES:
+        if isinstance(data := read_json(ckpt / index), dict) and isinstance(data.get("weight_map"), dict):
+            names |= {str(s) for s in data["weight_map"].values()}
+    h = hashlib.sha256()
+    for name in sorted(names):
+        if (ckpt / name).is_file():
+            h.update(f"{name}\0".encode())
+            with (ckpt / name).open("rb") as f:
+                while chunk := f.read(1 << 24):
+                    h.update(chunk)
+    return h.hexdigest()[:16]
 
 
 def weights_file_whole(path: Path) -> bool:

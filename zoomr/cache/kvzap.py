@@ -19,6 +19,7 @@ Compression (fraction of KV pairs removed, kvpress's definition) per layer and s
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -53,6 +54,12 @@ class KVzapMethod(PolicyConfig):
     decoding: bool = True
     fit: KVzapFit = field(default_factory=KVzapFit)
     TRAINING_ONLY: ClassVar[tuple[str, ...]] = ("trainer", "pairs_dir", "fit")  # python -m train's surrogate fit
+
+    @classmethod
+    def served_files(cls, method: Mapping[str, Any]) -> dict[str, Path]:
+        """The checkpoint a ``+method=`` node (plain containers) serves with, ``<surrogate_dir>/<model_type>``: the
+        evaluator fingerprints its content (:func:`zoomr.cache.registry.served_checkpoints`)."""
+        return {"surrogate": Path(method.get("surrogate_dir", cls.surrogate_dir)) / method.get("model_type", cls.model_type)}
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -130,3 +130,19 @@ def serving_settings(method: Mapping[str, Any] | None) -> dict[str, Any] | None:
     config = registered().get(method.get("policy"))
     drop = set(getattr(config, "TRAINING_ONLY", ()))
     return {k: v for k, v in method.items() if k not in drop}
+
+
+def served_checkpoints(method: Mapping[str, Any] | None) -> dict[str, str]:
+    """The content of the files a policy loads beside its settings (KVzap's surrogate checkpoint: its config class's
+    ``served_files(method)``), as ``{"served_<name>": "<path>, sha256 <digest>"}``. The evaluator fingerprints
+    this with :func:`serving_settings`: a surrogate fitted again into the same ``surrogate_dir`` serves other rows."""
+    from zoomr.paths import MissingInput
+    from zoomr.rundir import checkpoint_digest
+
+    files = getattr(registered().get(method.get("policy")), "served_files", None) if method is not None else None
+    out = {}
+    for name, path in (files(method) if files else {}).items():
+        if not (path / "config.json").is_file():  # before a fingerprint names an empty digest
+            raise MissingInput(f"method: no {name} checkpoint at {path} (config.json and weights)")
+        out[f"served_{name}"] = f"{path}, sha256 {checkpoint_digest(path)}"
+    return out
