@@ -30,17 +30,35 @@ def fingerprint(cfg: Any) -> dict[str, Any]:
     return steps_fingerprint(plain["model"], plain.get("method"), plain["benchmark"], plain["generation"], plain["grading"])
 
 
-def check_policy(method: Any | None, model: Any, tokenizer: Any) -> Any | None:
+def check_policy(method: Any | None, model: Any, tokenizer: Any, asked: set[str] = frozenset()) -> Any | None:
     """Build the ``+method=`` cache policy once on the loaded model (None: full KV): a setting that only
-    the model can reject (e.g. a budget its layers cannot hold) fails here, before any state is written."""
+    the model can reject (e.g. a budget its layers cannot hold) fails here, before any state is written; so does
+    a field given on the command line (``asked``) that the policy would serve with another value (AbridgeKV's
+    layout, replaced by its checkpoint's ``abridge.json``)."""
     if method is not None:
         from zoomr.cache import build_policy
 
         try:
-            build_policy(method, model.config, tokenizer)
+            ignored = build_policy(method, model.config, tokenizer).ignored_settings(set(asked))
         except (ValueError, TypeError, KeyError) as e:
             raise SystemExit(f"invalid eval settings (nothing was written):\n  method: {e}") from None
+        if ignored:
+            raise SystemExit(
+                "invalid eval settings (nothing was written):\n  " + "\n  ".join(ignored) + "\n  the checkpoint's "
+                "own layout is what it was trained for and what it serves: leave these unset, or set "
+                "method.layout_from_checkpoint=false to serve the fields given"
+            )
     return method
+
+
+def method_overrides() -> set[str]:
+    """The ``method.<field>`` keys given on this run's command line (Hydra's task overrides)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return set()
+    keys = (o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task)
+    return {k.removeprefix("method.") for k in keys if k.startswith("method.")}
 
 
 def run(cfg: Any) -> dict[str, Any]:
@@ -71,7 +89,7 @@ def run(cfg: Any) -> dict[str, Any]:
     device = pick_device(cfg.device)
     model = load_model(spec, cfg.cache_dir, device=device)
     method = match_budget(settings.method, cfg.method.budget_rows) if budget else settings.method  # typed once
-    check_policy(method, model, tokenizer)
+    check_policy(method, model, tokenizer, method_overrides())
     try:
         task.check_policy(problems, method)
     except ValueError as e:

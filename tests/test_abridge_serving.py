@@ -75,6 +75,33 @@ def test_batched_generation_matches_one_by_one(model_tok):
         assert (alone.stats.rows[-1] == out.stats.rows[-1]).all()
 
 
+def test_layout_fields_given_on_the_command_line_that_the_checkpoint_replaces_are_refused(model_tok, tmp_path):
+    """``python -m eval +method=abridge method.quota=2 model.hf_id=<checkpoint>`` served the checkpoint's quotas
+    (abridge.json wins, ``layout_from_checkpoint``) while the run's config.json said quota 2: a field the user set is
+    now refused when the checkpoint serves another value, before anything is written."""
+    from eval.__main__ import check_policy
+
+    model, tok = model_tok
+    save_abridge_config(tmp_path, AbridgeLayout(32, 8, "tail"), [4, 4, 8, 0])
+    config = model.config.__class__.from_dict(model.config.to_dict())
+    config._name_or_path = str(tmp_path)
+    model = type("Loaded", (), {"config": config})()  # check_policy reads only the model's config
+    asked = AbridgeMethod(quota=2, block_size=32)
+    assert build_policy(asked, config, tok).ignored_settings({"quota", "block_size"}) == [
+        "method.quota=2 (the checkpoint serves quotas [4, 4, 8, 0])"]  # C = 32 is what it serves
+    assert build_policy(asked, config, tok).ignored_settings(set()) == []  # defaults the user did not set
+    assert build_policy(AbridgeMethod(num_pause=16), config, tok).ignored_settings({"num_pause"}) == [
+        "method.num_pause=16 (the checkpoint serves 8)"]
+    assert build_policy(AbridgeMethod(quota=9), config, tok).ignored_settings({"quota"}) == [
+        "method.quota=9 (the checkpoint serves quotas [4, 4, 8, 0])"]  # above its K = 8: no quotas at all
+    with pytest.raises(SystemExit, match=r"method.quota=2 \(the checkpoint serves quotas \[4, 4, 8, 0\]\)\n.*"
+                                         r"method.layout_from_checkpoint=false"):
+        check_policy(asked, model, tok, {"quota", "block_size"})
+    assert check_policy(asked, model, tok, set()) is asked
+    served = AbridgeMethod(quota=2, block_size=32, layout_from_checkpoint=False)  # the config's layout, as asked
+    assert check_policy(served, model, tok, {"quota", "block_size", "layout_from_checkpoint"}) is served
+
+
 def test_serving_roles_equal_the_training_layout():
     for mode in ("spread", "appended"):
         layout = AbridgeLayout(8, 4, mode)

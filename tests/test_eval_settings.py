@@ -255,3 +255,18 @@ def test_greedy_decoding_of_several_samples_is_warned_about(tmp_path, cache_dir,
         validate(_cfg(tmp_path / "run", cache_dir, f"generation.n_samples={n}"))
     assert ("greedy samples are identical" in caplog.text) is warned
     assert ("2 of every 3 decodes" in caplog.text) is warned
+
+
+def test_method_overrides_are_the_method_fields_given_on_the_command_line():
+    from hydra.core.hydra_config import HydraConfig
+
+    from eval.__main__ import method_overrides
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("eval", overrides=["+method=abridge", "method.quota=2", "++method.schedule=null",
+                                         "generation.max_new_tokens=4"], return_hydra_config=True)  # fmt: skip
+    HydraConfig.instance().set_config(cfg)
+    try:
+        assert method_overrides() == {"quota", "schedule"}  # not +method= itself, nor other groups' keys
+    finally:
+        HydraConfig.instance().cfg = None

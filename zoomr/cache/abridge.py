@@ -139,6 +139,7 @@ class AbridgeCache(PolicyCache):
                 "model.hf_id=runs/train/abridge-<model>-<data>/final), or set method.allow_untrained=true "
                 "to run the config's layout on this model anyway (a smoke test, not a result)"
             )
+        self.from_checkpoint = saved is not None and layout is None and quotas is None
         if layout is None:
             layout = (
                 saved[0]
@@ -163,6 +164,25 @@ class AbridgeCache(PolicyCache):
         if saved and said not in _SAID:  # once per checkpoint: the evaluator builds a cache for every batch
             _SAID.add(said)
             log.info("abridge: layout %s and quotas %s from the checkpoint", layout, self.quotas)
+
+    def ignored_settings(self, fields: set[str]) -> list[str]:
+        """The layout fields among ``fields`` whose values the checkpoint's ``abridge.json`` replaced
+        (``layout_from_checkpoint``): C, K, code positions, and the quotas ``quota`` / ``schedule`` resolve to."""
+        if not self.from_checkpoint:
+            return []
+        c, lay = self.config, self.layout
+        served = {"block_size": lay.block_size, "num_pause": lay.num_pause, "code_positions": lay.code_positions}
+        out = [f"method.{k}={getattr(c, k)!r} (the checkpoint serves {v!r})"
+               for k, v in served.items() if k in fields and getattr(c, k) != v]  # fmt: skip
+        if fields & {"quota", "schedule"}:
+            try:
+                asked = resolve_quotas(self.num_layers, lay.num_pause, c.quota, c.schedule)
+            except ValueError:  # e.g. a quota above the checkpoint's K
+                asked = None
+            if asked != self.quotas:
+                key = "schedule" if c.schedule else "quota"
+                out.append(f"method.{key}={getattr(c, key)!r} (the checkpoint serves quotas {self.quotas})")
+        return out
 
     def forced_inputs(self, sampled: list[int | None]) -> dict[int, ForcedInput]:
         if self.prompt_len is None:  # first call: the prefill has just ended

@@ -131,6 +131,11 @@ class PolicyCache(StepProtocol, Eviction, CacheStats, PolicyHooks, Cache):
                     "zoomr/cache/hooks.py), and say which held rows attention reads with HostRowsMixin.attended_rows"
                 )
 
+    def ignored_settings(self, fields: set[str]) -> list[str]:
+        """Of the config ``fields`` a user set, those this cache serves with another value (e.g. a layout its
+        checkpoint replaced), each as ``method.<field>=<asked> (…)``; none by default."""
+        return []
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Append this step's rows, run ``on_append``, return the padded resident rows ``[B, H, N, d]``."""
         step = self.step
