@@ -185,3 +185,23 @@ def test_a_run_directory_keeps_one_wandb_run_across_reruns(tmp_path, monkeypatch
     assert (asked[-1]["id"], asked[-1]["resume"]) == (None, None) and not (tmp_path / "other" / "wandb").exists()
     init_run(project="p", name="n", group="g", config={}, mode="disabled", dir=tmp_path / "off", same_run=True)
     assert len(asked) == 3 and not (tmp_path / "off").exists()  # logger=none: nothing written
+
+
+def test_transformers_wandb_offline_notice_is_not_printed(monkeypatch, capsys):
+    """transformers' W&B integration (imported with the HF Trainer) prints ``[INFO] Running in WANDB offline mode`` on
+    stdout when imported under ``WANDB_MODE=offline``: once in the training process and once in each testbed arm the
+    main job evaluates (four times in all), beside W&B's own offline lines. ``python -m train`` imports it first
+    through :func:`import_hf_wandb_quietly`, which drops that line."""
+    import importlib
+    import sys
+
+    import transformers.integrations
+
+    from zoomr.tracking import HF_WANDB_MODULE, import_hf_wandb_quietly
+
+    monkeypatch.setattr(transformers.integrations, "integration_utils", importlib.import_module(HF_WANDB_MODULE))
+    monkeypatch.delitem(sys.modules, HF_WANDB_MODULE)  # both put back after the test: the module is imported afresh
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    import_hf_wandb_quietly()
+    assert HF_WANDB_MODULE in sys.modules
+    assert "WANDB offline" not in capsys.readouterr().out

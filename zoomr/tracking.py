@@ -17,9 +17,13 @@ Key scheme (every run, :func:`run_identity`):
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import io
 import logging
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +73,24 @@ def resolve_mode(mode: str) -> str:
     if mode == "auto":
         return "online" if os.environ.get("WANDB_API_KEY") else "offline"
     return mode
+
+
+HF_WANDB_MODULE = "transformers.integrations.integration_utils"  # the HF Trainer's W&B callback (``report_to``)
+HF_OFFLINE_NOTICE = "[INFO] Running in WANDB offline mode"
+
+
+def import_hf_wandb_quietly() -> None:
+    """Import transformers' W&B integration (which the HF Trainer imports) without the line it prints on stdout
+    when imported under ``WANDB_MODE=offline``, ``[INFO] Running in WANDB offline mode``: the trainers log to the
+    project's own W&B run (:func:`init_run`, which says its mode), so the line only repeated what the user set.
+    Anything else printed meanwhile is printed as before; without ``WANDB_MODE=offline`` this imports nothing."""
+    if os.environ.get("WANDB_MODE") != "offline" or HF_WANDB_MODULE in sys.modules:
+        return
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        importlib.import_module(HF_WANDB_MODULE)
+    if rest := "".join(line for line in said.getvalue().splitlines(True) if line.strip() != HF_OFFLINE_NOTICE):
+        sys.stdout.write(rest)
 
 
 def scrub_secrets(obj: Any) -> Any:
