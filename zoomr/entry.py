@@ -347,9 +347,9 @@ def pick_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
-def start_run(cfg: Any, job_type: str, same_run: bool = False) -> tuple[Path, RunLogger]:
+def start_run(cfg: Any, job_type: str, same_run: bool = False, run_key: str | None = None) -> tuple[Path, RunLogger]:
     """Create the run directory, write the resolved config, start the tracker (``same_run``: one W&B run per run
-    directory, resumed by a rerun; :func:`zoomr.tracking.kept_run_id`)."""
+    directory, or per ``run_key`` in it, resumed by a rerun; :func:`zoomr.tracking.kept_run_id`)."""
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     plain = to_plain(cfg)
@@ -366,6 +366,7 @@ def start_run(cfg: Any, job_type: str, same_run: bool = False) -> tuple[Path, Ru
         dir=run_dir,
         job_type=job_type,
         same_run=same_run,
+        run_key=run_key,
     )
     return run_dir, logger
 

@@ -18,6 +18,7 @@ Key scheme (every run, :func:`run_identity`):
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import io
 import logging
@@ -180,15 +181,17 @@ def init_run(
     dir: str | Path | None = None,
     job_type: str | None = None,
     same_run: bool = False,
+    run_key: str | None = None,
 ) -> RunLogger:
     """Start a W&B run (or return a disabled logger). ``config`` is the resolved config, scrubbed. ``same_run``:
-    every run in ``dir`` is one W&B run (:func:`kept_run_id`), resumed by a rerun rather than added again."""
+    every run in ``dir`` (of one ``run_key``, when given) is one W&B run (:func:`kept_run_id`), resumed by a rerun
+    rather than added again."""
     mode = resolve_mode(mode)
     if mode == "disabled":
         return RunLogger(None)
     import wandb
 
-    run_id = kept_run_id(dir) if same_run and dir else None
+    run_id = kept_run_id(dir, run_key) if same_run and dir else None
     run = wandb.init(
         id=run_id,
         resume="allow" if run_id else None,
@@ -210,12 +213,15 @@ def init_run(
 RUN_ID_FILE = "zoomr_run_id"  # under <dir>/wandb/, beside W&B's own files
 
 
-def kept_run_id(dir: str | Path) -> str:
+def kept_run_id(dir: str | Path, key: str | None = None) -> str:
     """The W&B run id of the runs in ``dir``, made by the first and kept in ``<dir>/wandb/zoomr_run_id``: a rerun of
     the same evaluation (resumed after a kill, or the finished command again) updates that W&B run; it added another
     run each time, the finished one's figures twice in the project (offline: each rerun's files sync into the one run).
+    ``key``: one id per key within ``dir`` (``zoomr_run_id-<hash of key>``), for runs that share a directory but not
+    their work (a data-prep pipeline's output directory: ``summarize`` on two data sets writes one run directory).
     Removing ``<dir>/wandb/`` starts a new W&B run."""
-    path = Path(dir) / "wandb" / RUN_ID_FILE
+    name = RUN_ID_FILE if key is None else f"{RUN_ID_FILE}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    path = Path(dir) / "wandb" / name
     if path.is_file() and re.fullmatch(r"[0-9a-z]{8,64}", kept := path.read_text().strip()):
         return kept
     import uuid
