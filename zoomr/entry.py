@@ -347,14 +347,17 @@ def pick_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
-def start_run(cfg: Any, job_type: str, same_run: bool = False, run_key: str | None = None) -> tuple[Path, RunLogger]:
+def start_run(
+    cfg: Any, job_type: str, same_run: bool = False, run_key: str | None = None, target: str | None = None
+) -> tuple[Path, RunLogger]:
     """Create the run directory, write the resolved config, start the tracker (``same_run``: one W&B run per run
-    directory, or per ``run_key`` in it, resumed by a rerun; :func:`zoomr.tracking.kept_run_id`)."""
+    directory, or per ``run_key`` in it, resumed by a rerun; :func:`zoomr.tracking.kept_run_id`; ``target``: what the
+    run works on where the config's groups do not say it, :func:`zoomr.tracking.run_identity`)."""
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     plain = to_plain(cfg)
     write_json(run_dir / "config.json", plain)
-    ident = run_identity(plain, job_type)
+    ident = run_identity(plain, job_type, target)
     logger = init_run(
         project=cfg.logger.project,
         entity=cfg.logger.entity,

@@ -7,7 +7,8 @@ printed or logged: config values whose key names a secret are replaced by ``***`
 
 Key scheme (every run, :func:`run_identity`):
 - **group** = the experiment: ``logger.group`` when set, else ``<model>/<benchmark|data|task|pipeline>``,
-  so all arms of one comparison (e.g. every method on one model and benchmark) share a group;
+  so all arms of one comparison (e.g. every method on one model and benchmark) share a group (KVzap: the pairs
+  pipeline and the fit on its pairs, ``<model>/kvzap_pairs``, not the unused ``data=traces`` default);
 - **job type** = ``train`` | ``eval`` | ``bench`` | ``analysis`` | ``data_prep`` | ``allocate``;
 - **run name** = method × model × benchmark (or data / task): ``<run_name>-<model>-<benchmark>``, parts
   already in ``run_name`` not repeated;
@@ -112,12 +113,14 @@ class RunIdentity:
     job_type: str
 
 
-def run_identity(config: dict[str, Any], job_type: str) -> RunIdentity:
-    """Name and group of a run from its resolved config (plain dict of any entry point)."""
+def run_identity(config: dict[str, Any], job_type: str, target: str | None = None) -> RunIdentity:
+    """Name and group of a run from its resolved config (plain dict of any entry point). ``target``: what the run
+    works on, where that is not the config's benchmark, data, task or pipeline (KVzap's pairs: the data group is
+    only the entry's unused ``data=traces`` default there)."""
     method = (config.get("method") or {}).get("name") or ("full" if job_type == "eval" else "none")
     run_name = str(config.get("run_name") or method)
     model = (config.get("model") or {}).get("name")
-    target = next(
+    target = target or next(
         (
             (config.get(group) or {}).get("name")
             for group in ("benchmark", "data", "task", "pipeline")
