@@ -279,7 +279,8 @@ def test_testbed_run_stopped_by_max_seconds_is_continued_not_reported_finished(t
 def test_testbed_summary_gives_the_training_loss_of_the_whole_run_across_a_resume(tmp_path, cache_dir, monkeypatch):
     """The testbed trainer's summary (and W&B summary) had no training loss, which every other trainer's gives:
     ``loss_start``, ``loss_end`` and ``train_loss`` (the mean per step) are those of the whole run, the steps
-    before a resume included (kept in the checkpoint)."""
+    before a resume included (kept in the checkpoint). A run stopped by ``method.max_seconds`` gives W&B its
+    summary too."""
     import train.testbed_pretrain as recipe
 
     logged, held = {}, {}  # step -> W&B train/loss; W&B summary
@@ -293,7 +294,9 @@ def test_testbed_summary_gives_the_training_loss_of_the_whole_run_across_a_resum
 
     monkeypatch.setattr(recipe, "start_run", start_run)
     run = tmp_path / "tb"
-    train_testbed(run, cache_dir, "method.max_seconds=1e-9", "method.log_every=1")  # stopped after step 1
+    stopped = train_testbed(run, cache_dir, "method.max_seconds=1e-9", "method.log_every=1")  # after step 1
+    # a run stopped by method.max_seconds wrote its summary.json but gave its W&B run no summary
+    assert held["steps"] == stopped["steps"] == 1 and held["train_loss"] == stopped["train_loss"] == round(logged[0], 4)
     summary = train_testbed(run, cache_dir, "method.log_every=1")
     assert summary["resumed_from"].endswith("step-1") and sorted(logged) == [0, 1, 2, 3]
     losses = [logged[s] for s in sorted(logged)]

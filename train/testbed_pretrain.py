@@ -341,6 +341,7 @@ def run(cfg) -> dict[str, Any]:
     title = f"testbed training finished: {cfg.run_name}"
     if stopped_early:  # a summary, but not recorded as finished: a rerun continues from the last checkpoint
         write_summary(run_dir, summary, title + f" (stopped at step {steps_done} by method.max_seconds)")
+        logger.summary({k: v for k, v in summary.items() if isinstance(v, int | float)})  # W&B's, as summary.json's
         logger.finish()
         return summary
     return finish_run(plan, logger, summary, title)
