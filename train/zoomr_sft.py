@@ -1,7 +1,7 @@
 """ZoomR delimiter SFT (``+method=zoomr_sft``, ZoomR §3.2): the SFT of :func:`zoomr.sft.train_sft` plus
 
 - the summary delimiters as special tokens (added and embeddings resized when the tokenizer lacks them;
-  new rows start at the mean embedding, transformers' default);
+  new rows drawn from a normal with the embeddings' mean and covariance, transformers' default, under ``seed``);
 - their input-embedding and output-head rows trainable next to LoRA (PEFT ``trainable_token_indices``;
   with tied embeddings the head follows the embedding), every other row frozen;
 - a check that the data really carries summaries (the ``data_prep +pipeline=summarize`` output).

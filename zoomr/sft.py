@@ -172,7 +172,10 @@ def train_sft(
     if peft_config is not None:
         check_lora_targets(model, method.lora.target_modules)
     extra: dict[str, Any] = {}
-    if prepare is not None:
+    if prepare is not None:  # its random draws (new embedding rows, a PEFT model's init) come from the run's seed:
+        from transformers import set_seed  # unseeded, two runs of one zoomr_sft command trained two models
+
+        set_seed(cfg.seed)
         model, peft_config, extra = prepare(model, tokenizer, method, peft_config)
     data = to_plain(cfg.data)
     rows = load_sft_dataset(data, tokenizer) if rows is None else rows
