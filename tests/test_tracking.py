@@ -205,3 +205,26 @@ def test_transformers_wandb_offline_notice_is_not_printed(monkeypatch, capsys):
     import_hf_wandb_quietly()
     assert HF_WANDB_MODULE in sys.modules
     assert "WANDB offline" not in capsys.readouterr().out
+
+
+def test_only_rank_zero_of_a_distributed_launch_starts_a_wandb_run(tmp_path, monkeypatch):
+    """Under ``torchrun``/``accelerate`` (DeepSpeed) every rank ran the trainer's ``start_run``, so every rank started
+    a W&B run: one training on eight GPUs was eight runs of one name, seven holding only the config and summary."""
+    from types import SimpleNamespace
+
+    import wandb
+    from hydra import compose, initialize_config_dir
+
+    from zoomr.entry import CONF_DIR, start_run
+    from zoomr.schemas import register_with_hydra
+
+    asked = []
+    monkeypatch.setattr(wandb, "init", lambda **kw: asked.append(kw) or SimpleNamespace(summary={}, finish=lambda: None))
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    register_with_hydra()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("train", overrides=["+method=abridge", "logger.mode=offline", f"run_dir={tmp_path / 'run'}"])
+    for rank in ("1", "0"):
+        monkeypatch.setenv("RANK", rank)
+        _, logger = start_run(cfg, job_type="train")
+        assert logger.enabled == (rank == "0") and len(asked) == int(rank == "0")
