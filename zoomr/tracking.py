@@ -245,10 +245,13 @@ def log_summary_run(
     mode: str = "auto",
     dir: str | Path | None = None,
     project: str = "zoomr",
+    run_key: str | None = None,
 ) -> dict[str, Any]:
     """One short run holding only summary metrics (benches): ``<job_type>/<metric>`` keys, the key scheme above.
+    ``run_key``: what the metrics are of; logging them again resumes that W&B run (:func:`kept_run_id` in ``dir``).
     Returns the run's summary as W&B holds it (empty when disabled)."""
-    logger = init_run(project=project, name=name, group=group, config=config, mode=mode, dir=dir, job_type=job_type)
+    logger = init_run(project=project, name=name, group=group, config=config, mode=mode, dir=dir, job_type=job_type,
+                      same_run=run_key is not None, run_key=run_key)  # fmt: skip
     logger.summary({k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)})
     held = dict(logger.run.summary) if logger.enabled else {}
     logger.finish()
