@@ -128,7 +128,8 @@ def test_logging_a_bench_file_again_resumes_its_wandb_run(tmp_path, monkeypatch)
     from analysis.log_bench import main as log_bench
 
     asked = []
-    monkeypatch.setattr(wandb, "init", lambda **kw: asked.append(kw) or SimpleNamespace(summary={}, finish=lambda: None))
+    run = SimpleNamespace(summary={}, config=SimpleNamespace(update=lambda *a, **kw: None), finish=lambda: None)
+    monkeypatch.setattr(wandb, "init", lambda **kw: asked.append(kw) or run)
     monkeypatch.delenv("WANDB_MODE", raising=False)
     bench, other = tmp_path / "a.json", tmp_path / "b.json"
     for path in (bench, other):

@@ -218,7 +218,8 @@ def test_pairs_and_their_fit_are_grouped_in_wandb_under_the_pairs_not_the_unused
     from train.kvzap import run as run_fit
 
     asked, start_run = [], zoomr.entry.start_run
-    run = SimpleNamespace(summary={}, log=lambda *a, **kw: None, finish=lambda: None)
+    run = SimpleNamespace(summary={}, config=SimpleNamespace(update=lambda *a, **kw: None), log=lambda *a, **kw: None,
+                          finish=lambda: None)
     monkeypatch.setattr(wandb, "init", lambda **kw: asked.append(kw) or run)
     monkeypatch.delenv("WANDB_MODE", raising=False)
     text = tmp_path / "docs.txt"  # four documents of 70 words: a plan of its own, not the vendored sources' tokens

@@ -258,7 +258,8 @@ def test_a_rerun_resumes_the_output_directorys_wandb_run(tmp_path, monkeypatch):
     from zoomr.schemas import register_with_hydra
 
     asked = []
-    monkeypatch.setattr(wandb, "init", lambda **kw: asked.append(kw) or SimpleNamespace(summary={}, finish=lambda: None))
+    run = SimpleNamespace(summary={}, config=SimpleNamespace(update=lambda *a, **kw: None), finish=lambda: None)
+    monkeypatch.setattr(wandb, "init", lambda **kw: asked.append(kw) or run)
     monkeypatch.setattr(summarize, "summarize_traces", lambda *a, **kw: {
         "rows_in": 1, "rows_written": 1, "rows_skipped": {}, "summaries_failed": 0})  # fmt: skip
     monkeypatch.delenv("WANDB_MODE", raising=False)

@@ -219,7 +219,8 @@ def test_only_rank_zero_of_a_distributed_launch_starts_a_wandb_run(tmp_path, mon
     from zoomr.schemas import register_with_hydra
 
     asked = []
-    monkeypatch.setattr(wandb, "init", lambda **kw: asked.append(kw) or SimpleNamespace(summary={}, finish=lambda: None))
+    run = SimpleNamespace(summary={}, config=SimpleNamespace(update=lambda *a, **kw: None), finish=lambda: None)
+    monkeypatch.setattr(wandb, "init", lambda **kw: asked.append(kw) or run)
     monkeypatch.delenv("WANDB_MODE", raising=False)
     register_with_hydra()
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
@@ -228,3 +229,21 @@ def test_only_rank_zero_of_a_distributed_launch_starts_a_wandb_run(tmp_path, mon
         monkeypatch.setenv("RANK", rank)
         _, logger = start_run(cfg, job_type="train")
         assert logger.enabled == (rank == "0") and len(asked) == int(rank == "0")
+
+
+def test_the_hf_trainers_wandb_callback_does_not_leave_its_values_in_the_projects_config(tmp_path, monkeypatch):
+    """With ``report_to=wandb`` the HF Trainer's W&B callback writes its ``TrainingArguments`` into the project's run
+    config when training starts (``allow_val_change``): every trained run's ``run_name`` was None in W&B and its
+    ``deepspeed`` lost the choice's name. The project's values are put back when the run finishes."""
+    from transformers import TrainerState, TrainingArguments
+    from transformers.integrations import WandbCallback
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    config = {"run_name": "abridge-tiny-testbed-testbed", "deepspeed": {"name": "none", "config": None}, "seed": 7}
+    logger = init_run(project="p", name="n", group="g", config=config, mode="offline", dir=tmp_path, job_type="train")
+    run = logger.run
+    args = TrainingArguments(output_dir=str(tmp_path / "checkpoints"), report_to=[], seed=7)
+    WandbCallback().setup(args, TrainerState(), None)  # what the Trainer does at on_train_begin
+    assert run.config["run_name"] is None  # the HF callback's value
+    logger.finish()
+    assert {k: run.config[k] for k in config} == config

@@ -135,11 +135,13 @@ def run_identity(config: dict[str, Any], job_type: str, target: str | None = Non
 
 class RunLogger:
     """Thin wrapper over a wandb run; every method is a no-op when disabled. ``namespace`` (the job type)
-    prefixes summary keys: ``summary({"accuracy": 0.5})`` sets ``eval/accuracy``."""
+    prefixes summary keys: ``summary({"accuracy": 0.5})`` sets ``eval/accuracy``. ``config``: the run's config as
+    :func:`init_run` gave it, put back over what others wrote into it when the run finishes (:meth:`finish`)."""
 
-    def __init__(self, run: Any = None, namespace: str | None = None):
+    def __init__(self, run: Any = None, namespace: str | None = None, config: dict[str, Any] | None = None):
         self.run = run
         self.namespace = namespace
+        self.config = config
 
     @property
     def enabled(self) -> bool:
@@ -168,6 +170,10 @@ class RunLogger:
 
     def finish(self) -> None:
         if self.run is not None:
+            if self.config:  # the HF Trainer's W&B callback (report_to=wandb) writes its TrainingArguments into this
+                # run's config at the start of training, over the project's keys of the same name: run_name became
+                # None (or the checkpoint directory) and deepspeed lost its choice's name
+                self.run.config.update(self.config, allow_val_change=True)
             self.run.finish()
             self.run = None
 
@@ -195,6 +201,7 @@ def init_run(
     import wandb
 
     run_id = kept_run_id(dir, run_key) if same_run and dir else None
+    config = scrub_secrets(config)
     run = wandb.init(
         id=run_id,
         resume="allow" if run_id else None,
@@ -204,13 +211,13 @@ def init_run(
         group=group,
         tags=tags or None,
         job_type=job_type,
-        config=scrub_secrets(config),
+        config=config,
         mode=mode,
         dir=str(dir) if dir else None,
         reinit="finish_previous",
     )
     log.info("W&B run %s (%s, group %s, job type %s)", name, mode, group, job_type)
-    return RunLogger(run, namespace=job_type)
+    return RunLogger(run, namespace=job_type, config=config)
 
 
 RUN_ID_FILE = "zoomr_run_id"  # under <dir>/wandb/, beside W&B's own files
