@@ -247,3 +247,20 @@ def test_the_hf_trainers_wandb_callback_does_not_leave_its_values_in_the_project
     assert run.config["run_name"] is None  # the HF callback's value
     logger.finish()
     assert {k: run.config[k] for k in config} == config
+
+
+def test_wandb_refusing_to_start_an_online_run_is_one_line_saying_what_to_do(tmp_path, monkeypatch):
+    """``logger.mode=online`` (or ``WANDB_MODE=online``) without a W&B key was wandb's ``UsageError`` traceback (after
+    a trainer's run state, or an evaluation's model load); now a settings error naming the ways out."""
+    import wandb
+
+    from zoomr.schemas.checks import SettingsError
+
+    def refuse(**kw):
+        raise wandb.errors.UsageError("No API key configured. Use `wandb login` to log in.")
+
+    monkeypatch.setattr(wandb, "init", refuse)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    with pytest.raises(SettingsError, match=r"W&B could not start the run in online mode \(No API key configured.*"
+                                            r"WANDB_MODE=offline.*logger=none"):  # fmt: skip
+        init_run(project="p", name="n", group="g", config={}, mode="online", dir=tmp_path)

@@ -202,20 +202,29 @@ def init_run(
 
     run_id = kept_run_id(dir, run_key) if same_run and dir else None
     config = scrub_secrets(config)
-    run = wandb.init(
-        id=run_id,
-        resume="allow" if run_id else None,
-        project=project,
-        entity=entity,
-        name=name,
-        group=group,
-        tags=tags or None,
-        job_type=job_type,
-        config=config,
-        mode=mode,
-        dir=str(dir) if dir else None,
-        reinit="finish_previous",
-    )
+    try:
+        run = wandb.init(
+            id=run_id,
+            resume="allow" if run_id else None,
+            project=project,
+            entity=entity,
+            name=name,
+            group=group,
+            tags=tags or None,
+            job_type=job_type,
+            config=config,
+            mode=mode,
+            dir=str(dir) if dir else None,
+            reinit="finish_previous",
+        )
+    except (wandb.errors.UsageError, wandb.errors.AuthenticationError, wandb.errors.CommError) as e:
+        from zoomr.schemas.checks import SettingsError
+
+        # online without a key (or with a refused one, or no way to the server) was wandb's traceback
+        raise SettingsError(
+            f"W&B could not start the run in {mode} mode ({str(e).strip()}): give W&B a key (`wandb login` or "
+            "WANDB_API_KEY), or log offline with WANDB_MODE=offline (`wandb sync` later), or turn W&B off (logger=none)"
+        ) from None
     log.info("W&B run %s (%s, group %s, job type %s)", name, mode, group, job_type)
     return RunLogger(run, namespace=job_type, config=config)
 
