@@ -224,11 +224,14 @@ def test_pairs_and_their_fit_are_grouped_in_wandb_under_the_pairs_not_the_unused
     monkeypatch.delenv("WANDB_MODE", raising=False)
     text = tmp_path / "docs.txt"  # four documents of 70 words: a plan of its own, not the vendored sources' tokens
     text.write_text("\n".join(" ".join(f"w{d}x{i}" for i in range(70)) for d in range(4)) + "\n")
-    make_pairs(_compose("data_prep", [
+    pairs = _compose("data_prep", [
         "+pipeline=kvzap_pairs", f"run_dir={tmp_path}/dp", f"pipeline.out_dir={tmp_path}/pairs", *SMALL[:2],
         f"pipeline.sources=[{{name: web, path: '{text}', format: lines}}]", "pipeline.max_docs_per_subset=3",
         "pipeline.val_docs_per_subset=1", "pipeline.tokens_per_doc=10", f"cache_dir={cache_dir}",
-        "logger.mode=offline", "model=tiny-qwen2"]))  # fmt: skip
+        "logger.mode=offline", "model=tiny-qwen2"])  # fmt: skip
+    for _ in range(2):  # a rerun (keeping the complete shards) resumes the pipeline's W&B run
+        make_pairs(pairs)
+    assert asked[0]["id"] == asked.pop()["id"] and asked[0]["resume"] == "allow"
 
     class Started(Exception):
         pass
