@@ -11,6 +11,7 @@ see :mod:`zoomr.tracking`). Offline without ``WANDB_API_KEY``
 from __future__ import annotations
 
 import argparse
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -67,11 +68,14 @@ def read_bench(path: Path) -> tuple[str, dict[str, Any], dict[str, float]]:
 
 def log_file(path: Path, group: str | None, mode: str, run_dir: Path | None,
              bench: tuple[str, dict[str, Any], dict[str, float]] | None = None) -> dict[str, Any]:  # fmt: skip
-    """Log one bench JSON (``bench``: what :func:`read_bench` read of it, read again when absent) as one run."""
+    """Log one bench JSON (``bench``: what :func:`read_bench` read of it, read again when absent) as one run; the
+    same file logged again (its path and bytes) resumes that run: it added another run of the same figures each
+    time. A file rewritten by a new measurement is a new run."""
     model, config, metrics = bench or read_bench(path)
+    key = f"{path.resolve()} {hashlib.sha256(path.read_bytes()).hexdigest()}"
     return log_summary_run(job_type="bench", name=f"{path.stem}-{model}", group=group or f"{model}/bench",
                            config={**config, "bench_file": str(path)}, metrics=metrics, mode=mode,
-                           dir=run_dir or path.parent)  # fmt: skip
+                           dir=run_dir or path.parent, run_key=key)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:

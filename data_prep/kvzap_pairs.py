@@ -357,7 +357,12 @@ def run(cfg) -> dict[str, Any]:
     info = {"name": spec.name, **{k: v for k, v in describe(model).items() if k != "params"}}
     planned = plan_pairs(tokenizer, p, int(cfg.seed), info, model_dir=spec.hf_id)  # documents that cannot be made,
     refuse_other_plan(Path(p.out_dir), planned.plan, p.overwrite)  # or another plan there: before any run state
-    run_dir, logger = start_run(cfg, job_type="data_prep")
+    # one W&B run per pairs directory and plan, resumed by a rerun (which keeps its complete shards; pairs of another
+    # plan written over them, pipeline.overwrite=true, are another run); in W&B under the pipeline's name, not the
+    # data=traces default, which the pairs do not read
+    plan_digest = hashlib.sha256(json.dumps(planned.plan, sort_keys=True, default=str).encode()).hexdigest()
+    key = f"{Path(p.out_dir).expanduser().absolute()} {plan_digest}"
+    run_dir, logger = start_run(cfg, job_type="data_prep", same_run=True, run_key=key, target=p.name)
     manifest = make_pairs(model, tokenizer, p, int(cfg.seed), info, model_dir=spec.hf_id, planned=planned)
     per_subset = Counter((d["subset"], d["split"]) for d in manifest["documents"])
     summary = {

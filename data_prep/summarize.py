@@ -460,7 +460,8 @@ def run(cfg) -> dict[str, Any]:
     settings.endpoint.api_key()  # a key no header can carry is refused here, not at the first request
     check_request_settings(pipe.store or out_dir / "store.sqlite", settings.endpoint.model, PROMPT_VERSION,
                            request_settings(settings))  # before the run directory is written  # fmt: skip
-    run_dir, logger = start_run(cfg, job_type="data_prep")
+    # one W&B run per output directory, resumed by a rerun (the run directory is shared by every data set's run)
+    run_dir, logger = start_run(cfg, job_type="data_prep", same_run=True, run_key=str(out_dir))
     try:
         stats = summarize_traces(
             rows,

@@ -155,10 +155,15 @@ def _finish(cfg, run_dir, logger, task, bench, spec, rows, counts, max_error_rat
 def log_summary(logger: Any, task: str, metrics: dict[str, Any]) -> None:
     """The run's numbers into the tracker's summary (``eval/<metric>``): the pooled metrics, accuracy per
     competition, and the task's own metrics (the testbed's recall by distance, RULER's and LongBench's subset
-    scores: ``eval/testbed/recall_all``, ``eval/ruler/subsets/niah_single_1/score``), which only the console showed."""
+    scores: ``eval/testbed/recall_all``, ``eval/ruler/subsets/niah_single_1/score``), which only the console showed,
+    and ``eval/evicted_samples`` (summary.json's: 0 for a compressing arm that never evicted, which W&B showed as
+    a compressed arm with full KV's accuracy)."""
     from zoomr.rundir import flatten
 
     logger.summary({k: v for k, v in metrics["pooled"].items() if isinstance(v, int | float)})
+    eviction = metrics.get("eviction") or {}
+    if "evicted_samples" in eviction:
+        logger.summary({"evicted_samples": eviction["evicted_samples"]})
     logger.summary({f"acc/{name}": m["accuracy"] for name, m in metrics["by_competition"].items()})
     own = metrics.get(task) if task else None
     if isinstance(own, dict):

@@ -116,3 +116,27 @@ def test_a_slim_copy_is_timed_with_the_checkpoint_it_names_and_refused_without_i
     ckpt.mkdir()
     config, requests = bench_throughput.eval_requests(run, 2)
     assert config["model"] == {"name": "m", "hf_id": str(ckpt)} and requests == [(6, 10), (6, 11)]
+
+
+def test_logging_a_bench_file_again_resumes_its_wandb_run(tmp_path, monkeypatch):
+    """``log_bench`` run twice on one file added a second W&B run of the same figures; now the same file (path and
+    bytes) resumes its run, and a file rewritten by a new measurement is a new run."""
+    from types import SimpleNamespace
+
+    import wandb
+
+    from analysis.log_bench import main as log_bench
+
+    asked = []
+    run = SimpleNamespace(summary={}, config=SimpleNamespace(update=lambda *a, **kw: None), finish=lambda: None)
+    monkeypatch.setattr(wandb, "init", lambda **kw: asked.append(kw) or run)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    bench, other = tmp_path / "a.json", tmp_path / "b.json"
+    for path in (bench, other):
+        path.write_text(json.dumps({"meta": {"model": "tiny-qwen2"}, "results": {"step_ms": 1.5}}))
+    log_bench([str(bench), str(other), "--mode", "offline"])
+    log_bench([str(bench), "--mode", "offline"])
+    bench.write_text(json.dumps({"meta": {"model": "tiny-qwen2"}, "results": {"step_ms": 2.5}}))
+    log_bench([str(bench), "--mode", "offline"])
+    ids = [kw["id"] for kw in asked]
+    assert ids[0] == ids[2] and len(set(ids)) == 3 and all(kw["resume"] == "allow" for kw in asked)

@@ -191,3 +191,8 @@ def test_the_runs_wandb_summary_carries_the_tasks_own_metrics():
     Run.summary = {}
     log_summary(logger, "math", pooled)  # a task without metrics of its own
     assert set(Run.summary) == {"eval/accuracy", "eval/problems", "eval/acc/c"}
+    # how many samples the policy evicted in (summary.json's figure): a compressing arm that never evicted, i.e.
+    # full KV, looked in W&B like any compressed arm
+    Run.summary = {}
+    log_summary(logger, "math", {**pooled, "eviction": {"samples": 2, "evicted_samples": 0, "note": "never evicted"}})
+    assert Run.summary["eval/evicted_samples"] == 0 and "eval/note" not in Run.summary

@@ -202,3 +202,49 @@ def test_testbed_pairs_that_cannot_be_made_here_are_refused_before_the_run_direc
     assert sorted(p.name for p in out.iterdir()) == ["plan.json"] if plan else not out.exists()
     if plan:
         assert json.loads((out / "plan.json").read_text()) == plan
+
+
+
+def test_pairs_and_their_fit_are_grouped_in_wandb_under_the_pairs_not_the_unused_data(tmp_path, cache_dir, monkeypatch):
+    """Neither the pairs pipeline nor the fit reads ``data``: both were grouped (and the pipeline's run named) under
+    the entries' ``data=traces`` default, ``tiny-qwen2/traces``, beside the SFT runs on those traces; now both are in
+    ``tiny-qwen2/kvzap_pairs``."""
+    from types import SimpleNamespace
+
+    import wandb
+
+    import zoomr.entry
+    from data_prep.kvzap_pairs import run as make_pairs
+    from train.kvzap import run as run_fit
+
+    asked, start_run = [], zoomr.entry.start_run
+    run = SimpleNamespace(summary={}, config=SimpleNamespace(update=lambda *a, **kw: None), log=lambda *a, **kw: None,
+                          finish=lambda: None)
+    monkeypatch.setattr(wandb, "init", lambda **kw: asked.append(kw) or run)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    text = tmp_path / "docs.txt"  # four documents of 70 words: a plan of its own, not the vendored sources' tokens
+    text.write_text("\n".join(" ".join(f"w{d}x{i}" for i in range(70)) for d in range(4)) + "\n")
+    pairs = _compose("data_prep", [
+        "+pipeline=kvzap_pairs", f"run_dir={tmp_path}/dp", f"pipeline.out_dir={tmp_path}/pairs", *SMALL[:2],
+        f"pipeline.sources=[{{name: web, path: '{text}', format: lines}}]", "pipeline.max_docs_per_subset=3",
+        "pipeline.val_docs_per_subset=1", "pipeline.tokens_per_doc=10", f"cache_dir={cache_dir}",
+        "logger.mode=offline", "model=tiny-qwen2"])  # fmt: skip
+    for _ in range(2):  # a rerun (keeping the complete shards) resumes the pipeline's W&B run
+        make_pairs(pairs)
+    assert asked[0]["id"] == asked.pop()["id"] and asked[0]["resume"] == "allow"
+
+    class Started(Exception):
+        pass
+
+    def started(*args, **kwargs):  # the fit's W&B run starts; the fit itself is not what this test is about
+        start_run(*args, **kwargs)
+        raise Started
+
+    monkeypatch.setattr(zoomr.entry, "start_run", started)
+    fit = [o.replace("logger.mode=disabled", "logger.mode=offline") for o in cfg_overrides(tmp_path, cache_dir)]
+    with pytest.raises(Started):
+        run_fit(_compose("train", fit))
+    assert [(kw["job_type"], kw["group"], kw["name"]) for kw in asked] == [
+        ("data_prep", "tiny-qwen2/kvzap_pairs", "kvzap_pairs-tiny-qwen2"),
+        ("train", "tiny-qwen2/kvzap_pairs", "kvzap-tiny-qwen2-traces-kvzap_pairs"),
+    ]

@@ -342,3 +342,34 @@ def test_an_api_key_no_header_can_carry_is_refused_naming_the_variable_not_the_k
     with pytest.raises(SettingsError, match=r"the API key in \$ZOOMR_PASTED_KEY holds a character") as e:
         run(cfg)
     assert "secret" not in str(e.value) and not (tmp_path / "out").exists()
+
+
+def test_a_rerun_resumes_the_output_directorys_wandb_run(tmp_path, monkeypatch):
+    """Each rerun of a pipeline (a summarize run asking only for what is missing) started another W&B run, the
+    finished one's figures twice in the project; now one W&B run per output directory is resumed, as eval keeps one
+    per run directory. The run directory (``summarize-<model>``) is shared by every data set's run, so another
+    ``pipeline.out_dir`` (another data set) is another W&B run."""
+    from types import SimpleNamespace
+
+    import wandb
+    from hydra import compose, initialize_config_dir
+
+    import data_prep.summarize as summarize
+    from zoomr.entry import CONF_DIR
+    from zoomr.schemas import register_with_hydra
+
+    asked = []
+    run = SimpleNamespace(summary={}, config=SimpleNamespace(update=lambda *a, **kw: None), finish=lambda: None)
+    monkeypatch.setattr(wandb, "init", lambda **kw: asked.append(kw) or run)
+    monkeypatch.setattr(summarize, "summarize_traces", lambda *a, **kw: {
+        "rows_in": 1, "rows_written": 1, "rows_skipped": {}, "summaries_failed": 0})  # fmt: skip
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    register_with_hydra()
+    for out in ("a", "a", "b"):
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            cfg = compose("data_prep", overrides=[
+                "+pipeline=summarize", "pipeline.count_tokens=false", "pipeline.max_rows=1", "logger.mode=offline",
+                f"pipeline.out_dir={tmp_path / out}", f"run_dir={tmp_path / 'run'}"])  # fmt: skip
+        summarize.run(cfg)
+    ids = [(kw["id"], kw["resume"]) for kw in asked]
+    assert ids[0] == ids[1] and ids[0][0] and ids[0][1] == "allow" and ids[2][0] not in (None, ids[0][0])

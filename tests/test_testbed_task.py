@@ -433,8 +433,7 @@ def test_eval_refuses_a_test_seed_the_model_or_its_ancestors_trained_on(tmp_path
     from types import SimpleNamespace
 
     from eval.tasks import get_task
-    from zoomr.abridge.trainer import DATA_CONFIG_FILE
-    from zoomr.testbed.checkpoint import DATA_FILE, training_streams
+    from zoomr.testbed.checkpoint import DATA_CONFIG_FILE, DATA_FILE, training_streams
 
     base, stage2 = tmp_path / "base" / "final", tmp_path / "stage2" / "final"
     for d in (base, stage2):
@@ -465,6 +464,20 @@ def test_eval_refuses_a_test_seed_the_model_or_its_ancestors_trained_on(tmp_path
     (base / DATA_FILE).write_text(json.dumps({"seed": 7, "colour": "red"}))
     with pytest.raises(ValueError, match="not the testbed data config the trainer writes .*colour"):
         training_streams(base)
+
+
+def test_reading_a_fine_tunes_data_config_needs_no_trainer(tmp_path, monkeypatch):
+    """The evaluator reads a fine-tune's ``data.json`` without importing the trainer's module (transformers'
+    ``Trainer``): each testbed evaluation (the three arms at the end of ``+method=abridge``) spent seconds importing
+    it, and under ``WANDB_MODE=offline`` printed transformers' ``[INFO] Running in WANDB offline mode``."""
+    import json
+    import sys
+
+    from zoomr.testbed.checkpoint import DATA_CONFIG_FILE, testbed_record
+
+    monkeypatch.setitem(sys.modules, "zoomr.abridge.trainer", None)  # importing it raises ImportError
+    (tmp_path / DATA_CONFIG_FILE).write_text(json.dumps({"seed": 1, "query_form": "cue"}))
+    assert testbed_record(tmp_path) == (tmp_path / DATA_CONFIG_FILE, {"seed": 1, "query_form": "cue"})
 
 
 def test_a_trace_that_runs_out_of_keys_is_a_settings_error():

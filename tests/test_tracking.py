@@ -185,3 +185,82 @@ def test_a_run_directory_keeps_one_wandb_run_across_reruns(tmp_path, monkeypatch
     assert (asked[-1]["id"], asked[-1]["resume"]) == (None, None) and not (tmp_path / "other" / "wandb").exists()
     init_run(project="p", name="n", group="g", config={}, mode="disabled", dir=tmp_path / "off", same_run=True)
     assert len(asked) == 3 and not (tmp_path / "off").exists()  # logger=none: nothing written
+
+
+def test_transformers_wandb_offline_notice_is_not_printed(monkeypatch, capsys):
+    """transformers' W&B integration (imported with the HF Trainer) prints ``[INFO] Running in WANDB offline mode`` on
+    stdout when imported under ``WANDB_MODE=offline``: once in the training process and once in each testbed arm the
+    main job evaluates (four times in all), beside W&B's own offline lines. ``python -m train`` imports it first
+    through :func:`import_hf_wandb_quietly`, which drops that line."""
+    import importlib
+    import sys
+
+    import transformers.integrations
+
+    from zoomr.tracking import HF_WANDB_MODULE, import_hf_wandb_quietly
+
+    monkeypatch.setattr(transformers.integrations, "integration_utils", importlib.import_module(HF_WANDB_MODULE))
+    monkeypatch.delitem(sys.modules, HF_WANDB_MODULE)  # both put back after the test: the module is imported afresh
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    import_hf_wandb_quietly()
+    assert HF_WANDB_MODULE in sys.modules
+    assert "WANDB offline" not in capsys.readouterr().out
+
+
+def test_only_rank_zero_of_a_distributed_launch_starts_a_wandb_run(tmp_path, monkeypatch):
+    """Under ``torchrun``/``accelerate`` (DeepSpeed) every rank ran the trainer's ``start_run``, so every rank started
+    a W&B run: one training on eight GPUs was eight runs of one name, seven holding only the config and summary."""
+    from types import SimpleNamespace
+
+    import wandb
+    from hydra import compose, initialize_config_dir
+
+    from zoomr.entry import CONF_DIR, start_run
+    from zoomr.schemas import register_with_hydra
+
+    asked = []
+    run = SimpleNamespace(summary={}, config=SimpleNamespace(update=lambda *a, **kw: None), finish=lambda: None)
+    monkeypatch.setattr(wandb, "init", lambda **kw: asked.append(kw) or run)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    register_with_hydra()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("train", overrides=["+method=abridge", "logger.mode=offline", f"run_dir={tmp_path / 'run'}"])
+    for rank in ("1", "0"):
+        monkeypatch.setenv("RANK", rank)
+        _, logger = start_run(cfg, job_type="train")
+        assert logger.enabled == (rank == "0") and len(asked) == int(rank == "0")
+
+
+def test_the_hf_trainers_wandb_callback_does_not_leave_its_values_in_the_projects_config(tmp_path, monkeypatch):
+    """With ``report_to=wandb`` the HF Trainer's W&B callback writes its ``TrainingArguments`` into the project's run
+    config when training starts (``allow_val_change``): every trained run's ``run_name`` was None in W&B and its
+    ``deepspeed`` lost the choice's name. The project's values are put back when the run finishes."""
+    from transformers import TrainerState, TrainingArguments
+    from transformers.integrations import WandbCallback
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    config = {"run_name": "abridge-tiny-testbed-testbed", "deepspeed": {"name": "none", "config": None}, "seed": 7}
+    logger = init_run(project="p", name="n", group="g", config=config, mode="offline", dir=tmp_path, job_type="train")
+    run = logger.run
+    args = TrainingArguments(output_dir=str(tmp_path / "checkpoints"), report_to=[], seed=7)
+    WandbCallback().setup(args, TrainerState(), None)  # what the Trainer does at on_train_begin
+    assert run.config["run_name"] is None  # the HF callback's value
+    logger.finish()
+    assert {k: run.config[k] for k in config} == config
+
+
+def test_wandb_refusing_to_start_an_online_run_is_one_line_saying_what_to_do(tmp_path, monkeypatch):
+    """``logger.mode=online`` (or ``WANDB_MODE=online``) without a W&B key was wandb's ``UsageError`` traceback (after
+    a trainer's run state, or an evaluation's model load); now a settings error naming the ways out."""
+    import wandb
+
+    from zoomr.schemas.checks import SettingsError
+
+    def refuse(**kw):
+        raise wandb.errors.UsageError("No API key configured. Use `wandb login` to log in.")
+
+    monkeypatch.setattr(wandb, "init", refuse)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    with pytest.raises(SettingsError, match=r"W&B could not start the run in online mode \(No API key configured.*"
+                                            r"WANDB_MODE=offline.*logger=none"):  # fmt: skip
+        init_run(project="p", name="n", group="g", config={}, mode="online", dir=tmp_path)

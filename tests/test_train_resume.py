@@ -274,3 +274,32 @@ def test_testbed_run_stopped_by_max_seconds_is_continued_not_reported_finished(t
     assert "finished" not in json.loads((run / "settings.json").read_text())
     rest = train_testbed(run, cache_dir)
     assert rest["steps"] == 4 and rest["resumed_from"].endswith("step-1")
+
+
+def test_testbed_summary_gives_the_training_loss_of_the_whole_run_across_a_resume(tmp_path, cache_dir, monkeypatch):
+    """The testbed trainer's summary (and W&B summary) had no training loss, which every other trainer's gives:
+    ``loss_start``, ``loss_end`` and ``train_loss`` (the mean per step) are those of the whole run, the steps
+    before a resume included (kept in the checkpoint). A run stopped by ``method.max_seconds`` gives W&B its
+    summary too."""
+    import train.testbed_pretrain as recipe
+
+    logged, held = {}, {}  # step -> W&B train/loss; W&B summary
+    start = recipe.start_run
+
+    def start_run(*args, **kwargs):
+        run_dir, logger = start(*args, **kwargs)
+        logger.log = lambda metrics, step=None: logged.update({step: metrics["train/loss"]} if "train/loss" in metrics else {})
+        logger.summary = held.update
+        return run_dir, logger
+
+    monkeypatch.setattr(recipe, "start_run", start_run)
+    run = tmp_path / "tb"
+    stopped = train_testbed(run, cache_dir, "method.max_seconds=1e-9", "method.log_every=1")  # after step 1
+    # a run stopped by method.max_seconds wrote its summary.json but gave its W&B run no summary
+    assert held["steps"] == stopped["steps"] == 1 and held["train_loss"] == stopped["train_loss"] == round(logged[0], 4)
+    summary = train_testbed(run, cache_dir, "method.log_every=1")
+    assert summary["resumed_from"].endswith("step-1") and sorted(logged) == [0, 1, 2, 3]
+    losses = [logged[s] for s in sorted(logged)]
+    expected = {"loss_start": losses[0], "loss_end": losses[-1], "train_loss": sum(losses) / 4}
+    assert {k: summary[k] for k in expected} == {k: round(v, 4) for k, v in expected.items()}
+    assert {k: held[k] for k in expected} == {k: summary[k] for k in expected}

@@ -14,6 +14,7 @@ if __name__ == "__main__":  # before the imports below: Ctrl-C while they run pr
 import importlib  # noqa: E402
 
 from zoomr.entry import hydra_entry, require_group, setup_logging  # noqa: E402
+from zoomr.tracking import import_hf_wandb_quietly  # noqa: E402
 
 
 def check_settings(cfg) -> None:
@@ -41,6 +42,7 @@ def main(cfg) -> None:  # resumes from its checkpoints
             f"method {cfg.method.name!r} has nothing to train (it is a decoding policy): "
             f"evaluate it with `python -m eval +method={cfg.method.name}`"
         )
+    import_hf_wandb_quietly()  # before the HF Trainer's import prints a W&B offline notice (WANDB_MODE=offline)
     importlib.import_module(f"train.{trainer}").run(cfg)
 
 

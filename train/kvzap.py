@@ -27,7 +27,7 @@ from typing import Any
 from zoomr.cache.kvzap import KVzapMethod
 from zoomr.jsonl import read_json_object
 from zoomr.kvzap.fit import fit_surrogates
-from zoomr.kvzap.pairs import read_manifest
+from zoomr.kvzap.pairs import pairs_pipeline, read_manifest
 from zoomr.schemas import to_dataclass
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,8 @@ def run(cfg) -> dict[str, Any]:
     kinds = list(fit.models)
     out = Path(method.surrogate_dir)
     check_surrogate_dir(out, kinds, cfg.run_dir)
-    run_dir, logger = start_run(cfg, job_type="train")
+    # in W&B beside the pipeline that made its pairs (<model>/kvzap_pairs), not under the unused data=traces default
+    run_dir, logger = start_run(cfg, job_type="train", target=pairs_pipeline(manifest))
     t0 = time.time()
     models, rows = fit_surrogates(
         method.pairs_dir, kinds=tuple(kinds), target=fit.target, ridge_alpha=fit.ridge_alpha,

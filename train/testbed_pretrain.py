@@ -29,7 +29,7 @@ import logging
 import math
 import time
 from contextlib import nullcontext
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -146,14 +146,18 @@ def checkpoint_problems(ckpt: Path) -> list[str]:
 
 
 def save_checkpoint(
-    model, tokenizer, opt, step: int, elapsed: float, ckpt_dir: Path, seen: int = 0, history: list | None = None
+    model, tokenizer, opt, step: int, elapsed: float, ckpt_dir: Path, seen: int = 0, history: list | None = None,
+    losses: dict[str, Any] | None = None,
 ) -> None:
-    """``seen`` (tokens trained on) and ``history`` (the held-out evaluations so far) go into ``trainer_state.pt``
-    with the step, so a resumed run's summary and ``eval_history.json`` cover the whole run."""
+    """``seen`` (tokens trained on), ``history`` (the held-out evaluations so far) and ``losses`` (:class:`Losses`)
+    go into ``trainer_state.pt`` with the step, so a resumed run's summary and ``eval_history.json`` cover the whole
+    run."""
     out = ckpt_dir / f"{CHECKPOINT_PREFIX}{step}"
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     state = {"optimizer": opt.state_dict(), "step": step, "elapsed": elapsed, "seen": seen, "history": history or []}
+    if losses is not None:
+        state["losses"] = losses
     torch.save(state, out / "trainer_state.pt")
     for old in sorted(ckpt_dir.glob(f"{CHECKPOINT_PREFIX}*"), key=lambda p: int(p.name.split("-")[1]))[:-2]:
         for f in sorted(old.rglob("*"), reverse=True):
@@ -178,6 +182,29 @@ def check_method(method: TestbedTrainMethod, data: TestbedData) -> None:
     if method.warmup_steps >= method.max_steps:  # legitimate in a short trial run, so said, not refused
         log.warning("method.warmup_steps=%d >= method.max_steps=%d: the whole run is in the warm-up (the learning rate "
                     "rises all along and never decays)", method.warmup_steps, method.max_steps)
+
+
+@dataclass
+class Losses:
+    """The training loss of every step, as the other trainers' summaries give it (``loss_start``, ``loss_end``,
+    ``train_loss`` the whole-run mean per step); kept in each checkpoint, so a resumed run's figures cover the
+    steps before the resume. ``since``: the first step counted (a checkpoint written before these were kept gives
+    only the steps after it)."""
+
+    first: float | None = None
+    last: float | None = None
+    total: float = 0.0
+    since: int = 0
+
+    def add(self, loss: float) -> None:
+        self.first = loss if self.first is None else self.first
+        self.last, self.total = loss, self.total + loss
+
+    def summary(self, steps: int) -> dict[str, float]:
+        if self.first is None:
+            return {}
+        mean = self.total / max(1, steps - self.since)
+        return {"loss_start": round(self.first, 4), "loss_end": round(self.last, 4), "train_loss": round(mean, 4)}
 
 
 def train_keys(metrics: dict[str, Any]) -> dict[str, float]:
@@ -213,7 +240,7 @@ def run(cfg) -> dict[str, Any]:
     held_out = held_out_batches(data, method.eval_examples, enc, stream.pad_id)
     kinds = token_kinds(tokenizer)
     ckpt_dir = run_dir / "checkpoints"
-    start, prior, seen, history = 0, 0.0, 0, []
+    start, prior, seen, history, losses = 0, 0.0, 0, [], Losses()
     resume = Path(plan.resume_from) if plan.resume_from else None
     if resume is not None:
         from transformers import AutoModelForCausalLM
@@ -224,6 +251,7 @@ def run(cfg) -> dict[str, Any]:
         opt.load_state_dict(state["optimizer"])
         start, prior = state["step"], state["elapsed"]
         seen, history = state.get("seen", 0), state.get("history", [])  # absent in older checkpoints
+        losses = Losses(**state["losses"]) if "losses" in state else Losses(since=start)
         log.info("resumed from %s (step %d)", resume, start)
 
     t0, seen_before = time.time(), seen
@@ -264,6 +292,7 @@ def run(cfg) -> dict[str, Any]:
                 "method.max_grad_norm), or check that the start model's weights are finite"
             )
         opt.step()
+        losses.add(loss.item())
         seen += batch.tokens
         steps_done = step + 1
         elapsed = prior + time.time() - t0
@@ -283,7 +312,7 @@ def run(cfg) -> dict[str, Any]:
             tqdm.write(f"step {step + 1}: {elapsed:.0f}s " + " ".join(f"{k}={v:.3f}" for k, v in ev.items()))
         stopped_early = bool(method.max_seconds and elapsed >= method.max_seconds and step + 1 < method.max_steps)
         if (step + 1) % method.save_every == 0 or step + 1 == method.max_steps or stopped_early:
-            save_checkpoint(model, tokenizer, opt, step + 1, elapsed, ckpt_dir, seen, history)
+            save_checkpoint(model, tokenizer, opt, step + 1, elapsed, ckpt_dir, seen, history, asdict(losses))
         if stopped_early:
             tqdm.write(f"stopping at step {step + 1}: max_seconds={method.max_seconds} reached (a rerun continues)")
             break
@@ -302,6 +331,7 @@ def run(cfg) -> dict[str, Any]:
         "seconds": round(wall, 1),
         "tokens_per_s": round((seen - seen_before) / max(1e-9, time.time() - t0)),  # this process's
         "threads": torch.get_num_threads(),
+        **losses.summary(steps_done),  # the training loss, as the other trainers report it (there was none)
         **{k: round(v, 4) for k, v in last.items() if k.startswith("tf_")},
         "resumed_from": str(resume) if resume else "-",
         "checkpoint": str(final_dir),
@@ -311,6 +341,7 @@ def run(cfg) -> dict[str, Any]:
     title = f"testbed training finished: {cfg.run_name}"
     if stopped_early:  # a summary, but not recorded as finished: a rerun continues from the last checkpoint
         write_summary(run_dir, summary, title + f" (stopped at step {steps_done} by method.max_seconds)")
+        logger.summary({k: v for k, v in summary.items() if isinstance(v, int | float)})  # W&B's, as summary.json's
         logger.finish()
         return summary
     return finish_run(plan, logger, summary, title)

@@ -1,7 +1,7 @@
 """ZoomR delimiter SFT (``+method=zoomr_sft``, ZoomR §3.2): the SFT of :func:`zoomr.sft.train_sft` plus
 
 - the summary delimiters as special tokens (added and embeddings resized when the tokenizer lacks them;
-  new rows start at the mean embedding, transformers' default);
+  new rows drawn from a normal with the embeddings' mean and covariance, transformers' default, under ``seed``);
 - their input-embedding and output-head rows trainable next to LoRA (PEFT ``trainable_token_indices``;
   with tied embeddings the head follows the embedding), every other row frozen;
 - a check that the data really carries summaries (the ``data_prep +pipeline=summarize`` output).
@@ -94,8 +94,10 @@ def summary_coverage(dataset) -> dict[str, float]:
 
 def run(cfg) -> dict[str, Any]:
     method = to_dataclass(ZoomRSFTMethod, cfg.method)
-    if method.require_summaries:
-        cover = summary_coverage(load_sft_dataset(to_plain(cfg.data), None))
+    rows = None
+    if method.require_summaries:  # checked before the model loads, on the rows it then trains on (read once)
+        rows = load_sft_dataset(to_plain(cfg.data), None)
+        cover = summary_coverage(rows)
         if cover["rows_with_summaries"] == 0:
             raise SystemExit(
                 f"data {cfg.data.name!r} has no {tokens.BEGIN_SUMMARY}: run `python -m data_prep "
@@ -103,4 +105,4 @@ def run(cfg) -> dict[str, Any]:
                 "or pass method.require_summaries=false"
             )
         log.info("summary coverage: %s", cover)
-    return train_sft(cfg, schema=ZoomRSFTMethod, prepare=prepare)
+    return train_sft(cfg, schema=ZoomRSFTMethod, prepare=prepare, rows=rows)

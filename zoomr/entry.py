@@ -18,7 +18,7 @@ from hydra.experimental.callback import Callback
 
 from zoomr.models import ModelSpec, spec_from_dict
 from zoomr.paths import output_problem
-from zoomr.rundir import write_json
+from zoomr.rundir import is_main_process, write_json
 from zoomr.schemas import register_with_hydra
 from zoomr.schemas.checks import SettingsError
 from zoomr.script import USER_ERRORS, interrupted, user_error_message
@@ -347,14 +347,19 @@ def pick_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
-def start_run(cfg: Any, job_type: str, same_run: bool = False) -> tuple[Path, RunLogger]:
+def start_run(
+    cfg: Any, job_type: str, same_run: bool = False, run_key: str | None = None, target: str | None = None
+) -> tuple[Path, RunLogger]:
     """Create the run directory, write the resolved config, start the tracker (``same_run``: one W&B run per run
-    directory, resumed by a rerun; :func:`zoomr.tracking.kept_run_id`)."""
+    directory, or per ``run_key`` in it, resumed by a rerun; :func:`zoomr.tracking.kept_run_id`; ``target``: what the
+    run works on where the config's groups do not say it, :func:`zoomr.tracking.run_identity`). Only rank 0 of a
+    ``torchrun``/``accelerate`` launch tracks: every rank started a W&B run of its own (eight runs of one name for
+    a training on eight GPUs, seven holding only the config and the end-of-run summary)."""
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     plain = to_plain(cfg)
     write_json(run_dir / "config.json", plain)
-    ident = run_identity(plain, job_type)
+    ident = run_identity(plain, job_type, target)
     logger = init_run(
         project=cfg.logger.project,
         entity=cfg.logger.entity,
@@ -362,10 +367,11 @@ def start_run(cfg: Any, job_type: str, same_run: bool = False) -> tuple[Path, Ru
         group=ident.group,
         tags=list(cfg.logger.tags),
         config=plain,
-        mode=cfg.logger.mode,
+        mode=cfg.logger.mode if is_main_process() else "disabled",
         dir=run_dir,
         job_type=job_type,
         same_run=same_run,
+        run_key=run_key,
     )
     return run_dir, logger
 

@@ -151,10 +151,13 @@ def length_report(prepared: Any, rows: int, max_length: int) -> dict[str, str]:
     return out
 
 
-def train_sft(cfg: Any, schema: type = SFTMethod, prepare: Callable | None = None) -> dict[str, Any]:
+def train_sft(
+    cfg: Any, schema: type = SFTMethod, prepare: Callable | None = None, rows: Any = None
+) -> dict[str, Any]:
     """Train one SFT run from the entry point's composed config; recipes built on it pass their method ``schema`` (a subclass of SFTMethod) and
     ``prepare(model, tokenizer, method, peft_config) -> (model, peft_config, extra_summary)``,
-    called before the trainer is built (e.g. train/zoomr_sft.py adds tokens and trainable rows)."""
+    called before the trainer is built (e.g. train/zoomr_sft.py adds tokens and trainable rows), and ``rows``, the
+    data config's rows when the recipe has already loaded them (:func:`load_sft_dataset`; loaded here otherwise)."""
     from trl import SFTTrainer
 
     method: SFTMethod = to_dataclass(schema, cfg.method)
@@ -169,10 +172,13 @@ def train_sft(cfg: Any, schema: type = SFTMethod, prepare: Callable | None = Non
     if peft_config is not None:
         check_lora_targets(model, method.lora.target_modules)
     extra: dict[str, Any] = {}
-    if prepare is not None:
+    if prepare is not None:  # its random draws (new embedding rows, a PEFT model's init) come from the run's seed:
+        from transformers import set_seed  # unseeded, two runs of one zoomr_sft command trained two models
+
+        set_seed(cfg.seed)
         model, peft_config, extra = prepare(model, tokenizer, method, peft_config)
     data = to_plain(cfg.data)
-    rows = load_sft_dataset(data, tokenizer)
+    rows = load_sft_dataset(data, tokenizer) if rows is None else rows
     try:
         dataset, held_out = held_out_split(rows, float(data.get("eval_fraction") or 0), cfg.seed)
     except ValueError as e:  # every row held out

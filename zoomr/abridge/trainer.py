@@ -28,6 +28,7 @@ from zoomr.paths import MissingInput, resolve_repo_path
 from zoomr.rundir import write_json
 from zoomr.schemas.abridge import AbridgeOptim
 from zoomr.schemas.checks import SettingsError
+from zoomr.testbed.checkpoint import DATA_CONFIG_FILE  # the data config a checkpoint was trained on
 from zoomr.training import LogAtSave, checked_arguments, load_sft_dataset, trainer_arguments
 
 
@@ -163,7 +164,6 @@ def load_start_model(spec: ModelSpec, m: AbridgeMethod | Any, cache_dir: str, de
     return load_model(spec, cache_dir, device=device), load_tokenizer(spec, cache_dir)
 
 
-DATA_CONFIG_FILE = "data.json"  # the data config a checkpoint was trained on (evaluators test it on its own task)
 
 
 def save_final(trainer: Trainer, spec: ModelSpec, tokenizer, run_dir: Path, data: dict[str, Any] | None = None):

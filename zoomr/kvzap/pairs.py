@@ -76,6 +76,12 @@ def read_manifest(pairs_dir: str | Path) -> dict[str, Any]:
     return manifest
 
 
+def pairs_pipeline(manifest: dict[str, Any]) -> str:
+    """The ``python -m data_prep`` pipeline that made the pairs of ``manifest``: ``kvzap_pairs_testbed`` (its
+    settings record the testbed data) or ``kvzap_pairs`` (text sources); the fit's W&B group names it."""
+    return "kvzap_pairs_testbed" if "testbed" in (manifest.get("settings") or {}) else "kvzap_pairs"
+
+
 def check_manifest(path: Path, manifest: dict[str, Any]) -> None:
     """Refuse a manifest (edited, or written by something else) without what the fit reads: the model's name and
     sizes, the pair counts, and shards of both splits (a missing key was a KeyError traceback, a split without

@@ -20,6 +20,11 @@ from zoomr.rundir import write_json
 from zoomr.schemas.testbed import TestbedData
 
 DATA_FILE = "testbed_data.json"  # the TestbedData a checkpoint was trained on (written by the trainer)
+# the data config a block-masked fine-tune (AbridgeKV, LightThinker) was trained on, written beside its weights by
+# zoomr.abridge.trainer.save_final (evaluators test it on its own task). Defined here, not there: reading it from
+# the trainer's module imported transformers' Trainer into every evaluation of a testbed checkpoint (seconds of
+# start-up, and its W&B integration's "[INFO] Running in WANDB offline mode" under WANDB_MODE=offline)
+DATA_CONFIG_FILE = "data.json"
 
 
 def load_testbed_model(path: str | Path, attn_implementation: str | None = None):
@@ -50,8 +55,6 @@ def testbed_record(path: str | Path) -> tuple[Path, dict[str, Any]] | None:
     """(file, record) of the testbed data ``path`` was trained on: a base model's ``testbed_data.json``, or the
     ``data.json`` of a fine-tune (AbridgeKV, LightThinker) whose data was the testbed; None when there is none
     (a hub model, or a fine-tune on other data, e.g. ``data=traces``)."""
-    from zoomr.abridge.trainer import DATA_CONFIG_FILE
-
     for name in (DATA_FILE, DATA_CONFIG_FILE):
         file = Path(path) / name
         if file.exists():
