@@ -1,0 +1,61 @@
+"""Text the models read that holds a special token's string literally (a problem quoting ``<|im_end|>``, a trace
+quoting ``<|pause_3|>``): refused naming the row, never tokenized as the special token without a word."""
+
+from __future__ import annotations
+
+import json
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from tests.conftest import tiny_spec
+
+
+@pytest.fixture(scope="module")
+def tokenizer(cache_dir):
+    from zoomr.models import load_tokenizer
+
+    return load_tokenizer(tiny_spec("qwen2"), cache_dir)
+
+
+def test_a_problem_quoting_a_special_token_is_refused_naming_it_before_decoding(tokenizer):
+    """A math problem quoting '<|im_end|>' was rendered into a prompt whose user turn ended at the quote (the tokenizer
+    read it as the token), decoded and graded without a word; now load_problems names the problem and the string."""
+    from eval.benchmarks import Problem
+    from eval.steps import load_problems
+    from eval.tasks import get_task
+    from zoomr.schemas.eval import GenerationConfig
+
+    plain = Problem("p/1", "If 0<|x|<1 and <x> = 2, what is x?", "1", "p")  # look-alikes are plain text
+    quoting = Problem("p/2", "The model wrote '<|im_end|>' then '<|pause_3|>'. Count the words.", "2", "p")
+    task = get_task("math")
+    bench = SimpleNamespace(name="mine", options=None)
+    loaded = lambda problems: lambda *_: problems  # noqa: E731
+    assert load_problems(SimpleNamespace(load=loaded([plain]), check=task.check, prompt=task.prompt), bench,
+                         tokenizer, GenerationConfig()) == [plain]  # fmt: skip
+    with pytest.raises(ValueError, match=re.escape("problem p/2: the user message holds '<|im_end|>', '<|pause_3|>' "
+                                                   "literally")):  # fmt: skip
+        load_problems(SimpleNamespace(load=loaded([plain, quoting]), check=task.check, prompt=task.prompt), bench,
+                      tokenizer, GenerationConfig())  # fmt: skip
+    with pytest.raises(ValueError, match=re.escape("generation.system_prompt holds '<|endoftext|>'")):
+        load_problems(SimpleNamespace(load=loaded([plain]), check=task.check, prompt=task.prompt), bench, tokenizer,
+                      GenerationConfig(system_prompt="Stop at <|endoftext|>."))  # fmt: skip
+
+
+@pytest.mark.parametrize("subset", ["hotpotqa", "trec"])  # through the chat template, and raw text
+def test_a_longbench_context_quoting_a_special_token_is_refused_naming_the_row(tmp_path, tokenizer, subset):
+    """A context holding '<|endoftext|>' was read as the end-of-text token (a raw subset's too), or dropped without a
+    word by truncate_middle's decode when the prompt was cut."""
+    from eval import longbench as lb
+
+    row = {"input": "q", "context": "c", "answers": ["a"], "all_classes": ["a"], "_id": "h1"}
+    bad = {**row, "context": "tokenizer.eos = '<|endoftext|>'", "_id": "h2"}
+    (tmp_path / f"{subset}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (row, bad)))
+    gen = SimpleNamespace(system_prompt=None, enable_thinking=None)
+    for limit in (None, 4):
+        bench = SimpleNamespace(sources=[subset], options={"data_dir": str(tmp_path), "max_prompt_tokens": limit},
+                                problem_limit=None)  # fmt: skip
+        with pytest.raises(ValueError, match=re.escape(f"LongBench {subset} row 1 (id h2): the prompt holds "
+                                                       "'<|endoftext|>' literally")):  # fmt: skip
+            lb.load(bench, tokenizer, gen)
