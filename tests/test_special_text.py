@@ -59,3 +59,29 @@ def test_a_longbench_context_quoting_a_special_token_is_refused_naming_the_row(t
         with pytest.raises(ValueError, match=re.escape(f"LongBench {subset} row 1 (id h2): the prompt holds "
                                                        "'<|endoftext|>' literally")):  # fmt: skip
             lb.load(bench, tokenizer, gen)
+
+
+def test_a_trace_quoting_a_special_token_is_skipped_and_counted_naming_the_row(tmp_path, caplog, tokenizer):
+    """A trace whose response quoted '<|im_end|>' trained an end of turn mid-response (SFT), one quoting '<|pause_3|>'
+    trained a pause token (an AbridgeKV code row) as a response token, '<|splitter|>' ended a LightThinker thought,
+    and a question quoting one ended the user turn: each row was trained on without a word. Now skipped and counted
+    like the loader's other unusable rows, with a warning naming it; the response's own tags (thought, solution,
+    the summaries data_prep.summarize inserts) are kept."""
+    from data_prep.traces import load_trace_rows, sft_dataset
+
+    own = "<|begin_of_thought|>a\n\nb<|begin_of_summary|>s<|end_of_summary|><|end_of_thought|><|begin_of_solution|>1<|end_of_solution|>"  # noqa: E501
+    rows = [
+        {"idx": "ok", "question": "If 0<|x|<1, is x < 1?", "code": [own]},
+        {"idx": "r", "question": "Q", "code": ["<|begin_of_thought|>then '<|im_end|>'<|end_of_thought|>"]},
+        {"idx": "q", "question": "What does <|pause_3|> do?", "code": [own]},
+        {"idx": "s", "question": "Q", "code": ["<|begin_of_thought|>x <|splitter|> y<|end_of_thought|>"]},
+        {"idx": "eot", "question": "Stop at <|eot_id|>.", "code": [own]},  # a tokenizer's own special token
+    ]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    kept, report = load_trace_rows(path=str(path), special=["<|eot_id|>"])
+    assert [r.id for r in kept] == ["ok"] and kept[0].response == own
+    assert report.defects["special_token_in_response"] == 2 and report.defects["special_token_in_question"] == 2
+    assert "row 2 (id 'r') skipped: its response holds '<|im_end|>' literally" in caplog.text
+    assert "row 3 (id 'q') skipped: its question holds '<|pause_3|>' literally" in caplog.text
+    assert [r["id"] for r in sft_dataset({"source": "local", "path": str(path)}, tokenizer)] == ["ok", "eot"]
