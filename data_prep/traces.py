@@ -7,6 +7,7 @@ rows. :func:`load_trace_rows` keeps every usable row, counts each defect, and ne
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,6 +189,9 @@ def load_trace_rows(
                 log.warning("traces: row %s (id %r) skipped: %s (a tokenizer reads it as the special token, not as "
                             "text)", line, parsed.id, quoted[1])  # fmt: skip
             continue
+        if not summaries_paired(parsed.response):
+            report.defects["unpaired_summary_tags"] += 1
+            continue
         parsed.defects = trace_defects(parsed.response)
         parsed.line = line
         report.defects.update(parsed.defects)
@@ -219,6 +223,17 @@ def quoted_specials(row: TraceRow, special: list[str] | None = None) -> tuple[st
         if found:
             return f"special_token_in_{field_name}", f"its {field_name} holds {tokens.describe_specials(found)} literally"
     return None
+
+
+_SUMMARY_TAG = re.compile("|".join(re.escape(t) for t in tokens.SUMMARY_TAGS))
+
+
+def summaries_paired(response: str) -> bool:
+    """Whether the summary delimiters of ``response`` open and close in turn (``<|begin_of_summary|>`` … then
+    ``<|end_of_summary|>``; none at all is paired), as data_prep.summarize writes them. A stray one (a trace
+    quoting a delimiter, a summary block cut by hand) trained the ZoomR model to write malformed summaries."""
+    tags = _SUMMARY_TAG.findall(response)
+    return tags == [tokens.BEGIN_SUMMARY, tokens.END_SUMMARY] * (len(tags) // 2) and len(tags) % 2 == 0
 
 
 def _unicode(*texts: str | None) -> bool:

@@ -85,3 +85,20 @@ def test_a_trace_quoting_a_special_token_is_skipped_and_counted_naming_the_row(t
     assert "row 2 (id 'r') skipped: its response holds '<|im_end|>' literally" in caplog.text
     assert "row 3 (id 'q') skipped: its question holds '<|pause_3|>' literally" in caplog.text
     assert [r["id"] for r in sft_dataset({"source": "local", "path": str(path)}, tokenizer)] == ["ok", "eot"]
+
+
+def test_a_trace_with_a_stray_summary_delimiter_is_skipped_and_counted(tmp_path):
+    """A response holding a summary delimiter that opens or closes nothing (a raw trace quoting '<|end_of_summary|>',
+    a summary block cut by hand) was kept: the summariser summarised around it and zoomr_sft trained the model to
+    write malformed summaries; now counted as unpaired_summary_tags and skipped (paired blocks are kept)."""
+    from data_prep.traces import load_trace_rows
+
+    b, e = "<|begin_of_summary|>", "<|end_of_summary|>"
+    thought = lambda body: f"<|begin_of_thought|>{body}<|end_of_thought|><|begin_of_solution|>1<|end_of_solution|>"  # noqa: E731
+    rows = [{"idx": "ok", "question": "Q", "code": [thought(f"a\n\n{b}s{e}\n\nb\n\n{b}t{e}")]},
+            {"idx": "end", "question": "Q", "code": [thought(f"a {e} b")]},
+            {"idx": "open", "question": "Q", "code": [thought(f"a\n\n{b}s{e}\n\nb\n\n{b}t")]}]  # fmt: skip
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    kept, report = load_trace_rows(path=str(path))
+    assert [r.id for r in kept] == ["ok"] and report.defects["unpaired_summary_tags"] == 2
