@@ -102,3 +102,23 @@ def test_a_trace_with_a_stray_summary_delimiter_is_skipped_and_counted(tmp_path)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     kept, report = load_trace_rows(path=str(path))
     assert [r.id for r in kept] == ["ok"] and report.defects["unpaired_summary_tags"] == 2
+
+
+def test_a_kvzap_document_quoting_a_special_token_is_tokenized_as_text(tmp_path, tokenizer):
+    """A pretraining document holding '<|endoftext|>' (a GPT-2 style dump's separator) or '<|im_end|>' was tokenized
+    as those special tokens inside the KVzip context (a turn ended mid-document, scored and learned from); now every
+    document is tokenized as its text, and a document without such strings keeps its ids."""
+    from data_prep.kvzap_pairs import plan_documents
+    from zoomr.schemas.kvzap import KVzapPairsPipeline, TextSource
+
+    plain = " ".join(["the cat sat on the mat."] * 30)
+    (tmp_path / "docs.txt").write_text(f"{plain}\n{plain} <|endoftext|> {plain} <|im_end|> end\n")
+    source = TextSource(name="web", path=str(tmp_path / "docs.txt"), format="lines")
+    pipe = KVzapPairsPipeline(sources=[source], out_dir=str(tmp_path), min_tokens=20, max_tokens=10_000,
+                              max_docs_per_subset=5, val_docs_per_subset=1)  # fmt: skip
+    docs = plan_documents([source], tokenizer, pipe, seed=0)
+    specials = {tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_end|>")}
+    assert len(docs) == 2 and not any(specials & set(d.ids) for d in docs)
+    quoting = max(docs, key=lambda d: len(d.ids))
+    assert tokenizer.decode(quoting.ids) == f"{plain} <|endoftext|> {plain} <|im_end|> end"
+    assert min(docs, key=lambda d: len(d.ids)).ids == tokenizer(plain, add_special_tokens=False).input_ids
