@@ -75,7 +75,9 @@ def read_as_special(tokenizer) -> list[str]:
 def specials_in(text: str, strings: list[str] | None = None) -> list[str]:
     """The ``strings`` (default: :data:`ALL_SPECIAL_TOKENS`) that ``text`` holds literally, in the order they first
     appear, the longer first where two start at one place."""
-    found = [s for s in (ALL_SPECIAL_TOKENS if strings is None else strings) if s in text]
+    strings = ALL_SPECIAL_TOKENS if strings is None else strings
+    heads = {h for h in {s[:2] for s in strings} if h in text}  # a few scans of a long text, not one per string
+    found = [s for s in strings if s[:2] in heads and s in text]
     return sorted(found, key=lambda s: (text.find(s), -len(s)))
 
 
