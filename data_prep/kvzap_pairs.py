@@ -123,7 +123,10 @@ def plan_documents(sources: list[TextSource], tokenizer, p: KVzapPairsPipeline, 
         rng = np.random.default_rng([seed, s_idx])
         texts = load_texts(source)
         order = rng.permutation(len(texts))
-        token_docs = [(int(j), tokenizer(texts[j], add_special_tokens=False)["input_ids"]) for j in order]
+        # as text: a document quoting '<|endoftext|>' or '<|im_end|>' (a GPT-2 style dump's separator) was read as the
+        # special token, so KVzip scored, and the surrogate learned from, contexts ended mid-document
+        token_docs = [(int(j), tokenizer(texts[j], add_special_tokens=False, split_special_tokens=True)["input_ids"])
+                      for j in order]  # fmt: skip
         pieces = cut_documents(token_docs, sep, p.min_tokens, p.max_tokens, rng)
         val_sources: set[int] = set()
         n_val = n_train = 0

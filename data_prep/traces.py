@@ -7,6 +7,7 @@ rows. :func:`load_trace_rows` keeps every usable row, counts each defect, and ne
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,8 +160,11 @@ def load_trace_rows(
     split: str = "train",
     format: str = "skythought_eval",
     max_samples: int | None = None,
+    special: list[str] | None = None,
 ) -> tuple[list[TraceRow], LoadReport]:
-    """Parse trace rows, skipping (and counting) unusable ones; tag defects are counted but kept."""
+    """Parse trace rows, skipping (and counting) unusable ones; tag defects are counted but kept. A row whose text
+    holds a special token's string (:func:`quoted_specials`; ``special``: a tokenizer's own, beside the project's)
+    is skipped with a warning naming it."""
     if format not in PARSERS:
         raise ValueError(f"data.format must be one of {sorted(PARSERS)}, got {format!r}")
     parse = PARSERS[format]
@@ -179,6 +183,15 @@ def load_trace_rows(
         if not _unicode(parsed.question, parsed.response, parsed.system):
             report.defects["lone_surrogate"] += 1
             continue
+        if quoted := quoted_specials(parsed, special):
+            report.defects[quoted[0]] += 1
+            if sum(n for k, n in report.defects.items() if k.startswith("special_token_in_")) <= 5:  # the first few
+                log.warning("traces: row %s (id %r) skipped: %s (a tokenizer reads it as the special token, not as "
+                            "text)", line, parsed.id, quoted[1])  # fmt: skip
+            continue
+        if not summaries_paired(parsed.response):
+            report.defects["unpaired_summary_tags"] += 1
+            continue
         parsed.defects = trace_defects(parsed.response)
         parsed.line = line
         report.defects.update(parsed.defects)
@@ -191,6 +204,36 @@ def load_trace_rows(
         raise MissingInput(f"{where}: no usable trace rows in format {format!r} ({report.summary()})")
     log.info("traces: %s", report.summary())
     return rows, report
+
+
+# the tags a trace's response writes itself (its thought and solution, and the summaries data_prep.summarize inserts)
+RESPONSE_TAGS = frozenset(tokens.REASONING_TAGS + tokens.SUMMARY_TAGS)
+
+
+def quoted_specials(row: TraceRow, special: list[str] | None = None) -> tuple[str, str] | None:
+    """(defect, what) when the row's text holds a special token's string literally (None: it holds none): the
+    question or system prompt any of :data:`zoomr.tokens.ALL_SPECIAL_TOKENS` (and ``special``), the response any
+    but its own tags (:data:`RESPONSE_TAGS`). The tokenizer reads each as the token, not as text: a question quoting
+    ``<|im_end|>`` ended the user turn, a response quoting it taught an end of turn mid-response, a literal
+    ``<|pause_3|>`` became a pause token (an AbridgeKV code row) and ``<|splitter|>`` a LightThinker thought end."""
+    strings = [*tokens.ALL_SPECIAL_TOKENS, *(s for s in special or () if s not in tokens.ALL_SPECIAL_TOKENS)]
+    for field_name, text in (("question", row.question), ("system", row.system), ("response", row.response)):
+        allowed = RESPONSE_TAGS if field_name == "response" else ()
+        found = [s for s in tokens.specials_in(text or "", strings) if s not in allowed]
+        if found:
+            return f"special_token_in_{field_name}", f"its {field_name} holds {tokens.describe_specials(found)} literally"
+    return None
+
+
+_SUMMARY_TAG = re.compile("|".join(re.escape(t) for t in tokens.SUMMARY_TAGS))
+
+
+def summaries_paired(response: str) -> bool:
+    """Whether the summary delimiters of ``response`` open and close in turn (``<|begin_of_summary|>`` … then
+    ``<|end_of_summary|>``; none at all is paired), as data_prep.summarize writes them. A stray one (a trace
+    quoting a delimiter, a summary block cut by hand) trained the ZoomR model to write malformed summaries."""
+    tags = _SUMMARY_TAG.findall(response)
+    return tags == [tokens.BEGIN_SUMMARY, tokens.END_SUMMARY] * (len(tags) // 2) and len(tags) % 2 == 0
 
 
 def _unicode(*texts: str | None) -> bool:
@@ -216,6 +259,7 @@ def sft_dataset(data: dict[str, Any], tokenizer=None):
         split=data.get("split", "train"),
         format=data.get("format", "skythought_eval"),
         max_samples=data.get("max_samples"),
+        special=tokens.read_as_special(tokenizer) if tokenizer is not None else None,
     )
     ds = datasets.Dataset.from_list([{"messages": r.messages(), "id": r.id} for r in rows])
     ds.info.description = report.summary()

@@ -335,7 +335,7 @@ def load(bench: Any, tokenizer: Any, gen: Any) -> list:
     """LongBench problems of ``bench`` (``sources`` = subsets; ``options``: ``data_dir``, ``hub_id``,
     ``max_prompt_tokens``), prompts rendered as LongBench's ``pred.py``."""
     from eval.benchmarks import Problem
-    from eval.prompts import chat_text
+    from eval.prompts import SpecialTokenInText, chat_text, check_plain_text
     from eval.tasks import limit_per_subset
 
     options = dict(bench.options or {})
@@ -355,9 +355,12 @@ def load(bench: Any, tokenizer: Any, gen: Any) -> list:
     for subset in bench.sources:
         rows = load_rows(subset, options.get("data_dir"), options.get("hub_id") or HUB_ID)
         for i, row in enumerate(rows[: limit_per_subset(bench.problem_limit, len(rows))]):
-            text = truncate_middle(
-                prompts()[subset].format(**row), tokenizer, options.get("max_prompt_tokens")
-            )
+            text = prompts()[subset].format(**row)
+            try:  # a context quoting '<|endoftext|>' was read as the token (or dropped by truncate_middle's decode)
+                check_plain_text(text, tokenizer, "the prompt")
+            except SpecialTokenInText as e:
+                raise ValueError(f"LongBench {subset} row {i} (id {row.get('_id') or i}): {e}") from None
+            text = truncate_middle(text, tokenizer, options.get("max_prompt_tokens"))
             prompt = text if subset in RAW_SUBSETS else chat_text(text, tokenizer, system, thinking)
             answers = [str(a) for a in row["answers"]]
             problems.append(

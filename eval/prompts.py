@@ -15,6 +15,23 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
+class SpecialTokenInText(ValueError):
+    """A prompt's text holds a string the tokenizer reads as a special token (e.g. a problem quoting ``<|im_end|>``)."""
+
+
+def check_plain_text(text: str | None, tokenizer: Any, what: str) -> None:
+    """Refuse (:class:`SpecialTokenInText`) ``text`` holding a string ``tokenizer`` reads as one special token
+    (:func:`zoomr.tokens.read_as_special`): it was tokenized as that token, not as its characters, so a problem
+    quoting ``<|im_end|>`` ended the user turn early and one quoting ``<|pause_3|>`` wrote a pause token."""
+    from zoomr.tokens import describe_specials, read_as_special, specials_in
+
+    if text and (found := specials_in(text, read_as_special(tokenizer))):
+        raise SpecialTokenInText(
+            f"{what} holds {describe_specials(found)} literally, which the model's tokenizer reads as its special "
+            "token(s), not as text (the prompt would not say what the text says)"
+        )
+
+
 def chat_messages(content: str, system_prompt: str | None = None) -> list[dict[str, str]]:
     out = [{"role": "system", "content": system_prompt}] if system_prompt else []
     return [*out, {"role": "user", "content": content}]
@@ -23,11 +40,14 @@ def chat_messages(content: str, system_prompt: str | None = None) -> list[dict[s
 def chat_text(
     content: str, tokenizer: Any, system_prompt: str | None = None, enable_thinking: bool | None = None
 ) -> str:
-    """A user message through the tokenizer's chat template, with the generation prompt appended."""
+    """A user message through the tokenizer's chat template, with the generation prompt appended; a message or
+    system prompt holding a special token's string is refused (:func:`check_plain_text`)."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
             "the tokenizer has no chat template: evaluation prompts use the model's own template"
         )
+    check_plain_text(system_prompt, tokenizer, "generation.system_prompt")
+    check_plain_text(content, tokenizer, "the user message")
     kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
     return tokenizer.apply_chat_template(
         chat_messages(content, system_prompt), tokenize=False, add_generation_prompt=True, **kwargs

@@ -91,7 +91,21 @@ def load_problems(task: Task, bench: BenchmarkConfig, tokenizer: Any, gen: Gener
                          f"({len(twice)} ids in all): each (problem, sample) is one result row, so every problem "
                          "needs its own id (a row repeated in a data file, or a source listed twice?)")  # fmt: skip
     task.check(problems, gen)
+    check_prompt_texts(task, problems, tokenizer, gen)
     return problems
+
+
+def check_prompt_texts(task: Task, problems: list[Problem], tokenizer: Any, gen: GenerationConfig) -> None:
+    """Render every problem's prompt once, so a text holding a special token's string (:func:`eval.prompts.
+    check_plain_text`) is refused naming the problem before anything is written (the runner renders them only
+    when their batch comes)."""
+    from eval.prompts import SpecialTokenInText
+
+    for p in problems:
+        try:
+            task.prompt(p, tokenizer, gen.system_prompt, gen.enable_thinking)
+        except SpecialTokenInText as e:
+            raise ValueError(f"problem {p.id}: {e}; nothing was written (edit or drop the problem)") from None
 
 
 def decode_and_grade(

@@ -69,6 +69,17 @@ def test_paragraph_edge_cases():
     assert [p.text for p in split_paragraphs("aaaa\n\nbbbb\n\nc", min_chars=4)] == ["aaaa", "bbbb\n\nc"]
 
 
+def test_a_trace_with_windows_line_ends_splits_into_its_paragraphs():
+    """A thought written with CRLF line ends ('a.\\r\\n\\r\\nb.') was one paragraph: the summariser summarised the
+    whole thought once and LightThinker compressed it as one thought, without a word; now it splits as with LF."""
+    crlf = "First step.\r\n\r\nSecond step.\r\n \r\n\r\nThird."
+    paras = split_paragraphs(crlf)
+    assert [(p.text, p.sep) for p in paras] == [("First step.", "\r\n\r\n"), ("Second step.", "\r\n \r\n\r\n"),
+                                                ("Third.", "")]  # fmt: skip
+    assert "".join(p.text + p.sep for p in paras) == crlf
+    assert [p.text for p in split_paragraphs("a\r\nb\r\n\r\nc")] == ["a\r\nb", "c"]  # a single CRLF is no break
+
+
 def test_insert_summaries_places_blocks_after_paragraphs():
     response = f"{tokens.BEGIN_THOUGHT}\n\nfirst para.\n\nsecond.\n\n{tokens.END_THOUGHT}\n\n{tokens.BEGIN_SOLUTION}x"
     split = split_thought(response)

@@ -30,7 +30,7 @@ from zoomr import tokens
 # ---------------------------------------------------------------- text level
 
 THOUGHT_TAGS = ((tokens.BEGIN_THOUGHT, tokens.END_THOUGHT), (tokens.THINK, tokens.END_THINK))
-_BLANK_LINE = re.compile(r"\n[ \t]*\n\s*")
+_BLANK_LINE = re.compile(r"\r?\n[ \t\r]*\n\s*")  # CRLF too: a Windows-edited trace was one paragraph
 
 
 @dataclass
@@ -69,7 +69,8 @@ class Paragraph:
 
 
 def split_paragraphs(thought: str, min_chars: int = 0) -> list[Paragraph]:
-    """Blank-line separated paragraphs; ``"".join(p.text + p.sep) == thought`` for any non-blank thought.
+    """Blank-line separated paragraphs (``\\n\\n`` or ``\\r\\n\\r\\n``); ``"".join(p.text + p.sep) == thought`` for any
+    non-blank thought.
 
     Paragraphs shorter than ``min_chars`` are merged with the following ones (keeping their blank
     lines inside the merged text); a short tail is merged into the previous paragraph.

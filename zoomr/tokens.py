@@ -61,3 +61,26 @@ CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+
+
+def read_as_special(tokenizer) -> list[str]:
+    """The strings ``tokenizer`` reads as one special token wherever they stand in a text: its special added tokens
+    (``<|im_end|>``, ``<|endoftext|>``, a Llama's ``<|eot_id|>``) and the project's tokens it holds as added tokens
+    (e.g. a non-special ``<think>``). A text that holds one literally is not tokenized as its characters."""
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    project = set(ALL_SPECIAL_TOKENS)
+    return [t.content for t in decoder.values() if t.content.strip() and (t.special or t.content in project)]
+
+
+def specials_in(text: str, strings: list[str] | None = None) -> list[str]:
+    """The ``strings`` (default: :data:`ALL_SPECIAL_TOKENS`) that ``text`` holds literally, in the order they first
+    appear, the longer first where two start at one place."""
+    strings = ALL_SPECIAL_TOKENS if strings is None else strings
+    heads = {h for h in {s[:2] for s in strings} if h in text}  # a few scans of a long text, not one per string
+    found = [s for s in strings if s[:2] in heads and s in text]
+    return sorted(found, key=lambda s: (text.find(s), -len(s)))
+
+
+def describe_specials(found: list[str]) -> str:
+    shown = ", ".join(repr(s) for s in found[:5])
+    return shown + (f" and {len(found) - 5} more" if len(found) > 5 else "")
