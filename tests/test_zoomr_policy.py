@@ -270,3 +270,19 @@ def test_needs_tokenizer_and_token_ids(tiny2):
     cache.end_step()
     with pytest.raises(ValueError, match="needs the tokenizer"):
         cache.begin_step(torch.ones(1, 1, dtype=torch.bool), input_ids=torch.tensor([[4]]))
+
+
+def test_tokenizer_without_delimiters_is_refused_when_the_policy_is_built(tiny2):
+    """A tokenizer lacking the summary delimiters (a checkpoint never fine-tuned with +method=zoomr_sft) was refused
+    only at the first decode step, after python -m eval had written its run state; now when the policy is built."""
+    from eval.__main__ import check_policy
+    from zoomr.configs import method_config
+
+    model, tok = tiny2
+    vocab = {t: i for t, i in tok.get_vocab().items() if t != tokens.END_SUMMARY}
+    bare = type("BareTokenizer", (), {"get_vocab": lambda self: vocab})()
+    with pytest.raises(ValueError, match=r"lacks the summary delimiters \['<\|end_of_summary\|>'\]"):
+        build_policy({"policy": "zoomr"}, model.config, bare)
+    with pytest.raises(SystemExit, match=r"(?s)nothing was written.*lacks the summary delimiters"):
+        check_policy(method_config("sumr"), model, bare)
+    assert check_policy(method_config("zoomr"), model, tok) is not None

@@ -174,13 +174,13 @@ class ZoomRCache(HostRowsMixin):
         self._old_idx: torch.Tensor | None = None  # [B, N] rows read from the stores this step (-1 pad)
         self._n_old: torch.Tensor | None = None  # [B] rows held before this step's tokens (host-side copy)
         self.prefetch_rows = bool(config.offload and config.prefetch)
+        if tokenizer is not None:
+            self._delimiter_ids()
 
     # ------------------------------------------------------------------ setup
-    def _ensure_vocab(self) -> None:
-        if self.boundary is not None:
-            return
-        if self.tokenizer is None:
-            raise ValueError("ZoomR needs the tokenizer (summary delimiters, semantic boundaries)")
+    def _delimiter_ids(self) -> None:
+        """The summary delimiters' ids; a tokenizer without them is refused (checked when the policy is built, so
+        ``python -m eval`` refuses before writing anything: it was a ValueError at the first decode step)."""
         vocab = self.tokenizer.get_vocab()
         missing = [t for t in tokens.SUMMARY_TAGS if t not in vocab]
         if missing:
@@ -188,6 +188,13 @@ class ZoomRCache(HostRowsMixin):
                 f"tokenizer lacks the summary delimiters {missing}: fine-tune with +method=zoomr_sft"
             )
         self.begin_id, self.end_id = (vocab[t] for t in tokens.SUMMARY_TAGS)
+
+    def _ensure_vocab(self) -> None:
+        if self.boundary is not None:
+            return
+        if self.tokenizer is None:
+            raise ValueError("ZoomR needs the tokenizer (summary delimiters, semantic boundaries)")
+        self._delimiter_ids()
         self.boundary = boundary_table(self.tokenizer)
 
     def store_device(self, compute_device: torch.device) -> torch.device:
