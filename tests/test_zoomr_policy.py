@@ -286,3 +286,20 @@ def test_tokenizer_without_delimiters_is_refused_when_the_policy_is_built(tiny2)
     with pytest.raises(SystemExit, match=r"(?s)nothing was written.*lacks the summary delimiters"):
         check_policy(method_config("sumr"), model, bare)
     assert check_policy(method_config("zoomr"), model, tok) is not None
+
+
+@torch.no_grad()
+def test_token_ids_past_the_tokenizer_are_no_boundary(tiny2):
+    """A model whose embedding has more rows than its tokenizer has tokens (Qwen's padded vocabularies) can emit or be
+    scripted an id past the boundary table: that was an IndexError mid-decode; such an id decodes to nothing, so it is
+    no semantic boundary (no recompute there)."""
+    import copy
+
+    model, tok = tiny2
+    padded = copy.deepcopy(model)
+    padded.resize_token_embeddings(len(tok) + 8, mean_resizing=False)
+    ids, n_p = trace_ids(tok)
+    ids[0, n_p + 3] = len(tok) + 5
+    cache = zoomr(tok, padded)
+    forced_logits(padded, cache, ids, n_p)
+    assert len(cache.recompute_log[0]) == 6  # the '.' of each paragraph, as without the extra id

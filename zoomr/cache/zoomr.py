@@ -239,8 +239,11 @@ class ZoomRCache(HostRowsMixin):
                 seg = tracker.feed(tok)
                 if seg is not None:
                     self._completed.append((b, seg))
-            if row:
-                recompute[b] = self.config.recompute == "every" or bool(self.boundary[row[-1]])
+            if row:  # an id past the tokenizer (the model's padded embedding rows) decodes to nothing: no boundary
+                last = row[-1]
+                recompute[b] = self.config.recompute == "every" or (
+                    last < len(self.boundary) and bool(self.boundary[last])
+                )
         self.n_summ = torch.tensor([len(t.segments) for t in self.trackers], dtype=torch.long)
         self._recompute = recompute
         self._votes = torch.zeros(B, max(int(self.n_summ.max()), 1), dtype=torch.long)
