@@ -83,10 +83,21 @@ def with_key_cues(cues: Sequence[Sequence[Cue]]) -> list[list[Cue]]:
 
 
 def mean_summary_keys(key: torch.Tensor, spans: Sequence[tuple[int, int]]) -> torch.Tensor:
-    """k̄_i ``[Hkv, M, d]`` of one sequence: the mean of ``key [Hkv, T, d]`` over each summary's rows [start, end)."""
+    """k̄_i ``[Hkv, M, d]`` of one sequence: the mean of ``key [Hkv, T, d]`` over each summary's rows [start, end).
+
+    An empty summary (``start == end``: its delimiters ``start - 1`` and ``end`` hold nothing between them) averages
+    its two delimiters' keys, as :class:`zoomr.cache.zoomr.ZoomRCache` does (its k̄ was NaN, which took a top-k slot
+    of every head and voted for nothing). A span outside the sequence or reversed is refused (``ValueError``)."""
     if not spans:
         return key.new_zeros(key.shape[0], 0, key.shape[2])
-    return torch.stack([key[:, a:b].mean(dim=1) for a, b in spans], dim=1)
+    T, rows = key.shape[1], []
+    for i, (a, b) in enumerate(spans):
+        if a == b:
+            a, b = a - 1, b + 1
+        if not 0 <= a < b <= T:
+            raise ValueError(f"summary span {i} = {spans[i]}: not the content rows of a summary in a {T}-row sequence")
+        rows.append(key[:, a:b].mean(dim=1))
+    return torch.stack(rows, dim=1)
 
 
 def pointer_scores(query: torch.Tensor, kbar: torch.Tensor) -> torch.Tensor:
