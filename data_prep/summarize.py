@@ -122,6 +122,7 @@ SKIP_REASONS = {
     "no_thought": "no <|begin_of_thought|> section",
     "truncated_thought": "trace cut before <|end_of_thought|>; keep them with pipeline.keep_truncated=true",
     "already_summarized": "already carries summaries",
+    "stray_summary_tag": f"holds a {tokens.END_SUMMARY} without summaries (its rows would carry it unpaired)",
     "empty_thought": "no paragraph to summarise (pipeline.min_paragraph_chars)",
 }
 
@@ -160,6 +161,9 @@ def plan_rows(rows: list[TraceRow], settings: SummarizeSettings) -> tuple[list[P
             continue
         if tokens.BEGIN_SUMMARY in row.response:
             skipped["already_summarized"] += 1
+            continue
+        if tokens.END_SUMMARY in row.response:  # written out with the summaries: a delimiter no summary opened
+            skipped["stray_summary_tag"] += 1
             continue
         paras = split_paragraphs(split.thought, settings.min_paragraph_chars)
         if not paras:

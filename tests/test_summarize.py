@@ -360,6 +360,9 @@ def test_plan_counts_messy_rows():
     assert len(planned) == 4 and skipped == {"no_thought": 1, "empty_thought": 1}
     already = TraceRow(id="x", question="q", response=f"{tokens.BEGIN_THOUGHT}a{B}s{E}{tokens.END_THOUGHT}")
     assert plan_rows([already], SummarizeSettings())[1] == {"already_summarized": 1}
+    # a lone <|end_of_summary|> in a trace was summarised and written out unpaired (SFT rows with malformed markup)
+    stray = TraceRow(id="y", question="q", response=f"{tokens.BEGIN_THOUGHT}a{E}\n\nb{tokens.END_THOUGHT}")
+    assert plan_rows([stray], SummarizeSettings())[1] == {"stray_summary_tag": 1}
 
 
 def test_entry_point(tmp_path):
