@@ -84,3 +84,32 @@ def test_refuses_data_without_summaries():
         cfg = compose("train", overrides=["+method=zoomr_sft", "data=traces", "data.max_samples=3"])
     with pytest.raises(SystemExit, match="has no <\\|begin_of_summary\\|>"):
         zoomr_sft.run(cfg)
+
+
+def test_refuses_rows_with_malformed_summary_markup(tmp_path):
+    """Rows whose summary markup is unclosed, nested or unpaired (a hand-edited or foreign summarized.jsonl) trained the
+    model to write it so, without a word; now the run is refused before anything is written, naming the rows."""
+    from hydra import compose, initialize_config_dir
+
+    from train import zoomr_sft
+    from zoomr.entry import CONF_DIR
+    from zoomr.schemas import register_with_hydra
+
+    B, E, T0, T1 = tokens.BEGIN_SUMMARY, tokens.END_SUMMARY, tokens.BEGIN_THOUGHT, tokens.END_THOUGHT
+    bodies = {"good": f"a\n\n{B}s{E}\n\nb\n\n{B}t{E}", "open": f"a\n\n{B}s{E}\n\nb\n\n{B}t", "nested": f"a{B}s{B}t{E}",
+              "stray": f"a{E}\n\nb\n\n{B}s{E}"}  # fmt: skip
+    path = tmp_path / "summarized.jsonl"
+    path.write_text("".join(json.dumps({"id": k, "conversations": [{"from": "user", "value": "q?"},
+                    {"from": "assistant", "value": f"{T0}{v}{T1}"}]}) + "\n" for k, v in bodies.items()))  # fmt: skip
+    register_with_hydra()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("train", overrides=["+method=zoomr_sft", "data=zoomr_summaries", f"data.path={path}",
+                                          f"hydra.run.dir={tmp_path / 'run'}"])  # fmt: skip
+    with pytest.raises(SystemExit) as refused:
+        zoomr_sft.run(cfg)
+    message = str(refused.value)
+    assert "3 of 4 rows have malformed summary markup" in message and "row 'good'" not in message
+    assert f"row 'open': the {B} at character" in message and "is never closed" in message
+    assert f"row 'nested': a {B} at character 42 inside the summary opened at 21" in message
+    assert f"row 'stray': a {E} at character 21 closes no summary" in message
+    assert not (tmp_path / "run").exists()

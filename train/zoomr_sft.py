@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from zoomr import tokens
@@ -92,15 +93,44 @@ def summary_coverage(dataset) -> dict[str, float]:
     return {"rows_with_summaries": with_any, "summaries_per_row": sum(counts) / max(len(counts), 1)}
 
 
+def markup_problem(text: str) -> str | None:
+    """What is wrong with the summary markup of an assistant turn (None: every ``<|begin_of_summary|>`` is closed by
+    an ``<|end_of_summary|>`` before the next opens, and no ``<|end_of_summary|>`` stands alone)."""
+    tags = sorted((m.start(), t) for t in tokens.SUMMARY_TAGS for m in re.finditer(re.escape(t), text))
+    open_at = None
+    for at, tag in tags:
+        if tag == tokens.BEGIN_SUMMARY and open_at is not None:
+            return f"a {tag} at character {at} inside the summary opened at {open_at}"
+        if tag == tokens.END_SUMMARY and open_at is None:
+            return f"a {tag} at character {at} closes no summary"
+        open_at = at if tag == tokens.BEGIN_SUMMARY else None
+    return None if open_at is None else f"the {tokens.BEGIN_SUMMARY} at character {open_at} is never closed"
+
+
+def check_markup(dataset, name: str) -> None:
+    """Refuse rows whose summary markup is malformed (the model was trained to write it so, without a word),
+    naming the first rows by id and what is wrong."""
+    bad = [(ex.get("id", i), problem) for i, ex in enumerate(dataset)
+           for m in ex["messages"] if m["role"] == "assistant" and (problem := markup_problem(m["content"]))]  # fmt: skip
+    if bad:
+        shown = "; ".join(f"row {i!r}: {p}" for i, p in bad[:5]) + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else "")
+        raise SystemExit(
+            f"data {name!r}: {len(bad)} of {len(dataset)} rows have malformed summary markup: {shown}; fix or remove "
+            "them (python -m data_prep +pipeline=summarize writes well-formed rows), or pass method.require_summaries=false"
+        )
+
+
 def run(cfg) -> dict[str, Any]:
     method = to_dataclass(ZoomRSFTMethod, cfg.method)
     if method.require_summaries:
-        cover = summary_coverage(load_sft_dataset(to_plain(cfg.data), None))
+        rows = load_sft_dataset(to_plain(cfg.data), None)
+        cover = summary_coverage(rows)
         if cover["rows_with_summaries"] == 0:
             raise SystemExit(
                 f"data {cfg.data.name!r} has no {tokens.BEGIN_SUMMARY}: run `python -m data_prep "
                 "+pipeline=summarize` and train on its output (data=zoomr_summaries data.path=...), "
                 "or pass method.require_summaries=false"
             )
+        check_markup(rows, cfg.data.name)
         log.info("summary coverage: %s", cover)
     return train_sft(cfg, schema=ZoomRSFTMethod, prepare=prepare)
