@@ -303,3 +303,21 @@ def test_token_ids_past_the_tokenizer_are_no_boundary(tiny2):
     cache = zoomr(tok, padded)
     forced_logits(padded, cache, ids, n_p)
     assert len(cache.recompute_log[0]) == 6  # the '.' of each paragraph, as without the extra id
+
+
+@torch.no_grad()
+def test_malformed_delimiters_follow_the_trackers_rule_and_are_logged_once(tiny2, caplog):
+    """A nested <|begin_of_summary|> or a lone <|end_of_summary|> was handled by the tracker's rule without a word
+    (its count was read by nothing); the first in each sequence is now logged with the rule applied."""
+    model, tok = tiny2
+    ids, n_p = trace_ids(tok, n_para=3)
+    b, e = (tok.convert_tokens_to_ids(t) for t in tokens.SUMMARY_TAGS)
+    ids = ids[0].tolist()
+    ids[n_p + 2], ids[n_p + 30] = e, b  # a lone end in paragraph 0, a second begin inside summary 1 (29..33)
+    cache = zoomr(tok, model)
+    with caplog.at_level("WARNING", logger="zoomr.cache.zoomr"):
+        forced_logits(model, cache, torch.tensor([ids]), n_p)
+    warned = [r.getMessage() for r in caplog.records if r.name == "zoomr.cache.zoomr"]
+    assert len(warned) == 1 and f"sequence 0 has {tokens.END_SUMMARY} at position {n_p + 2} with no summary open" in warned[0]
+    assert cache.trackers[0].anomalies == 2  # the nested begin restarts summary 1: it holds rows from n_p + 30 on
+    assert [s.s_start - n_p for s in cache.trackers[0].segments] == [12, 30, 46]
