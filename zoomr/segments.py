@@ -30,7 +30,7 @@ from zoomr import tokens
 # ---------------------------------------------------------------- text level
 
 THOUGHT_TAGS = ((tokens.BEGIN_THOUGHT, tokens.END_THOUGHT), (tokens.THINK, tokens.END_THINK))
-_BLANK_LINE = re.compile(r"\n[ \t]*\n\s*")
+_BLANK_LINE = re.compile(r"\r?\n[ \t\r]*\n\s*")  # CRLF (Windows) line ends too: "\r\n\r\n" was no blank line
 
 
 @dataclass
