@@ -61,6 +61,19 @@ def test_an_empty_summary_averages_its_delimiters_as_the_policy_does_and_bad_spa
             mean_summary_keys(key, [(1, 3), bad])
 
 
+def test_cues_whose_summary_is_missing_or_not_yet_complete_are_refused():
+    """A cue whose target summary ends after it made the pointer loss inf (then NaN weights, without a word); a target
+    past the summaries was an IndexError from cross_entropy / the vote table. Both are refused naming the cue."""
+    qk = _qk({})
+    with pytest.raises(ValueError, match=r"sequence 0: the cue at row 9 targets summary 1, which ends at row 10"):
+        pointer_loss(qk, [SPANS], [[Cue(25, 0), Cue(9, 1)]], [0])
+    for run in (lambda: pointer_loss(qk, [SPANS], [[Cue(25, 4)]], [0]),
+                lambda: selection_hits(qk, SPANS, [Cue(25, 4)], top_k=2, c=1)):  # fmt: skip
+        with pytest.raises(ValueError, match=r"the cue at row 25 targets summary 4, but there are 4 summaries \(0..3\)"):
+            run()
+    assert not selection_hits(qk, SPANS, [Cue(9, 1)], top_k=2, c=1)[0].hit  # not complete yet: a miss, as decoding
+
+
 def test_a_query_pointing_at_its_summary_is_a_hit_and_pointing_elsewhere_is_a_miss():
     cues = [Cue(25, 1, far=True), Cue(26, 3), Cue(27, 0)]
     qk = _qk({25: 1, 26: 3, 27: 2})  # the third cue points at summary 2, its fact is in summary 0

@@ -114,6 +114,18 @@ def _live(spans: Sequence[tuple[int, int]], cues: Sequence[Cue], device) -> torc
     return ends[None, :] < torch.tensor([c.pos for c in cues], device=device)[:, None]
 
 
+def check_targets(spans: Sequence[tuple[int, int]], cues: Sequence[Cue], live: bool = True, b: int = 0) -> None:
+    """Refuse (``ValueError`` naming the sequence and cue) a cue whose target is no summary of ``spans`` or, with
+    ``live``, one whose summary is not complete before the cue (it cannot compete: the loss was inf, then NaN)."""
+    for c in cues:
+        if not 0 <= c.target < len(spans):
+            raise ValueError(f"sequence {b}: the cue at row {c.pos} targets summary {c.target}, but there are "
+                             f"{len(spans)} summaries (0..{len(spans) - 1})")  # fmt: skip
+        if live and not spans[c.target][1] < c.pos:
+            raise ValueError(f"sequence {b}: the cue at row {c.pos} targets summary {c.target}, which ends at row "
+                             f"{spans[c.target][1]}: not complete before the cue, so it cannot be pointed at")  # fmt: skip
+
+
 def pointer_loss(
     qk: dict[int, tuple[torch.Tensor, torch.Tensor]],
     spans: Sequence[Sequence[tuple[int, int]]],
@@ -129,6 +141,9 @@ def pointer_loss(
     scores instead, which spends the whole gradient on the heads whose strongest competitor is within the margin.
     """
     terms, count = [], 0
+    for b, (sp, cs) in enumerate(zip(spans, cues)):
+        if cs and sp:
+            check_targets(sp, cs, b=b)
     for layer in layers:
         query, key = qk[layer]
         d = query.shape[-1]
@@ -267,6 +282,7 @@ def selection_hits(
     out: list[Selection] = []
     if not cues or not spans:
         return out
+    check_targets(spans, cues, live=False, b=b)  # a cue before its summary is complete is a miss
     layer_ids = sorted(qk) if layers is None else list(layers)
     live = _live(spans, cues, "cpu").sum(1)  # summaries completed before each cue (they form a prefix)
     votes = torch.zeros(len(cues), len(spans), dtype=torch.long)
