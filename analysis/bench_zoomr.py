@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--out", type=output_file, default="runs/bench/zoomr_rows.json")
     args = p.parse_args(argv)
-    require_at_least(p, args, 1, "prompt", "generate", "para", "summary", "top_k", "layers")
+    require_at_least(p, args, 1, "prompt", "generate", "para", "top_k", "layers")
+    require_at_least(p, args, 2, "summary")  # its two delimiters; 1 was a RuntimeError traceback after the model loaded
     require_at_least(p, args, 0, "window", "consensus")
     if args.generate <= args.para + args.summary:
         p.error(f"--generate {args.generate} must exceed one paragraph and its summary ({args.para} + {args.summary})")

@@ -98,6 +98,7 @@ def test_bench_abridge_refuses_what_it_cannot_measure(argv, message, tmp_path, c
         (["--generate", "270"], "--generate 270 must exceed one paragraph and its summary (250 + 20)"),  # the same
         (["--top-k", "0"], "--top-k must be >= 1"),  # was a ValueError traceback from the policy
         (["--window", "-1"], "--window must be >= 0"),
+        (["--summary", "1"], "--summary must be >= 2"),  # a summary is its two delimiters at least: a traceback
     ],
 )
 def test_bench_zoomr_refuses_impossible_sizes(argv, message, tmp_path, capsys):

@@ -67,6 +67,13 @@ def test_paragraph_edge_cases():
     assert [(p.text, p.sep) for p in paras] == [("  a", "\n  \n\n\n"), ("b", "\n\n"), ("c", "")]
     # a short tail is merged backwards
     assert [p.text for p in split_paragraphs("aaaa\n\nbbbb\n\nc", min_chars=4)] == ["aaaa", "bbbb\n\nc"]
+    # CRLF line ends: a trace written on Windows was one paragraph (one summary for the whole thought)
+    crlf = "First.\r\n\r\nSecond line\r\nstill second.\r\n \r\n\r\nThird."
+    paras = split_paragraphs(crlf)
+    assert [(p.text, p.sep) for p in paras] == [
+        ("First.", "\r\n\r\n"), ("Second line\r\nstill second.", "\r\n \r\n\r\n"), ("Third.", "")
+    ]
+    assert "".join(p.text + p.sep for p in paras) == crlf
 
 
 def test_a_trace_with_windows_line_ends_splits_into_its_paragraphs():

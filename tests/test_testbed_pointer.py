@@ -46,6 +46,34 @@ def test_mean_summary_keys_average_the_content_rows():
     assert torch.equal(kbar[:, 0], key[:, 1:4].mean(1)) and torch.equal(kbar[:, 1], key[:, 6])
 
 
+def test_an_empty_summary_averages_its_delimiters_as_the_policy_does_and_bad_spans_are_refused():
+    """An empty summary (span (a, a): the delimiters at a-1 and a) had a NaN k̄: it took every head's top-k slot and
+    voted for nothing (no hit, no AG) and made the pointer loss NaN; now it averages its delimiters, as ZoomRCache."""
+    key = torch.randn(2, 12, 4, generator=torch.Generator().manual_seed(0))
+    kbar = mean_summary_keys(key, [(1, 3), (6, 6)])
+    assert torch.allclose(kbar[:, 1], key[:, 5:7].mean(1)) and torch.isfinite(kbar).all()
+    qk = {0: (key[None].repeat_interleave(2, 1), key[None])}  # 4 query heads on 2 KV heads
+    sel = selection_hits(qk, [(1, 3), (6, 6)], [Cue(10, 0), Cue(10, 1)], top_k=1, c=1)
+    assert sel[0].agreeability is not None and sum(s.hit for s in sel) == 1  # one summary zoomed, one of the two targets
+    assert torch.isfinite(pointer_loss(qk, [[(1, 3), (6, 6)]], [[Cue(10, 0)]], [0]))
+    for bad in [(0, 0), (5, 3), (11, 14)]:
+        with pytest.raises(ValueError, match=rf"summary span 1 = \({bad[0]}, {bad[1]}\)"):
+            mean_summary_keys(key, [(1, 3), bad])
+
+
+def test_cues_whose_summary_is_missing_or_not_yet_complete_are_refused():
+    """A cue whose target summary ends after it made the pointer loss inf (then NaN weights, without a word); a target
+    past the summaries was an IndexError from cross_entropy / the vote table. Both are refused naming the cue."""
+    qk = _qk({})
+    with pytest.raises(ValueError, match=r"sequence 0: the cue at row 9 targets summary 1, which ends at row 10"):
+        pointer_loss(qk, [SPANS], [[Cue(25, 0), Cue(9, 1)]], [0])
+    for run in (lambda: pointer_loss(qk, [SPANS], [[Cue(25, 4)]], [0]),
+                lambda: selection_hits(qk, SPANS, [Cue(25, 4)], top_k=2, c=1)):  # fmt: skip
+        with pytest.raises(ValueError, match=r"the cue at row 25 targets summary 4, but there are 4 summaries \(0..3\)"):
+            run()
+    assert not selection_hits(qk, SPANS, [Cue(9, 1)], top_k=2, c=1)[0].hit  # not complete yet: a miss, as decoding
+
+
 def test_a_query_pointing_at_its_summary_is_a_hit_and_pointing_elsewhere_is_a_miss():
     cues = [Cue(25, 1, far=True), Cue(26, 3), Cue(27, 0)]
     qk = _qk({25: 1, 26: 3, 27: 2})  # the third cue points at summary 2, its fact is in summary 0

@@ -270,3 +270,54 @@ def test_needs_tokenizer_and_token_ids(tiny2):
     cache.end_step()
     with pytest.raises(ValueError, match="needs the tokenizer"):
         cache.begin_step(torch.ones(1, 1, dtype=torch.bool), input_ids=torch.tensor([[4]]))
+
+
+def test_tokenizer_without_delimiters_is_refused_when_the_policy_is_built(tiny2):
+    """A tokenizer lacking the summary delimiters (a checkpoint never fine-tuned with +method=zoomr_sft) was refused
+    only at the first decode step, after python -m eval had written its run state; now when the policy is built."""
+    from eval.__main__ import check_policy
+    from zoomr.configs import method_config
+
+    model, tok = tiny2
+    vocab = {t: i for t, i in tok.get_vocab().items() if t != tokens.END_SUMMARY}
+    bare = type("BareTokenizer", (), {"get_vocab": lambda self: vocab})()
+    with pytest.raises(ValueError, match=r"lacks the summary delimiters \['<\|end_of_summary\|>'\]"):
+        build_policy({"policy": "zoomr"}, model.config, bare)
+    with pytest.raises(SystemExit, match=r"(?s)nothing was written.*lacks the summary delimiters"):
+        check_policy(method_config("sumr"), model, bare)
+    assert check_policy(method_config("zoomr"), model, tok) is not None
+
+
+@torch.no_grad()
+def test_token_ids_past_the_tokenizer_are_no_boundary(tiny2):
+    """A model whose embedding has more rows than its tokenizer has tokens (Qwen's padded vocabularies) can emit or be
+    scripted an id past the boundary table: that was an IndexError mid-decode; such an id decodes to nothing, so it is
+    no semantic boundary (no recompute there)."""
+    import copy
+
+    model, tok = tiny2
+    padded = copy.deepcopy(model)
+    padded.resize_token_embeddings(len(tok) + 8, mean_resizing=False)
+    ids, n_p = trace_ids(tok)
+    ids[0, n_p + 3] = len(tok) + 5
+    cache = zoomr(tok, padded)
+    forced_logits(padded, cache, ids, n_p)
+    assert len(cache.recompute_log[0]) == 6  # the '.' of each paragraph, as without the extra id
+
+
+@torch.no_grad()
+def test_malformed_delimiters_follow_the_trackers_rule_and_are_logged_once(tiny2, caplog):
+    """A nested <|begin_of_summary|> or a lone <|end_of_summary|> was handled by the tracker's rule without a word
+    (its count was read by nothing); the first in each sequence is now logged with the rule applied."""
+    model, tok = tiny2
+    ids, n_p = trace_ids(tok, n_para=3)
+    b, e = (tok.convert_tokens_to_ids(t) for t in tokens.SUMMARY_TAGS)
+    ids = ids[0].tolist()
+    ids[n_p + 2], ids[n_p + 30] = e, b  # a lone end in paragraph 0, a second begin inside summary 1 (29..33)
+    cache = zoomr(tok, model)
+    with caplog.at_level("WARNING", logger="zoomr.cache.zoomr"):
+        forced_logits(model, cache, torch.tensor([ids]), n_p)
+    warned = [r.getMessage() for r in caplog.records if r.name == "zoomr.cache.zoomr"]
+    assert len(warned) == 1 and f"sequence 0 has {tokens.END_SUMMARY} at position {n_p + 2} with no summary open" in warned[0]
+    assert cache.trackers[0].anomalies == 2  # the nested begin restarts summary 1: it holds rows from n_p + 30 on
+    assert [s.s_start - n_p for s in cache.trackers[0].segments] == [12, 30, 46]

@@ -86,6 +86,39 @@ def test_refuses_data_without_summaries():
         zoomr_sft.run(cfg)
 
 
+def test_rows_with_malformed_summary_markup_are_not_trained_on(tmp_path, cache_dir, monkeypatch):
+    """Rows whose summary markup is unclosed, nested or unpaired (a hand-edited or foreign summarized.jsonl) trained the
+    model to write it so, without a word; the trace loader now skips and counts them (``unpaired_summary_tags``), so
+    the SFT trains on the well-formed rows only."""
+    from hydra import compose, initialize_config_dir
+
+    import zoomr.sft
+    from train import zoomr_sft
+    from zoomr.entry import CONF_DIR
+    from zoomr.schemas import register_with_hydra
+
+    class Split(Exception):
+        pass
+
+    def split(rows, *args):
+        raise Split(rows)
+
+    B, E, T0, T1 = tokens.BEGIN_SUMMARY, tokens.END_SUMMARY, tokens.BEGIN_THOUGHT, tokens.END_THOUGHT
+    bodies = {"good": f"a\n\n{B}s{E}\n\nb\n\n{B}t{E}", "open": f"a\n\n{B}s{E}\n\nb\n\n{B}t", "nested": f"a{B}s{B}t{E}",
+              "stray": f"a{E}\n\nb\n\n{B}s{E}"}  # fmt: skip
+    path = tmp_path / "summarized.jsonl"
+    path.write_text("".join(json.dumps({"id": k, "conversations": [{"from": "user", "value": "q?"},
+                    {"from": "assistant", "value": f"{T0}{v}{T1}"}]}) + "\n" for k, v in bodies.items()))  # fmt: skip
+    monkeypatch.setattr(zoomr.sft, "held_out_split", split)  # where the SFT splits the rows it trains on: stop there
+    register_with_hydra()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("train", overrides=["+method=zoomr_sft", "data=zoomr_summaries", f"data.path={path}",
+                                          f"cache_dir={cache_dir}", "logger=none", "run_dir=unused"])  # fmt: skip
+    with pytest.raises(Split) as stopped:
+        zoomr_sft.run(cfg)
+    trained = stopped.value.args[0]
+    assert len(trained) == 1 and B in trained[0]["messages"][-1]["content"]  # the well-formed row alone
+
 
 def test_the_data_is_read_once_and_checked_before_the_model_loads(summarized, cache_dir, monkeypatch):
     """The summary check read the data config's rows, then the SFT read them all again: once now, the rows the

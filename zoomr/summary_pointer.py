@@ -83,10 +83,21 @@ def with_key_cues(cues: Sequence[Sequence[Cue]]) -> list[list[Cue]]:
 
 
 def mean_summary_keys(key: torch.Tensor, spans: Sequence[tuple[int, int]]) -> torch.Tensor:
-    """k̄_i ``[Hkv, M, d]`` of one sequence: the mean of ``key [Hkv, T, d]`` over each summary's rows [start, end)."""
+    """k̄_i ``[Hkv, M, d]`` of one sequence: the mean of ``key [Hkv, T, d]`` over each summary's rows [start, end).
+
+    An empty summary (``start == end``: its delimiters ``start - 1`` and ``end`` hold nothing between them) averages
+    its two delimiters' keys, as :class:`zoomr.cache.zoomr.ZoomRCache` does (its k̄ was NaN, which took a top-k slot
+    of every head and voted for nothing). A span outside the sequence or reversed is refused (``ValueError``)."""
     if not spans:
         return key.new_zeros(key.shape[0], 0, key.shape[2])
-    return torch.stack([key[:, a:b].mean(dim=1) for a, b in spans], dim=1)
+    T, rows = key.shape[1], []
+    for i, (a, b) in enumerate(spans):
+        if a == b:
+            a, b = a - 1, b + 1
+        if not 0 <= a < b <= T:
+            raise ValueError(f"summary span {i} = {spans[i]}: not the content rows of a summary in a {T}-row sequence")
+        rows.append(key[:, a:b].mean(dim=1))
+    return torch.stack(rows, dim=1)
 
 
 def pointer_scores(query: torch.Tensor, kbar: torch.Tensor) -> torch.Tensor:
@@ -101,6 +112,18 @@ def _live(spans: Sequence[tuple[int, int]], cues: Sequence[Cue], device) -> torc
     """``[N, M]``: summary m is complete (its end delimiter fed) before cue n's boundary."""
     ends = torch.tensor([b for _, b in spans], device=device)  # the end delimiter sits at row b
     return ends[None, :] < torch.tensor([c.pos for c in cues], device=device)[:, None]
+
+
+def check_targets(spans: Sequence[tuple[int, int]], cues: Sequence[Cue], live: bool = True, b: int = 0) -> None:
+    """Refuse (``ValueError`` naming the sequence and cue) a cue whose target is no summary of ``spans`` or, with
+    ``live``, one whose summary is not complete before the cue (it cannot compete: the loss was inf, then NaN)."""
+    for c in cues:
+        if not 0 <= c.target < len(spans):
+            raise ValueError(f"sequence {b}: the cue at row {c.pos} targets summary {c.target}, but there are "
+                             f"{len(spans)} summaries (0..{len(spans) - 1})")  # fmt: skip
+        if live and not spans[c.target][1] < c.pos:
+            raise ValueError(f"sequence {b}: the cue at row {c.pos} targets summary {c.target}, which ends at row "
+                             f"{spans[c.target][1]}: not complete before the cue, so it cannot be pointed at")  # fmt: skip
 
 
 def pointer_loss(
@@ -118,6 +141,9 @@ def pointer_loss(
     scores instead, which spends the whole gradient on the heads whose strongest competitor is within the margin.
     """
     terms, count = [], 0
+    for b, (sp, cs) in enumerate(zip(spans, cues)):
+        if cs and sp:
+            check_targets(sp, cs, b=b)
     for layer in layers:
         query, key = qk[layer]
         d = query.shape[-1]
@@ -256,6 +282,7 @@ def selection_hits(
     out: list[Selection] = []
     if not cues or not spans:
         return out
+    check_targets(spans, cues, live=False, b=b)  # a cue before its summary is complete is a miss
     layer_ids = sorted(qk) if layers is None else list(layers)
     live = _live(spans, cues, "cpu").sum(1)  # summaries completed before each cue (they form a prefix)
     votes = torch.zeros(len(cues), len(spans), dtype=torch.long)

@@ -7,7 +7,9 @@ and each step's attention reads only the selected context
     I_f = prompt ∪ recent window ∪ ⋃_{i ∈ I_c} R_i ∪ ⋃_{i ∈ I_s} S_i   (+ every row generated since).
 
 - Segments R_i / S_i come from the fed token ids (:class:`zoomr.segments.SegmentTracker`), positions = rows
-  (ZoomR neither evicts nor inserts rows, so row j of a sequence is its token at position j).
+  (ZoomR neither evicts nor inserts rows, so row j of a sequence is its token at position j). Malformed
+  delimiters follow the tracker's rule (a ``<|begin_of_summary|>`` inside a summary restarts it, a lone
+  ``<|end_of_summary|>`` is ignored, an unclosed summary never becomes a segment); the first in a sequence is logged.
 - When S_i completes, its mean post-RoPE key k̄_i per (layer, KV head) is computed once and kept on the
   compute device (``kbar``).
 - At a recompute step (the fed token is a semantic boundary, A.3), every (layer, query head) scores
@@ -27,6 +29,7 @@ attention reads besides its own token. ``recompute_log[sequence]`` holds one rec
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +43,8 @@ from zoomr.cache.registry import register_policy
 from zoomr.cache.store import PagedKV
 from zoomr.schemas.checks import is_integer
 from zoomr.segments import Segment, SegmentTracker, boundary_table
+
+log = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------------------------- voting
 
@@ -174,13 +179,13 @@ class ZoomRCache(HostRowsMixin):
         self._old_idx: torch.Tensor | None = None  # [B, N] rows read from the stores this step (-1 pad)
         self._n_old: torch.Tensor | None = None  # [B] rows held before this step's tokens (host-side copy)
         self.prefetch_rows = bool(config.offload and config.prefetch)
+        if tokenizer is not None:
+            self._delimiter_ids()
 
     # ------------------------------------------------------------------ setup
-    def _ensure_vocab(self) -> None:
-        if self.boundary is not None:
-            return
-        if self.tokenizer is None:
-            raise ValueError("ZoomR needs the tokenizer (summary delimiters, semantic boundaries)")
+    def _delimiter_ids(self) -> None:
+        """The summary delimiters' ids; a tokenizer without them is refused (checked when the policy is built, so
+        ``python -m eval`` refuses before writing anything: it was a ValueError at the first decode step)."""
         vocab = self.tokenizer.get_vocab()
         missing = [t for t in tokens.SUMMARY_TAGS if t not in vocab]
         if missing:
@@ -188,6 +193,13 @@ class ZoomRCache(HostRowsMixin):
                 f"tokenizer lacks the summary delimiters {missing}: fine-tune with +method=zoomr_sft"
             )
         self.begin_id, self.end_id = (vocab[t] for t in tokens.SUMMARY_TAGS)
+
+    def _ensure_vocab(self) -> None:
+        if self.boundary is not None:
+            return
+        if self.tokenizer is None:
+            raise ValueError("ZoomR needs the tokenizer (summary delimiters, semantic boundaries)")
+        self._delimiter_ids()
         self.boundary = boundary_table(self.tokenizer)
 
     def store_device(self, compute_device: torch.device) -> torch.device:
@@ -229,11 +241,27 @@ class ZoomRCache(HostRowsMixin):
                     raise RuntimeError(
                         f"sequence {b}: token at position {p}, tracker expected {tracker.length}"
                     )
+                before = tracker.anomalies
                 seg = tracker.feed(tok)
                 if seg is not None:
                     self._completed.append((b, seg))
-            if row:
-                recompute[b] = self.config.recompute == "every" or bool(self.boundary[row[-1]])
+                if tracker.anomalies and not before:  # the first malformed delimiter of this sequence: said once
+                    rule = (
+                        "the summary restarts there (what it held so far joins the paragraph)"
+                        if tok == self.begin_id
+                        else "it is ignored (it stays in the paragraph)"
+                    )
+                    log.warning(
+                        "zoomr: sequence %d has %s at position %d %s: %s; later malformed delimiters of this "
+                        "sequence are handled the same way without a word",
+                        self.seq_ids[b], tokens.SUMMARY_TAGS[tok != self.begin_id], p,
+                        "inside an open summary" if tok == self.begin_id else "with no summary open", rule,
+                    )  # fmt: skip
+            if row:  # an id past the tokenizer (the model's padded embedding rows) decodes to nothing: no boundary
+                last = row[-1]
+                recompute[b] = self.config.recompute == "every" or (
+                    last < len(self.boundary) and bool(self.boundary[last])
+                )
         self.n_summ = torch.tensor([len(t.segments) for t in self.trackers], dtype=torch.long)
         self._recompute = recompute
         self._votes = torch.zeros(B, max(int(self.n_summ.max()), 1), dtype=torch.long)
