@@ -101,8 +101,14 @@ def test_build_is_cached_and_keyed_on_config(cache_dir):
 
 
 def test_gqa_requirement_and_spec_validation():
-    with pytest.raises(ValueError, match="GQA"):
+    # SettingsError, not ValueError: +model.tiny.num_key_value_heads=4 (or a group that does not divide, or a partial
+    # rotary factor on llama) ended python -m eval / train in a traceback instead of the message
+    with pytest.raises(SettingsError, match="GQA with >= 2 query heads per KV head, got num_attention_heads=4 / num_key"):
         tiny_config("llama", 100, num_attention_heads=4, num_key_value_heads=4)
+    with pytest.raises(SettingsError, match="GQA"):
+        tiny_config("qwen2", 100, num_attention_heads=4, num_key_value_heads=3)
+    with pytest.raises(SettingsError, match="partial_rotary_factor needs arch phi3"):
+        tiny_config("qwen3", 100, partial_rotary_factor=0.5)
     # a ZeroDivisionError; a model with meaningless positions; a shape error in the first forward
     with pytest.raises(SettingsError, match="num_key_value_heads=0 must be ints >= 1"):
         tiny_config("llama", 100, num_attention_heads=4, num_key_value_heads=0)

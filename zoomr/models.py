@@ -127,13 +127,14 @@ def tiny_config(arch: str, vocab_size: int, **overrides: Any):
         raise SettingsError(f"tiny {arch}: rope_theta={theta!r} must be > 0")
     if not (isinstance(factor, int | float) and 0 <= factor <= 1):  # above 1: a shape error in the first forward
         raise SettingsError(f"tiny {arch}: partial_rotary_factor={factor!r} must be in [0, 1] (the share of each head's dims)")
-    if heads % kv or heads // kv < 2:
-        raise ValueError(f"tiny {arch}: need GQA with >= 2 query heads per KV head, got {heads}/{kv}")
+    if heads % kv or heads // kv < 2:  # a ValueError was a traceback at the entry points (SettingsError: the message)
+        raise SettingsError(f"tiny {arch}: need GQA with >= 2 query heads per KV head, got num_attention_heads={heads} / "
+                            f"num_key_value_heads={kv}")  # fmt: skip
     # model.tiny.rope_parameters (e.g. linear scaling) on top: the assignment below replaced it without a word
     rope = {"rope_type": "default", "rope_theta": base.pop("rope_theta"), **(base.get("rope_parameters") or {})}
     if "partial_rotary_factor" in base:  # RoPE on the first fraction of each head's dims, none on the rest
         if arch != "phi3":
-            raise ValueError(f"tiny {arch}: partial_rotary_factor needs arch phi3 (llama/qwen rotate every dim)")
+            raise SettingsError(f"tiny {arch}: partial_rotary_factor needs arch phi3 (llama/qwen rotate every dim)")
         rope["partial_rotary_factor"] = base.pop("partial_rotary_factor")
     config = AutoConfig.for_model(arch, **base)
     config.rope_parameters = rope  # transformers 5 keeps RoPE settings in rope_parameters
