@@ -148,6 +148,19 @@ def test_tiny_rope_parameters_are_kept():
     assert tiny_config("llama", 100).rope_parameters == {"rope_type": "default", "rope_theta": 10000.0}
 
 
+@pytest.mark.parametrize(
+    ("rope", "message"),
+    [({"rope_type": "bogus"}, r"rope_type='bogus' is not one of \['default', 'dynamic', 'linear'"),
+     ({"rope_type": "linear"}, r"Missing required keys .* \{'factor'\}"),
+     ({"factor": 4.0}, r"Unrecognized keys .*'rope_type'='default': \{'factor'\} \(no RoPE of this type reads them\)")],
+)
+def test_tiny_rope_parameters_transformers_would_not_build_are_refused(rope, message):
+    """An unknown rope_type or a missing factor was a KeyError traceback after the tokenizer was trained; a factor
+    without a rope_type built an unscaled model, only a transformers warning saying so."""
+    with pytest.raises(SettingsError, match=message):
+        tiny_config("llama", 100, rope_parameters=rope)
+
+
 def test_building_a_tiny_config_leaves_the_spec_as_it_was(tmp_path):
     """The config class filled the spec's own ``rope_parameters`` dict in place with its default rope_theta, so in a
     process that resolved the model twice (the tokenizer, then the model) the second time named another cache

@@ -136,8 +136,37 @@ def tiny_config(arch: str, vocab_size: int, **overrides: Any):
         if arch != "phi3":
             raise SettingsError(f"tiny {arch}: partial_rotary_factor needs arch phi3 (llama/qwen rotate every dim)")
         rope["partial_rotary_factor"] = base.pop("partial_rotary_factor")
-    config = AutoConfig.for_model(arch, **base)
+    config = _rope_checked_config(arch, base, base.get("rope_parameters") or {})
     config.rope_parameters = rope  # transformers 5 keeps RoPE settings in rope_parameters
+    return config
+
+
+def _rope_checked_config(arch: str, base: dict[str, Any], given: dict[str, Any]):
+    """``AutoConfig.for_model(arch, **base)``, refusing ``model.tiny.rope_parameters`` (``given``) transformers would
+    not build as given (``SettingsError``): an unknown ``rope_type`` or one missing a required key was a ``KeyError``
+    traceback after the tokenizer was trained, and a key the type does not read (``{factor: 4}`` without
+    ``rope_type: linear``) built an unscaled model with a logged warning."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    kind = given.get("rope_type", "default")
+    if kind != "default" and kind not in ROPE_INIT_FUNCTIONS:
+        raise SettingsError(f"tiny {arch}: rope_parameters.rope_type={kind!r} is not one of "
+                            f"{['default', *sorted(ROPE_INIT_FUNCTIONS)]}")  # fmt: skip
+    unread: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: unread.append(record.getMessage()) if "Unrecognized keys" in record.getMessage() else None
+    rope_log = logging.getLogger("transformers.modeling_rope_utils")
+    rope_log.addHandler(handler)
+    try:
+        config = AutoConfig.for_model(arch, **base)
+    except KeyError as e:  # a required key missing
+        if "rope_parameters" not in str(e):
+            raise
+        raise SettingsError(f"tiny {arch}: rope_parameters={given}: {str(e).strip(chr(34))}") from None
+    finally:
+        rope_log.removeHandler(handler)
+    if unread and given:
+        raise SettingsError(f"tiny {arch}: rope_parameters={given}: {unread[0]} (no RoPE of this type reads them)")
     return config
 
 
