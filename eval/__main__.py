@@ -34,20 +34,20 @@ def check_policy(method: Any | None, model: Any, tokenizer: Any, asked: set[str]
     """Build the ``+method=`` cache policy once on the loaded model (None: full KV): a setting that only
     the model can reject (e.g. a budget its layers cannot hold) fails here, before any state is written; so does
     a field given on the command line (``asked``) that the policy would serve with another value (AbridgeKV's
-    layout, replaced by its checkpoint's ``abridge.json``)."""
-    if method is not None:
-        from zoomr.cache import build_policy
+    layout, replaced by its checkpoint's ``abridge.json``). No method (full KV) is built too: a model no policy can
+    run (sliding-window layers) is refused here, not at the first batch after config.json was written."""
+    from zoomr.cache import build_policy
 
-        try:
-            ignored = build_policy(method, model.config, tokenizer).ignored_settings(set(asked))
-        except (ValueError, TypeError, KeyError) as e:
-            raise SystemExit(f"invalid eval settings (nothing was written):\n  method: {e}") from None
-        if ignored:
-            raise SystemExit(
-                "invalid eval settings (nothing was written):\n  " + "\n  ".join(ignored) + "\n  the checkpoint's "
-                "own layout is what it was trained for and what it serves: leave these unset, or set "
-                "method.layout_from_checkpoint=false to serve the fields given"
-            )
+    try:
+        ignored = build_policy(method or {"policy": "full"}, model.config, tokenizer).ignored_settings(set(asked))
+    except (ValueError, TypeError, KeyError) as e:
+        raise SystemExit(f"invalid eval settings (nothing was written):\n  method: {e}") from None
+    if ignored:
+        raise SystemExit(
+            "invalid eval settings (nothing was written):\n  " + "\n  ".join(ignored) + "\n  the checkpoint's "
+            "own layout is what it was trained for and what it serves: leave these unset, or set "
+            "method.layout_from_checkpoint=false to serve the fields given"
+        )
     return method
 
 

@@ -101,6 +101,29 @@ def test_budget_covering_everything_equals_full_kv(arch, configs, cache_dir):
             assert (got - ref).abs().max() <= 1e-5, cfg
 
 
+@pytest.mark.parametrize(
+    ("arch", "window"),
+    [("qwen2", {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1}),
+     ("qwen3", {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 0}),
+     ("phi3", {"sliding_window": 16})],
+)
+@pytest.mark.parametrize("method", [None, {"policy": "h2o", "budget_rows": 8}])
+def test_a_model_with_sliding_window_layers_is_refused_before_decoding(arch, window, method):
+    """The policy attention has no sliding window: full KV on a qwen2 with use_sliding_window=true (or a phi3 with a
+    sliding_window) attended past the window and decoded other tokens than model.generate, without a word."""
+    from eval.__main__ import check_policy
+    from zoomr.models import tiny_config
+
+    config = tiny_config(arch, 512, num_hidden_layers=2, **window)
+    model = type("Loaded", (), {"config": config})()  # check_policy reads only the model's config
+    with pytest.raises(SystemExit, match=r"sliding_window=16 tokens.*\(attn_implementation 'zoomr'\) has no sliding"):
+        check_policy(method, model, None)
+    with pytest.raises(ValueError, match="layers \\[1\\] \\(sliding_attention\\)" if arch == "qwen2" else "sliding_window=16"):
+        build_policy(method or {"policy": "full"}, config)
+    wide = tiny_config(arch, 512, num_hidden_layers=2, **{**window, "sliding_window": 32768})  # >= its positions
+    assert build_policy(method or {"policy": "full"}, wide).num_layers == 2
+
+
 def _explicit_mask_attention(masks):
     """A plain SDPA attention reading a per-layer, per-query-head explicit mask (bool [1, Hq, T, T])."""
 

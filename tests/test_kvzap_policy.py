@@ -288,3 +288,16 @@ def test_compression_sweep_script_runs_on_the_evaluators_prompts(tmp_path, monke
             kvzap_compression.main(["--surrogate", str(tmp_path / "missing"), "--thresholds=-6",
                                     flag, str(tmp_path / "runs/bench/kvzap_compression.json/x.json")])  # fmt: skip
         assert "is a file, so nothing can be written under it" in capsys.readouterr().err
+
+
+def test_kvzip_refuses_a_chunked_prefill_before_scoring_a_chunk(tiny):
+    """prefill_chunk=5 scored the first chunk as if it were the whole prompt; a left-padded batch whose first chunk
+    held only pads for a short prompt ended in a bare ValueError('empty context') from the pretext builder."""
+    model, tok, _ = tiny
+    cache = build_policy({"policy": "kvzip"}, model.config, tok)
+    scored = []
+    cache._keep_mask = lambda prompt: scored.append(prompt)
+    settings = DecodeSettings(max_new_tokens=2, progress=False, stop_token_ids=[], prefill_chunk=5)
+    with pytest.raises(RuntimeError, match=r"prefill it in one step \(prefill_chunk=None\)"):
+        generate(model, tok, [list(range(10, 22)), [7, 8]], cache, settings)
+    assert scored == []  # refused before any chunk was scored

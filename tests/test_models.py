@@ -101,8 +101,14 @@ def test_build_is_cached_and_keyed_on_config(cache_dir):
 
 
 def test_gqa_requirement_and_spec_validation():
-    with pytest.raises(ValueError, match="GQA"):
+    # SettingsError, not ValueError: +model.tiny.num_key_value_heads=4 (or a group that does not divide, or a partial
+    # rotary factor on llama) ended python -m eval / train in a traceback instead of the message
+    with pytest.raises(SettingsError, match="GQA with >= 2 query heads per KV head, got num_attention_heads=4 / num_key"):
         tiny_config("llama", 100, num_attention_heads=4, num_key_value_heads=4)
+    with pytest.raises(SettingsError, match="GQA"):
+        tiny_config("qwen2", 100, num_attention_heads=4, num_key_value_heads=3)
+    with pytest.raises(SettingsError, match="partial_rotary_factor needs arch phi3"):
+        tiny_config("qwen3", 100, partial_rotary_factor=0.5)
     # a ZeroDivisionError; a model with meaningless positions; a shape error in the first forward
     with pytest.raises(SettingsError, match="num_key_value_heads=0 must be ints >= 1"):
         tiny_config("llama", 100, num_attention_heads=4, num_key_value_heads=0)
@@ -140,6 +146,19 @@ def test_tiny_rope_parameters_are_kept():
     assert config.rope_parameters == {"rope_type": "linear", "rope_theta": 500.0, "factor": 4.0}
     assert AutoModelForCausalLM.from_config(config).model.rotary_emb.rope_type == "linear"
     assert tiny_config("llama", 100).rope_parameters == {"rope_type": "default", "rope_theta": 10000.0}
+
+
+@pytest.mark.parametrize(
+    ("rope", "message"),
+    [({"rope_type": "bogus"}, r"rope_type='bogus' is not one of \['default', 'dynamic', 'linear'"),
+     ({"rope_type": "linear"}, r"Missing required keys .* \{'factor'\}"),
+     ({"factor": 4.0}, r"Unrecognized keys .*'rope_type'='default': \{'factor'\} \(no RoPE of this type reads them\)")],
+)
+def test_tiny_rope_parameters_transformers_would_not_build_are_refused(rope, message):
+    """An unknown rope_type or a missing factor was a KeyError traceback after the tokenizer was trained; a factor
+    without a rope_type built an unscaled model, only a transformers warning saying so."""
+    with pytest.raises(SettingsError, match=message):
+        tiny_config("llama", 100, rope_parameters=rope)
 
 
 def test_building_a_tiny_config_leaves_the_spec_as_it_was(tmp_path):

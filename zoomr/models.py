@@ -127,16 +127,46 @@ def tiny_config(arch: str, vocab_size: int, **overrides: Any):
         raise SettingsError(f"tiny {arch}: rope_theta={theta!r} must be > 0")
     if not (isinstance(factor, int | float) and 0 <= factor <= 1):  # above 1: a shape error in the first forward
         raise SettingsError(f"tiny {arch}: partial_rotary_factor={factor!r} must be in [0, 1] (the share of each head's dims)")
-    if heads % kv or heads // kv < 2:
-        raise ValueError(f"tiny {arch}: need GQA with >= 2 query heads per KV head, got {heads}/{kv}")
+    if heads % kv or heads // kv < 2:  # a ValueError was a traceback at the entry points (SettingsError: the message)
+        raise SettingsError(f"tiny {arch}: need GQA with >= 2 query heads per KV head, got num_attention_heads={heads} / "
+                            f"num_key_value_heads={kv}")  # fmt: skip
     # model.tiny.rope_parameters (e.g. linear scaling) on top: the assignment below replaced it without a word
     rope = {"rope_type": "default", "rope_theta": base.pop("rope_theta"), **(base.get("rope_parameters") or {})}
     if "partial_rotary_factor" in base:  # RoPE on the first fraction of each head's dims, none on the rest
         if arch != "phi3":
-            raise ValueError(f"tiny {arch}: partial_rotary_factor needs arch phi3 (llama/qwen rotate every dim)")
+            raise SettingsError(f"tiny {arch}: partial_rotary_factor needs arch phi3 (llama/qwen rotate every dim)")
         rope["partial_rotary_factor"] = base.pop("partial_rotary_factor")
-    config = AutoConfig.for_model(arch, **base)
+    config = _rope_checked_config(arch, base, base.get("rope_parameters") or {})
     config.rope_parameters = rope  # transformers 5 keeps RoPE settings in rope_parameters
+    return config
+
+
+def _rope_checked_config(arch: str, base: dict[str, Any], given: dict[str, Any]):
+    """``AutoConfig.for_model(arch, **base)``, refusing ``model.tiny.rope_parameters`` (``given``) transformers would
+    not build as given (``SettingsError``): an unknown ``rope_type`` or one missing a required key was a ``KeyError``
+    traceback after the tokenizer was trained, and a key the type does not read (``{factor: 4}`` without
+    ``rope_type: linear``) built an unscaled model with a logged warning."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    kind = given.get("rope_type", "default")
+    if kind != "default" and kind not in ROPE_INIT_FUNCTIONS:
+        raise SettingsError(f"tiny {arch}: rope_parameters.rope_type={kind!r} is not one of "
+                            f"{['default', *sorted(ROPE_INIT_FUNCTIONS)]}")  # fmt: skip
+    unread: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: unread.append(record.getMessage()) if "Unrecognized keys" in record.getMessage() else None
+    rope_log = logging.getLogger("transformers.modeling_rope_utils")
+    rope_log.addHandler(handler)
+    try:
+        config = AutoConfig.for_model(arch, **base)
+    except KeyError as e:  # a required key missing
+        if "rope_parameters" not in str(e):
+            raise
+        raise SettingsError(f"tiny {arch}: rope_parameters={given}: {str(e).strip(chr(34))}") from None
+    finally:
+        rope_log.removeHandler(handler)
+    if unread and given:
+        raise SettingsError(f"tiny {arch}: rope_parameters={given}: {unread[0]} (no RoPE of this type reads them)")
     return config
 
 

@@ -88,13 +88,17 @@ class KVzipCache(PolicyCache):
         self.model = model
         return []
 
-    def on_step_end(self, step) -> None:
-        if not step.is_prefill:
-            return
-        if self.prompts is not None:
+    def on_step_begin(self, step) -> None:
+        """Refuse a prefill in chunks before its first chunk runs: that chunk was scored as the whole prompt (a
+        left-padded sequence's all-pad chunk ended in pretext.py's bare 'empty context' ValueError)."""
+        if step.is_prefill and (not step.ends_prefill or self.prompts is not None):
             raise RuntimeError(
                 "the KVzip oracle scores the whole prompt: prefill it in one step (prefill_chunk=None)"
             )
+
+    def on_step_end(self, step) -> None:
+        if not step.is_prefill:
+            return
         if self.model is None:
             raise RuntimeError("call cache.attach(model) first (zoomr.engine.generate does)")
         ids = step.input_ids.cpu()
