@@ -124,6 +124,27 @@ def test_a_model_with_sliding_window_layers_is_refused_before_decoding(arch, win
     assert build_policy(method or {"policy": "full"}, wide).num_layers == 2
 
 
+def test_the_masked_trainers_refuse_a_start_model_with_sliding_window_layers(tmp_path, cache_dir):
+    """AbridgeKV's and LightThinker's block-mask attention has no sliding window either: a qwen2 start model with
+    use_sliding_window=true was fine-tuned as another model (every layer attending past its window), without a
+    word; now refused naming the layers and the window, before any run state (the trainers load it first)."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM
+
+    from zoomr.abridge.trainer import load_start_model
+    from zoomr.models import ModelSpec, tiny_config
+    from zoomr.schemas.checks import SettingsError
+
+    config = tiny_config("qwen2", 512, num_hidden_layers=2, use_sliding_window=True, sliding_window=16,
+                         max_window_layers=1)  # fmt: skip
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "start")
+    spec = ModelSpec(name="tiny-qwen2", arch="qwen2", tiny={})  # the config a run names; init_from wins
+    with pytest.raises(SettingsError, match=r"layers \[1\] \(sliding_attention\).*sliding_window=16 tokens, and "
+                                            r"the masked trainers' block-mask attention has no sliding window"):
+        load_start_model(spec, SimpleNamespace(init_from=str(tmp_path / "start")), cache_dir, torch.device("cpu"))
+
+
 def _explicit_mask_attention(masks):
     """A plain SDPA attention reading a per-layer, per-query-head explicit mask (bool [1, Hq, T, T])."""
 

@@ -23,6 +23,7 @@ from zoomr.abridge.layout import IGNORE, AbridgeLayout, interleave, pause_token_
 from zoomr.abridge.mask import layer_masks
 from zoomr.abridge.optim import lr_factor
 from zoomr.cache.abridge import AbridgeMethod
+from zoomr.cache.base import sliding_window_problem
 from zoomr.models import ModelSpec, load_model, load_tokenizer
 from zoomr.paths import MissingInput, resolve_repo_path
 from zoomr.rundir import write_json
@@ -154,14 +155,17 @@ def load_streams(
 
 
 def load_start_model(spec: ModelSpec, m: AbridgeMethod | Any, cache_dir: str, device: torch.device):
-    """The model and tokenizer to fine-tune: ``m.init_from`` (a checkpoint directory) or the model config."""
+    """The model and tokenizer to fine-tune: ``m.init_from`` (a checkpoint directory) or the model config. A model
+    with sliding-window attention is refused: the block-mask attention has no window (it would train another model)."""
     if m.init_from:
         path = resolve_repo_path(m.init_from)  # a checkpoint shipped in the repo works from any directory
         if not (path / "config.json").is_file():
             raise MissingInput(f"method.init_from={m.init_from}: not a checkpoint directory (no config.json at {path})")
-        start = ModelSpec(name=spec.name, arch=spec.arch, hf_id=str(path), dtype=spec.dtype)
-        return load_model(start, cache_dir, device=device), load_tokenizer(start, cache_dir)
-    return load_model(spec, cache_dir, device=device), load_tokenizer(spec, cache_dir)
+        spec = ModelSpec(name=spec.name, arch=spec.arch, hf_id=str(path), dtype=spec.dtype)
+    model = load_model(spec, cache_dir, device=device)
+    if problem := sliding_window_problem(model.config, "the masked trainers' block-mask attention"):
+        raise SettingsError(problem)
+    return model, load_tokenizer(spec, cache_dir)
 
 
 

@@ -87,12 +87,16 @@ def attention_shape(model_config: Any) -> tuple[int, int, int, int]:
     return text.num_hidden_layers, q_heads, kv_heads, getattr(text, "head_dim", None) or text.hidden_size // q_heads
 
 
-def sliding_window_problem(model_config: Any) -> str | None:
+POLICY_ATTENTION = "the cache policies' attention (attn_implementation 'zoomr')"
+
+
+def sliding_window_problem(model_config: Any, attention: str = POLICY_ATTENTION) -> str | None:
     """Why the ``"zoomr"`` attention cannot run ``model_config`` as transformers does (None: it can). It masks by the
     rows a policy holds and has no sliding window, so a layer that attends to the last ``sliding_window`` tokens only
     (a qwen2/qwen3 config with ``use_sliding_window=true``, phi3's ``sliding_window``) read every row past its window
     without a word: every policy, full KV included, decoded another model than ``model.generate``. A window no
-    sequence can outgrow (``>= max_position_embeddings``) is not one."""
+    sequence can outgrow (``>= max_position_embeddings``) is not one. ``attention`` names the attention that lacks
+    the window (the masked trainers' block-mask attention has none either)."""
     text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
     window, types = getattr(text, "sliding_window", None), list(getattr(text, "layer_types", None) or [])
     sliding = [i for i, kind in enumerate(types) if kind != "full_attention"]
@@ -103,10 +107,9 @@ def sliding_window_problem(model_config: Any) -> str | None:
         return None
     which = f"layers {sliding} ({', '.join(sorted({types[i] for i in sliding}))})" if sliding else "every layer"
     return (
-        f"{which} of this {text.model_type} model attend only to the last sliding_window={window} tokens, and the cache "
-        "policies' attention (attn_implementation 'zoomr') has no sliding window: it would attend past it and decode "
-        "another model; use a model without sliding-window attention (config use_sliding_window=false / "
-        "sliding_window=null)"
+        f"{which} of this {text.model_type} model attend only to the last sliding_window={window} tokens, and "
+        f"{attention} has no sliding window: it would attend past it and compute another model; use a model without "
+        "sliding-window attention (config use_sliding_window=false / sliding_window=null)"
     )
 
 
