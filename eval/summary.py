@@ -96,6 +96,10 @@ def console_table(metrics: dict[str, Any]) -> str:
         lines.append(f"evicted: {eviction['evicted_samples']} of {eviction['samples']} samples ended below full KV's rows")
     if eviction.get("note"):
         lines.append(f"NOTE: {eviction['note']}")
+    if incomplete := pooled.get("kv_incomplete"):
+        fields = ", ".join(f"{k} ({n})" for k, n in incomplete["recorded_by"].items())
+        lines.append(f"NOTE: only some of the {incomplete['samples_with_kv']} samples with KV statistics recorded "
+                     f"{fields} (rows of an older version, resumed?): left out, not averaged over those alone")  # fmt: skip
     if metrics.get("budget"):
         lines.append(f"budget: {metrics['budget']}")
     return "\n".join(lines)

@@ -150,3 +150,18 @@ def test_bench_bootstrap_refuses_sizes_it_cannot_time(tmp_path, capsys):
         bench_main(["--seed", "-1", "--out", str(tmp_path / "b.json")])  # was numpy's ValueError traceback
     assert "--seed -1: the resampling seed must be an integer >= 0" in capsys.readouterr().err
     assert not (tmp_path / "b.json").exists()
+
+
+def test_kv_field_recorded_by_some_samples_is_left_out_not_averaged_over_them():
+    """A run resumed across a version that added a kv field (``kv_per_512_all``, ``compression``): its mean was
+    over the newer rows alone, reported as the run's; now it is left out and named (metrics.json, console)."""
+    from eval.summary import console_table
+
+    old = {"rows_mean": 100.0, "rows_peak": 200.0, "kv_per_512": 512.0}
+    rows = [_row("p1", 0, True, kv=old), _row("p2", 0, True, kv={**old, "kv_per_512_all": 100.0}), _row("p3", 0, True)]
+    m = compute_metrics(rows)
+    pooled = m["pooled"]
+    assert "kv_per_512_all" not in pooled and pooled["kv_per_512"] == 512.0 and pooled["rows_peak_max"] == 200.0
+    assert pooled["kv_incomplete"] == {"samples_with_kv": 2, "recorded_by": {"kv_per_512_all": 1}}
+    assert "recorded kv_per_512_all (1)" in console_table(m)
+    assert "kv_incomplete" not in summarize([_row("p1", 0, True, kv=old), _row("p3", 0, True)])
