@@ -165,3 +165,18 @@ def test_kv_field_recorded_by_some_samples_is_left_out_not_averaged_over_them():
     assert pooled["kv_incomplete"] == {"samples_with_kv": 2, "recorded_by": {"kv_per_512_all": 1}}
     assert "recorded kv_per_512_all (1)" in console_table(m)
     assert "kv_incomplete" not in summarize([_row("p1", 0, True, kv=old), _row("p3", 0, True)])
+
+
+def test_console_table_with_unequal_samples_shows_pass_at_the_fewest_not_nan():
+    """Rows with 3 samples of one problem and 4 of another (``samples_per_problem`` "3-4"): the table's pass@ column
+    looked up ``pass@3-4``, which no metric has, and printed nan for every line; now pass@3 (every problem has 3),
+    and "—" for a competition whose own fewest samples (4) give no pass@3."""
+    from eval.summary import console_table
+
+    rows = [_row("a1", s, s == 0, "A") for s in range(3)] + [_row("b1", s, s < 2, "B") for s in range(4)]
+    table = console_table(compute_metrics(rows))
+    assert "nan" not in table and "pass@3" in table
+    lines = {line.split()[0]: line.split() for line in table.splitlines() if line.split()}
+    assert lines["A"][3] == f"{100 * pass_at_k(3, 1, 3):.1f}" and lines["B"][3] == "—"
+    pooled = (pass_at_k(3, 1, 3) + pass_at_k(4, 2, 3)) / 2
+    assert lines["pooled"][2:4] == [f"{100 * (1 / 3 + 1 / 2) / 2:.1f}", f"{100 * pooled:.1f}"]
