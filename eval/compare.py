@@ -249,6 +249,11 @@ def compare(
     return out
 
 
+def confidence_label(confidence: float) -> str:
+    """``95%``, ``97.5%``: the level as given (``int(100 * 0.975)`` showed 97, ``int(100 * 0.58)`` 57)."""
+    return f"{100 * confidence:g}%"
+
+
 def _pts(x: float, signed: bool = False) -> str:
     return f"{100 * x:+.1f}" if signed else f"{100 * x:.1f}"
 
@@ -259,7 +264,7 @@ def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     primary = benches[0]
     header = ["Arm", "KV/512", "Mean KV (MiB)"]
     for b in benches:
-        header += [f"{b} avg@k", f"Δ {b} [{int(100 * result['confidence'])}% CI]"]
+        header += [f"{b} avg@k", f"Δ {b} [{confidence_label(result['confidence'])} CI]"]
     header += [f"Trunc. % ({primary})", f"Tokens ({primary})"]
     rows = []
     for arm, per_bench in result["arms"].items():

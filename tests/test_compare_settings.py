@@ -249,3 +249,15 @@ def test_a_run_whose_problems_cannot_be_listed_here_is_named(tmp_path, capsys, m
     assert main([str(run), str(_fake_run(tmp_path / "b", "h2o", 0.6)), "--out", str(tmp_path / "cmp")]) == 2
     err = capsys.readouterr().err
     assert f"{run}: the problems of its benchmark 'aime25' cannot be listed here" in err and message in err
+
+
+def test_the_confidence_level_is_shown_as_given(tmp_path):
+    """``--confidence 0.975`` headed its column ``97% CI`` (``int(100 * 0.975)``; 0.58 showed 57%): the interval
+    was the 97.5% one under another level's name."""
+    from eval.compare import confidence_label
+
+    a, b = _fake_run(tmp_path / "a", "full", 0.6, seed=1), _fake_run(tmp_path / "b", "h2o", 0.4, seed=2)
+    out = tmp_path / "cmp"
+    assert main([str(a), str(b), "--confidence", "0.975", "--out", str(out)]) == 0
+    assert "[97.5% CI]" in (out / "table.md").read_text()
+    assert [confidence_label(c) for c in (0.95, 0.9, 0.58, 0.999)] == ["95%", "90%", "58%", "99.9%"]
