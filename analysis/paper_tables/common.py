@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eval.compare import CompareError, compare, confidence_label, table_rows
+from eval.compare import CompareError, compare, confidence_label, full_score_note, table_rows
 
 from .inputs import EvalArm
 from .report import Report
@@ -71,6 +71,8 @@ def compare_table(report: Report, key: str, title: str, arms: list[EvalArm], n_r
         "GPU); Mean rows: resident rows per (layer, KV head) over the decode, the budget arms are matched on; "
         "all on the first benchmark." + (f" {note}" if note else "")
     )
+    if scored := full_score_note(result):
+        note += " " + scored
     if result.get("setting_differences"):
         note += " Arms ran with different settings: " + "; ".join(result["setting_differences"]) + "."
     report.table(key, title, header, rows, sources(arms), fed_by(arms), note)
