@@ -180,3 +180,17 @@ def test_console_table_with_unequal_samples_shows_pass_at_the_fewest_not_nan():
     assert lines["A"][3] == f"{100 * pass_at_k(3, 1, 3):.1f}" and lines["B"][3] == "—"
     pooled = (pass_at_k(3, 1, 3) + pass_at_k(4, 2, 3)) / 2
     assert lines["pooled"][2:4] == [f"{100 * (1 / 3 + 1 / 2) / 2:.1f}", f"{100 * pooled:.1f}"]
+
+
+def test_a_scored_tasks_console_says_its_avg_at_k_counts_full_scores():
+    """RULER's console showed "avg@1 50.0" under its subset table's mean score 75.00 with no word that avg@k counts
+    only the samples scoring 1 (``correct`` of a scored task)."""
+    from eval.summary import console_table
+    from eval.tasks import get_task
+
+    task = get_task("ruler")
+    rows = [{**_row(f"niah_single_1-{i}", 0, s >= 1.0, "niah_single_1"), "score": s} for i, s in enumerate([1.0, 0.5])]
+    metrics = {**compute_metrics(rows), **task.metrics(rows)}
+    text = task.report(metrics, console_table(metrics))
+    assert metrics["pooled"]["accuracy"] == 0.5 and metrics["ruler"]["average"] == 75.0
+    assert "ruler: avg@k and pass@k count the samples with a full score (score 1)" in text
