@@ -130,6 +130,8 @@ def test_stratified_bootstrap_narrows_with_more_strata():
         ({"confidence": 1.5}, "confidence=1.5"),
         ({"confidence": 0.0}, "confidence=0.0"),
         ({"confidence": float("nan")}, "confidence=nan"),
+        ({"seed": -1}, "seed=-1"),  # the stratified bootstrap: numpy's "expected non-negative integer"
+        ({"seed": 1.5}, "seed=1.5"),  # and SeedSequence's TypeError
     ],
 )
 def test_bootstrap_refuses_settings_that_would_print_nan(kwargs, match):
