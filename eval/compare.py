@@ -248,6 +248,9 @@ def compare(
                     "high": ci.high,
                     "n_problems": ci.n_problems,
                 }
+            elif ref_acc is not None and run.arm != reference:  # one problem: a difference, but no interval
+                acc = per_problem_accuracy(run.rows)
+                entry["delta"] = {"delta": acc[ids[0]] - ref_acc[ids[0]], "low": None, "high": None, "n_problems": 1}
             out["arms"][run.arm][bench] = entry
     return out
 
@@ -293,6 +296,8 @@ def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                 else (
                     "—"
                     if d is None
+                    else f"{_pts(d['delta'], True)} [one problem: no interval]"
+                    if d["low"] is None
                     else f"{_pts(d['delta'], True)} [{_pts(d['low'], True)}, {_pts(d['high'], True)}]"
                 )
             )

@@ -292,3 +292,19 @@ def test_a_scored_benchmarks_avg_at_k_says_it_counts_full_scores(tmp_path):
     a, b = _fake_run(tmp_path / "a", "full", 0.6, seed=1), _fake_run(tmp_path / "b", "h2o", 0.4, seed=2)
     result = compare([load_run(a), load_run(b)])
     assert "full_score_benchmarks" not in result
+
+
+def test_a_one_problem_comparison_shows_its_difference_and_why_no_interval(tmp_path):
+    """Arms on one problem (problem_limit=1): the Δ cell was "—" with no word, as if the arm had not run; now the
+    difference of the problem's avg@k and "no interval" (a bootstrap over one problem has none)."""
+    from eval.metrics import per_problem_accuracy
+
+    a, b = _fake_run(tmp_path / "a", "full", 0.6, limit=1, seed=1), _fake_run(tmp_path / "b", "h2o", 0.9, limit=1, seed=5)
+    ref, arm = load_run(a), load_run(b)
+    result = compare([ref, arm])
+    pid = ref.rows[0]["problem_id"]
+    delta = per_problem_accuracy(arm.rows)[pid] - per_problem_accuracy(ref.rows)[pid]
+    assert result["arms"]["tiny/h2o"]["aime25"]["delta"] == {"delta": delta, "low": None, "high": None, "n_problems": 1}
+    out = tmp_path / "cmp"
+    assert main([str(a), str(b), "--out", str(out)]) == 0
+    assert f"| {100 * delta:+.1f} [one problem: no interval] |" in (out / "table.md").read_text()
