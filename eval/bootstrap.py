@@ -92,7 +92,7 @@ def stratified_paired_bootstrap(
     (the same index draw and reduction)."""
     if not strata:
         raise ValueError("the stratified bootstrap needs at least one stratum")
-    check_bootstrap_settings(n_resamples, confidence)
+    check_bootstrap_settings(n_resamples, confidence, seed)
     rng = np.random.default_rng(seed)
     sums = np.zeros(n_resamples)
     diffs = []

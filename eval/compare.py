@@ -47,6 +47,7 @@ class Run:
     rows: list[dict[str, Any]]
     samples: int
     settings: dict[str, Any] | None = None  # fingerprint.json without model/method (None: none written)
+    scored: bool = False  # a task scored per sample in [0, 1] (RULER, LongBench): correct = a full score
 
 
 class CompareError(ValueError):
@@ -54,7 +55,7 @@ class CompareError(ValueError):
 
 
 def load_run(path: str | Path, label: str | None = None) -> Run:
-    from eval.tasks import SCOPE_FILE, get_task, read_scope
+    from eval.tasks import SCOPE_FILE, ScoredTask, get_task, read_scope
     from zoomr.schemas import to_dataclass
     from zoomr.schemas.checks import is_finite_number
     from zoomr.schemas.eval import BenchmarkConfig, GradingConfig
@@ -114,7 +115,7 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     if recorded is not None:  # an older fingerprint without benchmark.length: the config's (the last run's)
         recorded = with_recorded_length(recorded, bench.length)
         settings = comparable_settings(recorded, task.arm_options, task.option_defaults())
-    return Run(path, arm, bench.name, [rows[k] for k in scope], n, settings)
+    return Run(path, arm, bench.name, [rows[k] for k in scope], n, settings, isinstance(task, ScoredTask))
 
 
 def scope_problem(ids: Any) -> str | None:
@@ -206,6 +207,8 @@ def compare(
         "setting_differences": [],
         "arms": {},
     }
+    if scored := list(dict.fromkeys(r.benchmark for r in runs if r.scored)):  # their avg@k: the full-score share
+        out["full_score_benchmarks"] = scored
     for arm in arms:
         out["arms"][arm] = {}
     for bench in benchmarks:
@@ -245,8 +248,16 @@ def compare(
                     "high": ci.high,
                     "n_problems": ci.n_problems,
                 }
+            elif ref_acc is not None and run.arm != reference:  # one problem: a difference, but no interval
+                acc = per_problem_accuracy(run.rows)
+                entry["delta"] = {"delta": acc[ids[0]] - ref_acc[ids[0]], "low": None, "high": None, "n_problems": 1}
             out["arms"][run.arm][bench] = entry
     return out
+
+
+def confidence_label(confidence: float) -> str:
+    """``95%``, ``97.5%``: the level as given (``int(100 * 0.975)`` showed 97, ``int(100 * 0.58)`` 57)."""
+    return f"{100 * confidence:g}%"
 
 
 def _pts(x: float, signed: bool = False) -> str:
@@ -259,7 +270,8 @@ def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     primary = benches[0]
     header = ["Arm", "KV/512", "Mean KV (MiB)"]
     for b in benches:
-        header += [f"{b} avg@k", f"Δ {b} [{int(100 * result['confidence'])}% CI]"]
+        full_score = " (score 1)" if b in result.get("full_score_benchmarks", ()) else ""
+        header += [f"{b} avg@k{full_score}", f"Δ {b} [{confidence_label(result['confidence'])} CI]"]
     header += [f"Trunc. % ({primary})", f"Tokens ({primary})"]
     rows = []
     for arm, per_bench in result["arms"].items():
@@ -284,6 +296,8 @@ def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                 else (
                     "—"
                     if d is None
+                    else f"{_pts(d['delta'], True)} [one problem: no interval]"
+                    if d["low"] is None
                     else f"{_pts(d['delta'], True)} [{_pts(d['low'], True)}, {_pts(d['high'], True)}]"
                 )
             )
@@ -293,6 +307,16 @@ def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         ]
         rows.append(cells)
     return header, rows
+
+
+def full_score_note(result: dict[str, Any]) -> str:
+    """What avg@k means on the benchmarks scored per sample in [0, 1] (RULER, LongBench): '' when there are none."""
+    scored = result.get("full_score_benchmarks") or []
+    if not scored:
+        return ""
+    return (f"On {', '.join(scored)} (scored per sample in [0, 1]) avg@k and Δ count the samples with a full score "
+            "(score 1), not the benchmark's mean score (metrics.json's subset scores and averages; python -m "
+            "analysis.paper_tables' kvzap_subsets table).")  # fmt: skip
 
 
 def markdown(header: list[str], rows: list[list[str]]) -> str:
@@ -311,6 +335,8 @@ def write_outputs(result: dict[str, Any], out_dir: Path) -> str:
         "percentile interval. KV/512: persistent KV rows per 512 generated tokens per KV head; Mean KV: resident "
         "K/V bytes of one sequence averaged over its decode steps; both on the first benchmark."
     )
+    if scored := full_score_note(result):
+        note += " " + scored
     if result.get("setting_differences"):
         note += "\n\nWARNING: arms ran with different settings:\n" + "\n".join(
             f"- {d}" for d in result["setting_differences"]

@@ -5,7 +5,8 @@
 - truncation rate: fraction of samples that hit the generation cap; mean generated tokens.
 - resident KV: every numeric field of a row's ``kv`` record (written by :mod:`eval.generation`) is
   averaged over samples; fields named ``*_peak`` are also maxed. ``kv_per_512`` is the AbridgeKV budget
-  unit: persistent KV rows kept per 512 generated tokens per KV head.
+  unit: persistent KV rows kept per 512 generated tokens per KV head. A field only some samples recorded is left
+  out and named under ``kv_incomplete`` (:func:`kv_summary`).
 
 Everything is computed per competition and pooled over all problems of the run.
 """
@@ -52,18 +53,30 @@ def _k_values(n_min: int) -> list[int]:
     return ks
 
 
-def kv_summary(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Mean of every numeric ``kv`` field over samples; ``*_peak`` fields also as their maximum."""
+def kv_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean of every numeric ``kv`` field over samples; ``*_peak`` fields also as their maximum. Samples without
+    KV statistics (an empty ``kv``) are not counted; a field that only some of the samples with statistics
+    recorded (a run resumed across a version that added it, e.g. ``kv_per_512_all``) is left out of the means, which
+    would be over those samples alone, and named in ``kv_incomplete``: ``{"samples_with_kv": N, "recorded_by":
+    {field: samples that recorded it}}``."""
     values: dict[str, list[float]] = defaultdict(list)
+    recorded = 0
     for r in rows:
-        for key, v in (r.get("kv") or {}).items():
+        kv = r.get("kv") or {}
+        recorded += bool(kv)
+        for key, v in kv.items():
             if isinstance(v, int | float) and not isinstance(v, bool):
                 values[key].append(float(v))
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {}
+    partial = {key: len(vs) for key, vs in sorted(values.items()) if len(vs) < recorded}
     for key, vs in sorted(values.items()):
+        if key in partial:
+            continue
         out[f"{key}_mean" if key.endswith("_peak") else key] = float(np.mean(vs))
         if key.endswith("_peak"):
             out[f"{key}_max"] = float(np.max(vs))
+    if partial:
+        out["kv_incomplete"] = {"samples_with_kv": recorded, "recorded_by": partial}
     return out
 
 

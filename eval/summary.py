@@ -64,7 +64,10 @@ def console_table(metrics: dict[str, Any]) -> str:
     """Readable per-competition table (accuracy in %), pooled last, with the resident KV beside it."""
     pooled = metrics["pooled"]
     k = pooled.get("samples_per_problem", 1)
-    cols = ["problems", f"avg@{k}", f"pass@{k}", "trunc %", "tokens", "rows", "peak", "KV/512", "KV/512 all"]
+    # unequal samples per problem ("2-4", e.g. rows of an earlier n_samples): pass@ its smallest, which every
+    # problem has (summarize's pass@k needs k <= n)
+    pass_k = int(str(k).split("-")[0])
+    cols = ["problems", f"avg@{k}", f"pass@{pass_k}", "trunc %", "tokens", "rows", "peak", "KV/512", "KV/512 all"]
     head = f"{'competition':<16} " + " ".join(f"{c:>8}" for c in cols[:-1]) + f" {cols[-1]:>10}"
     lines = [head, "-" * len(head)]
 
@@ -75,9 +78,9 @@ def console_table(metrics: dict[str, Any]) -> str:
     def line(name: str, m: dict[str, Any]) -> str:
         if not m.get("problems"):
             return f"{name:<16} {0:>8}"
-        pk = m.get(f"pass@{k}", float("nan"))
+        pk = m.get(f"pass@{pass_k}")  # a competition whose fewest samples are more has no pass@ that k
         return (
-            f"{name:<16} {m['problems']:>8} {100 * m['accuracy']:>8.1f} {100 * pk:>8.1f} "
+            f"{name:<16} {m['problems']:>8} {100 * m['accuracy']:>8.1f} {'—' if pk is None else f'{100 * pk:.1f}':>8} "
             f"{100 * m['truncation_rate']:>8.1f} {m['mean_tokens']:>8.0f} {num(m, 'rows_mean')} "
             f"{num(m, 'rows_peak_max')} {num(m, 'kv_per_512')} {num(m, 'kv_per_512_all', 10)}"
         )
@@ -96,6 +99,10 @@ def console_table(metrics: dict[str, Any]) -> str:
         lines.append(f"evicted: {eviction['evicted_samples']} of {eviction['samples']} samples ended below full KV's rows")
     if eviction.get("note"):
         lines.append(f"NOTE: {eviction['note']}")
+    if incomplete := pooled.get("kv_incomplete"):
+        fields = ", ".join(f"{k} ({n})" for k, n in incomplete["recorded_by"].items())
+        lines.append(f"NOTE: only some of the {incomplete['samples_with_kv']} samples with KV statistics recorded "
+                     f"{fields} (rows of an older version, resumed?): left out, not averaged over those alone")  # fmt: skip
     if metrics.get("budget"):
         lines.append(f"budget: {metrics['budget']}")
     return "\n".join(lines)

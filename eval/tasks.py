@@ -230,7 +230,8 @@ class ScoredTask(Task):
         return {self.name: subset_metrics(self, rows)}
 
     def report(self, metrics: dict[str, Any], table: str) -> str:
-        return format_subset_table(self.name, metrics[self.name]) + "\n" + table
+        return (format_subset_table(self.name, metrics[self.name]) + "\n" + table + f"\n{self.name}: avg@k and pass@k "
+                "count the samples with a full score (score 1); the benchmark's score is the mean above")  # fmt: skip
 
 
 def _mean(values: list[float]) -> float | None:

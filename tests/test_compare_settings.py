@@ -249,3 +249,62 @@ def test_a_run_whose_problems_cannot_be_listed_here_is_named(tmp_path, capsys, m
     assert main([str(run), str(_fake_run(tmp_path / "b", "h2o", 0.6)), "--out", str(tmp_path / "cmp")]) == 2
     err = capsys.readouterr().err
     assert f"{run}: the problems of its benchmark 'aime25' cannot be listed here" in err and message in err
+
+
+def test_the_confidence_level_is_shown_as_given(tmp_path):
+    """``--confidence 0.975`` headed its column ``97% CI`` (``int(100 * 0.975)``; 0.58 showed 57%): the interval
+    was the 97.5% one under another level's name."""
+    from eval.compare import confidence_label
+
+    a, b = _fake_run(tmp_path / "a", "full", 0.6, seed=1), _fake_run(tmp_path / "b", "h2o", 0.4, seed=2)
+    out = tmp_path / "cmp"
+    assert main([str(a), str(b), "--confidence", "0.975", "--out", str(out)]) == 0
+    assert "[97.5% CI]" in (out / "table.md").read_text()
+    assert [confidence_label(c) for c in (0.95, 0.9, 0.58, 0.999)] == ["95%", "90%", "58%", "99.9%"]
+
+
+def _scored_run(run_dir: Path, run_name: str, scores: list[float]) -> Path:
+    """A RULER run directory as ``python -m eval benchmark=ruler`` leaves it: its scope and one row per problem."""
+    run_dir.mkdir(parents=True)
+    config = {"run_name": run_name, "model": {"name": "tiny"}, "generation": {"n_samples": 1},
+              "benchmark": {"name": "ruler_1024", "task": "ruler", "sources": [], "length": 1024}}  # fmt: skip
+    (run_dir / "config.json").write_text(json.dumps(config))
+    ids = [f"niah_single_1-{i}" for i in range(len(scores))]
+    (run_dir / "problems.json").write_text(json.dumps(ids))
+    rows = [{"problem_id": pid, "sample": 0, "competition": "niah_single_1", "correct": s >= 1.0, "score": s,
+             "truncated": False, "n_tokens": 5, "kv": {}, "grade_method": "ruler"} for pid, s in zip(ids, scores)]  # fmt: skip
+    (run_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run_dir
+
+
+def test_a_scored_benchmarks_avg_at_k_says_it_counts_full_scores(tmp_path):
+    """RULER / LongBench rows are correct only at a full score (score 1): the table's "avg@k" and Δ were that share
+    (LongBench's F1 arms all near 0%) under the math benchmarks' name, beside no word that the benchmark's own
+    score is the mean. The column and the note now say so; a math comparison's table is unchanged."""
+    full = _scored_run(tmp_path / "full", "full", [1.0, 0.5, 1.0, 0.5])
+    snap = _scored_run(tmp_path / "snap", "snap", [1.0, 0.5, 0.5, 0.0])
+    out = tmp_path / "cmp"
+    assert main([str(full), str(snap), "--out", str(out)]) == 0
+    md = (out / "table.md").read_text()
+    assert "| ruler_1024 avg@k (score 1) |" in md and "| 50.0 (avg@1) |" in md and "| 25.0 (avg@1) |" in md
+    assert "On ruler_1024 (scored per sample in [0, 1]) avg@k and Δ count the samples with a full score" in md
+    assert json.loads((out / "table.json").read_text())["full_score_benchmarks"] == ["ruler_1024"]
+    a, b = _fake_run(tmp_path / "a", "full", 0.6, seed=1), _fake_run(tmp_path / "b", "h2o", 0.4, seed=2)
+    result = compare([load_run(a), load_run(b)])
+    assert "full_score_benchmarks" not in result
+
+
+def test_a_one_problem_comparison_shows_its_difference_and_why_no_interval(tmp_path):
+    """Arms on one problem (problem_limit=1): the Δ cell was "—" with no word, as if the arm had not run; now the
+    difference of the problem's avg@k and "no interval" (a bootstrap over one problem has none)."""
+    from eval.metrics import per_problem_accuracy
+
+    a, b = _fake_run(tmp_path / "a", "full", 0.6, limit=1, seed=1), _fake_run(tmp_path / "b", "h2o", 0.9, limit=1, seed=5)
+    ref, arm = load_run(a), load_run(b)
+    result = compare([ref, arm])
+    pid = ref.rows[0]["problem_id"]
+    delta = per_problem_accuracy(arm.rows)[pid] - per_problem_accuracy(ref.rows)[pid]
+    assert result["arms"]["tiny/h2o"]["aime25"]["delta"] == {"delta": delta, "low": None, "high": None, "n_problems": 1}
+    out = tmp_path / "cmp"
+    assert main([str(a), str(b), "--out", str(out)]) == 0
+    assert f"| {100 * delta:+.1f} [one problem: no interval] |" in (out / "table.md").read_text()

@@ -130,6 +130,8 @@ def test_stratified_bootstrap_narrows_with_more_strata():
         ({"confidence": 1.5}, "confidence=1.5"),
         ({"confidence": 0.0}, "confidence=0.0"),
         ({"confidence": float("nan")}, "confidence=nan"),
+        ({"seed": -1}, "seed=-1"),  # the stratified bootstrap: numpy's "expected non-negative integer"
+        ({"seed": 1.5}, "seed=1.5"),  # and SeedSequence's TypeError
     ],
 )
 def test_bootstrap_refuses_settings_that_would_print_nan(kwargs, match):
@@ -150,3 +152,47 @@ def test_bench_bootstrap_refuses_sizes_it_cannot_time(tmp_path, capsys):
         bench_main(["--seed", "-1", "--out", str(tmp_path / "b.json")])  # was numpy's ValueError traceback
     assert "--seed -1: the resampling seed must be an integer >= 0" in capsys.readouterr().err
     assert not (tmp_path / "b.json").exists()
+
+
+def test_kv_field_recorded_by_some_samples_is_left_out_not_averaged_over_them():
+    """A run resumed across a version that added a kv field (``kv_per_512_all``, ``compression``): its mean was
+    over the newer rows alone, reported as the run's; now it is left out and named (metrics.json, console)."""
+    from eval.summary import console_table
+
+    old = {"rows_mean": 100.0, "rows_peak": 200.0, "kv_per_512": 512.0}
+    rows = [_row("p1", 0, True, kv=old), _row("p2", 0, True, kv={**old, "kv_per_512_all": 100.0}), _row("p3", 0, True)]
+    m = compute_metrics(rows)
+    pooled = m["pooled"]
+    assert "kv_per_512_all" not in pooled and pooled["kv_per_512"] == 512.0 and pooled["rows_peak_max"] == 200.0
+    assert pooled["kv_incomplete"] == {"samples_with_kv": 2, "recorded_by": {"kv_per_512_all": 1}}
+    assert "recorded kv_per_512_all (1)" in console_table(m)
+    assert "kv_incomplete" not in summarize([_row("p1", 0, True, kv=old), _row("p3", 0, True)])
+
+
+def test_console_table_with_unequal_samples_shows_pass_at_the_fewest_not_nan():
+    """Rows with 3 samples of one problem and 4 of another (``samples_per_problem`` "3-4"): the table's pass@ column
+    looked up ``pass@3-4``, which no metric has, and printed nan for every line; now pass@3 (every problem has 3),
+    and "—" for a competition whose own fewest samples (4) give no pass@3."""
+    from eval.summary import console_table
+
+    rows = [_row("a1", s, s == 0, "A") for s in range(3)] + [_row("b1", s, s < 2, "B") for s in range(4)]
+    table = console_table(compute_metrics(rows))
+    assert "nan" not in table and "pass@3" in table
+    lines = {line.split()[0]: line.split() for line in table.splitlines() if line.split()}
+    assert lines["A"][3] == f"{100 * pass_at_k(3, 1, 3):.1f}" and lines["B"][3] == "—"
+    pooled = (pass_at_k(3, 1, 3) + pass_at_k(4, 2, 3)) / 2
+    assert lines["pooled"][2:4] == [f"{100 * (1 / 3 + 1 / 2) / 2:.1f}", f"{100 * pooled:.1f}"]
+
+
+def test_a_scored_tasks_console_says_its_avg_at_k_counts_full_scores():
+    """RULER's console showed "avg@1 50.0" under its subset table's mean score 75.00 with no word that avg@k counts
+    only the samples scoring 1 (``correct`` of a scored task)."""
+    from eval.summary import console_table
+    from eval.tasks import get_task
+
+    task = get_task("ruler")
+    rows = [{**_row(f"niah_single_1-{i}", 0, s >= 1.0, "niah_single_1"), "score": s} for i, s in enumerate([1.0, 0.5])]
+    metrics = {**compute_metrics(rows), **task.metrics(rows)}
+    text = task.report(metrics, console_table(metrics))
+    assert metrics["pooled"]["accuracy"] == 0.5 and metrics["ruler"]["average"] == 75.0
+    assert "ruler: avg@k and pass@k count the samples with a full score (score 1)" in text

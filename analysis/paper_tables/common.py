@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eval.compare import CompareError, compare, table_rows
+from eval.compare import CompareError, compare, confidence_label, full_score_note, table_rows
 
 from .inputs import EvalArm
 from .report import Report
@@ -65,12 +65,14 @@ def compare_table(report: Report, key: str, title: str, arms: list[EvalArm], n_r
             row += [f"{100 * by[c]['accuracy']:.1f}" if c in by else "—" for c in comps]
     note = (
         f"Reference: {result['reference']}. Δ: paired difference in accuracy points with its "
-        f"{int(100 * result['confidence'])}% paired-bootstrap interval ({n_resamples} resamples of problems, "
+        f"{confidence_label(result['confidence'])} paired-bootstrap interval ({n_resamples} resamples of problems, "
         f"seed {seed}). KV/512: persistent KV rows per 512 generated tokens per KV head; Mean KV: resident K/V "
         "bytes of one sequence on the device over its decode (0 for a policy that offloads to the host without a "
         "GPU); Mean rows: resident rows per (layer, KV head) over the decode, the budget arms are matched on; "
         "all on the first benchmark." + (f" {note}" if note else "")
     )
+    if scored := full_score_note(result):
+        note += " " + scored
     if result.get("setting_differences"):
         note += " Arms ran with different settings: " + "; ".join(result["setting_differences"]) + "."
     report.table(key, title, header, rows, sources(arms), fed_by(arms), note)
