@@ -398,3 +398,23 @@ def test_a_rerun_removes_the_tables_an_earlier_run_made_that_it_skips_and_no_oth
     assert "## Removed (an earlier run's tables and figures this run did not make)" in index and "- t3.tex" in index
     assert json.loads((out / "manifest.json").read_text())["removed"] == [f"t{i}.{e}" for i in (2, 3)
                                                                           for e in ("csv", "md", "tex")]  # fmt: skip
+
+
+def test_kvzap_arms_without_a_measured_compression_are_named_not_drawn_at_zero():
+    """An arm whose runs never recorded ``kv_per_512_all`` (made before it was, or resumed across that version) was
+    left out of the accuracy-vs-compression table without a word, and drawn at compression 0 (where full KV sits) in
+    the per-subset figure; now it is drawn nowhere and the tables' note names it."""
+    from types import SimpleNamespace
+
+    from analysis.paper_tables.kvzap_paper import points, unmeasured_note
+
+    def arm(label, pooled):
+        return SimpleNamespace(label=label, method="kvzap", method_config={"threshold": -4}, pooled=pooled,
+                               config={"benchmark": {"task": "math"}}, run=SimpleNamespace(rows=[], samples=1))  # fmt: skip
+
+    measured = arm("kvzap_a", {"kv_per_512_all": 256.0, "accuracy": 0.5, "avg@k": 0.5})
+    old = arm("kvzap_old", {"accuracy": 0.5, "avg@k": 0.5})
+    assert unmeasured_note([measured]) == ""
+    assert unmeasured_note([measured, old]) == ("Not drawn (no measured compression, `kv_per_512_all`; rerun to "
+                                                "measure it): kvzap_old (τ=-4).")  # fmt: skip
+    assert [a.label for a, *_ in points([measured, old])] == ["kvzap_a"]

@@ -32,6 +32,14 @@ def compression(kv: dict) -> float | None:
     return None if v is None else 1.0 - v / 512.0
 
 
+def unmeasured_note(arms: list[EvalArm]) -> str:
+    """The table note naming arms drawn nowhere for want of a measured compression (``kv_per_512_all``: runs made
+    before it was recorded, or resumed across that version); "" when every arm has one."""
+    missing = [describe(a) for a in arms if compression(a.pooled) is None]
+    return (f"Not drawn (no measured compression, `kv_per_512_all`; rerun to measure it): {', '.join(missing)}."
+            if missing else "")
+
+
 def long_context(arm: EvalArm) -> dict | None:
     """A RULER / LongBench arm's per-subset scores and averages (:func:`eval.tasks.subset_metrics`); None otherwise."""
     name = (arm.config.get("benchmark") or {}).get("task", "")
@@ -127,7 +135,7 @@ def accuracy_vs_compression(inputs: Inputs, report: Report) -> None:
                     for a, c, y in kvzap + others]  # fmt: skip
             report.table(key + "_table", f"KVzap thresholds and baselines at their compression ({model}, {bench})",
                          ["arm", "method", "compression", score(arms[0])[1], "mean resident rows"], rows, sources(used),
-                         fed_by(used))  # fmt: skip
+                         fed_by(used), unmeasured_note(arms))  # fmt: skip
     if not done:
         report.skip("kvzap_accuracy_vs_compression", "no KVzap (+method=kvzap) evaluation run among the inputs")
 
@@ -196,14 +204,14 @@ def long_context_subsets(inputs: Inputs, report: Report) -> None:
             used = [a for a, _ in arms]
             report.table(key, f"KVzap — {bench} per subset ({model})", header, rows, sources(used), fed_by(used),
                          "Scores in %: RULER string-match-all (QA: -part), LongBench's per-subset metrics; "
-                         "compression = share of KV pairs removed.")  # fmt: skip
+                         "compression = share of KV pairs removed. " + unmeasured_note(used))  # fmt: skip
             plt = pyplot()
             cols = min(4, len(subsets))
             fig, axes = plt.subplots((len(subsets) + cols - 1) // cols, cols, figsize=(3 * cols, 2.4 * ((len(subsets) + cols - 1) // cols)), squeeze=False)  # fmt: skip
             for ax, sub in zip(axes.flat, subsets):
                 for a, m in arms:
-                    if sub in m["subsets"]:
-                        ax.scatter(compression(a.pooled) or 0.0, m["subsets"][sub]["score"], s=14, label=describe(a))
+                    if sub in m["subsets"] and compression(a.pooled) is not None:  # never drawn at 0 as if full KV
+                        ax.scatter(compression(a.pooled), m["subsets"][sub]["score"], s=14, label=describe(a))
                 ax.set_title(sub, fontsize=8)
             for ax in list(axes.flat)[len(subsets) :]:
                 ax.axis("off")
