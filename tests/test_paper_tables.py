@@ -398,3 +398,15 @@ def test_a_rerun_removes_the_tables_an_earlier_run_made_that_it_skips_and_no_oth
     assert "## Removed (an earlier run's tables and figures this run did not make)" in index and "- t3.tex" in index
     assert json.loads((out / "manifest.json").read_text())["removed"] == [f"t{i}.{e}" for i in (2, 3)
                                                                           for e in ("csv", "md", "tex")]  # fmt: skip
+
+
+def test_a_second_paper_tables_into_an_out_being_written_is_refused(tmp_path):
+    """Two at once into one out (a sweep, or a rerun while the first is still writing): each removed the files its
+    index did not list, the other's among them, and the index written last named files that were gone."""
+    from analysis.paper_tables import build_all
+    from zoomr.runlock import RunLock
+
+    out = tmp_path / "out"
+    with RunLock(out, "paper_tables"), pytest.raises(SystemExit, match=f"{out} is being written by another paper_tables"):
+        build_all([str(tmp_path / "typo")], out)
+    assert sorted(p.name for p in out.iterdir()) == [".lock"]  # nothing written, nothing removed
