@@ -2,8 +2,9 @@
 
 ``python -m <package>.<script>`` runs ``run_script(main)``. A missing input (:class:`zoomr.paths.MissingInput`), a
 malformed one (:class:`zoomr.jsonl.BadRowError`) or an impossible setting (:class:`zoomr.schemas.checks.SettingsError`)
-is a problem of what the user gave, so it is printed as a sentence naming it; anything else is a bug and keeps its
-traceback. Ctrl-C ends with one line and exit status 130 (the shell's code for it), not a traceback through torch;
+is a problem of what the user gave, and an output a full disk or a read-only file system cannot take
+(:class:`zoomr.paths.OutputUnwritable`) one of where it goes, so each is printed as a sentence naming it; anything
+else is a bug and keeps its traceback. Ctrl-C ends with one line and exit status 130 (the shell's code for it), not a traceback through torch;
 SIGTERM (``kill``, SLURM's time limit) the same way with status 143 (:func:`zoomr.startup.stop_on_sigterm`).
 The Hydra entry points (:func:`zoomr.entry.hydra_entry`) do the same.
 """
@@ -16,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from zoomr.jsonl import BadRowError
-from zoomr.paths import MissingInput
+from zoomr.paths import MissingInput, OutputUnwritable
 from zoomr.schemas.checks import SettingsError
 from zoomr.startup import INTERRUPTED, TERMINATED, Terminated, started, stop_on_sigterm
 
-USER_ERRORS = (MissingInput, BadRowError, SettingsError)  # what the user gave is wrong: printed, not a traceback
+USER_ERRORS = (MissingInput, BadRowError, SettingsError, OutputUnwritable)  # what the user gave is wrong, or where
+# its output goes cannot take it: printed, not a traceback
 
 
 def interrupted(name: str, resumes_from: str | None = None, stop: BaseException | None = None) -> SystemExit:
@@ -36,7 +38,7 @@ def user_error_message(error: BaseException) -> str | None:
     """The sentence to print for a problem in what the user gave (None: a bug, keep the traceback)."""
     if isinstance(error, SettingsError):
         return f"invalid settings: {error}"
-    if isinstance(error, MissingInput | BadRowError):
+    if isinstance(error, MissingInput | BadRowError | OutputUnwritable):
         return str(error)
     return None
 
