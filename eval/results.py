@@ -9,6 +9,7 @@ instead of mixing two experiments in one file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from zoomr.jsonl import BadRowError, JsonlReader, read_json_object
+from zoomr.paths import FULL_OR_READ_ONLY, OutputUnwritable
 from zoomr.rundir import write_json
 from zoomr.schemas.checks import is_finite_number, is_integer
 
@@ -99,11 +101,22 @@ class ResultStore:
             raise ValueError(f"result for {key} already written")
         line = json.dumps(row, ensure_ascii=False) + "\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
-            if self.fsync:
-                os.fsync(f.fileno())
+        end = self.path.stat().st_size if self.path.exists() else 0
+        try:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(line)
+                f.flush()
+                if self.fsync:
+                    os.fsync(f.fileno())
+        except OSError as e:  # a full disk: 'No space left on device' without a path, and part of the row left behind
+            if e.errno not in FULL_OR_READ_ONLY:
+                raise
+            with contextlib.suppress(OSError):
+                os.truncate(self.path, end)
+            raise OutputUnwritable(
+                f"{self.path}: a result row could not be appended ({e.strerror}); the {len(self.rows)} rows before it "
+                "are kept, and the same command resumes from them"
+            ) from None
         self.rows[key] = row
 
 

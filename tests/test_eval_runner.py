@@ -189,3 +189,27 @@ def test_compare_refuses_incomplete_runs(tmp_path):
     (run / RESULTS_FILE).write_text("\n".join(lines[:-1]) + "\n")
     with pytest.raises(CompareError, match="incomplete run, 11 of 12"):
         load_run(run)
+
+
+def test_a_full_disk_while_a_row_is_appended_names_the_file_and_keeps_the_rows_before(tmp_path, monkeypatch):
+    """ENOSPC while appending a result row: ``OSError: [Errno 28] No space left on device`` without a path, as a
+    traceback, with part of the row left in the file. Now the message names the file and the rows before are kept
+    as they were (the partial row taken back), for the same command to resume from."""
+    import errno
+    import os
+
+    from eval.results import ResultStore
+    from zoomr.paths import OutputUnwritable
+
+    store = ResultStore(tmp_path)
+    row = {"problem_id": "p0", "sample": 0, "competition": "c", "truncated": False, "correct": True}
+    store.append(row)
+    before = store.path.read_bytes()
+
+    def disk_full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(OutputUnwritable, match=f"{store.path}: a result row could not be appended \\(No space left"):
+        store.append({**row, "sample": 1})
+    assert store.path.read_bytes() == before and len(store.rows) == 1

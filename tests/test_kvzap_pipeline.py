@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -115,21 +116,43 @@ def test_pairs_then_fit_through_the_configs(tmp_path, cache_dir):
     assert policy.surrogate.kind == "mlp" and policy.config.threshold == -4.0
 
 
-def test_fit_refuses_pairs_of_another_model(tmp_path, cache_dir):
+@pytest.fixture(scope="module")
+def tiny_pairs(tmp_path_factory, cache_dir) -> Path:
+    """KVzap pairs of tiny-qwen2 from two one-document subsets (read only by the tests that use them)."""
     from data_prep.kvzap_pairs import run as make_pairs
+
+    tmp = tmp_path_factory.mktemp("tiny_pairs")
+    make_pairs(_compose("data_prep", ["+pipeline=kvzap_pairs", f"run_dir={tmp}/dp", f"pipeline.out_dir={tmp}/pairs",
+                                      *SMALL[:2], "pipeline.max_docs_per_subset=1", "pipeline.val_docs_per_subset=1",
+                                      "pipeline.tokens_per_doc=10", f"cache_dir={cache_dir}",
+                                      "logger.mode=disabled"]))  # fmt: skip
+    return tmp / "pairs"
+
+
+def test_fit_refuses_pairs_of_another_model(tmp_path, cache_dir, tiny_pairs):
     from train.kvzap import run as fit
 
     common = [f"cache_dir={cache_dir}", "logger.mode=disabled"]
-    make_pairs(_compose("data_prep", ["+pipeline=kvzap_pairs", f"run_dir={tmp_path}/dp",
-                                      f"pipeline.out_dir={tmp_path}/pairs", *SMALL[:2],
-                                      "pipeline.max_docs_per_subset=1", "pipeline.val_docs_per_subset=1",
-                                      "pipeline.tokens_per_doc=10", *common]))  # fmt: skip
     cfg = _compose("train", ["+method=kvzap", "model=tiny-llama", f"run_dir={tmp_path}/fit",
-                             f"method.pairs_dir={tmp_path}/pairs", *common])  # fmt: skip
+                             f"method.pairs_dir={tiny_pairs}", *common])  # fmt: skip
     with pytest.raises(SystemExit, match="come from model 'tiny-qwen2'"):
         fit(cfg)
     with pytest.raises(FileNotFoundError, match="python -m data_prep"):
         fit(_compose("train", ["+method=kvzap", f"method.pairs_dir={tmp_path}/none", *common]))
+
+
+def test_a_second_fit_into_a_surrogate_dir_being_written_is_refused(tmp_path, cache_dir, tiny_pairs):
+    """Two fits of other run directories into one empty ``method.surrogate_dir`` (a sweep over fit settings with
+    the per-model default) both passed the check for another fit's surrogates, then wrote linear/ and mlp/ in turn,
+    each recording itself in fitted_by.json: one summary described the other's surrogates. The second is refused."""
+    from train.kvzap import run as fit
+    from zoomr.runlock import RunLock
+
+    out = tmp_path / "surrogates"
+    taken = f"{out} is being written by another KVzap fit .*give this fit its own method.surrogate_dir"
+    with RunLock(out, "KVzap fit"), pytest.raises(SystemExit, match=taken):  # the first fit, still fitting
+        fit(_compose("train", [*cfg_overrides(tmp_path, cache_dir), f"method.pairs_dir={tiny_pairs}"]))
+    assert sorted(p.name for p in out.iterdir()) == [".lock"]
 
 
 def test_flop_ratios_match_the_paper_bounds():
@@ -248,3 +271,4 @@ def test_pairs_and_their_fit_are_grouped_in_wandb_under_the_pairs_not_the_unused
         ("data_prep", "tiny-qwen2/kvzap_pairs", "kvzap_pairs-tiny-qwen2"),
         ("train", "tiny-qwen2/kvzap_pairs", "kvzap-tiny-qwen2-traces-kvzap_pairs"),
     ]
+

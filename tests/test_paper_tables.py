@@ -418,3 +418,15 @@ def test_kvzap_arms_without_a_measured_compression_are_named_not_drawn_at_zero()
     assert unmeasured_note([measured, old]) == ("Not drawn (no measured compression, `kv_per_512_all`; rerun to "
                                                 "measure it): kvzap_old (τ=-4).")  # fmt: skip
     assert [a.label for a, *_ in points([measured, old])] == ["kvzap_a"]
+
+
+def test_a_second_paper_tables_into_an_out_being_written_is_refused(tmp_path):
+    """Two at once into one out (a sweep, or a rerun while the first is still writing): each removed the files its
+    index did not list, the other's among them, and the index written last named files that were gone."""
+    from analysis.paper_tables import build_all
+    from zoomr.runlock import RunLock
+
+    out = tmp_path / "out"
+    with RunLock(out, "paper_tables"), pytest.raises(SystemExit, match=f"{out} is being written by another paper_tables"):
+        build_all([str(tmp_path / "typo")], out)
+    assert sorted(p.name for p in out.iterdir()) == [".lock"]  # nothing written, nothing removed

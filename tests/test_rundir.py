@@ -286,3 +286,33 @@ def test_a_length_that_trains_nothing_is_refused(schema, kwargs, match):
     with pytest.raises(ValueError, match=match):
         schema(**kwargs)
     assert schema(max_steps=1).max_steps == 1
+
+
+def test_a_full_disk_keeps_the_old_file_and_names_the_one_it_could_not_write(tmp_path, monkeypatch, capsys):
+    """ENOSPC while a summary was written: ``OSError: [Errno 28] No space left on device`` without a path, a
+    traceback, and write_json's torn temporary file left beside the kept summary. Now the message names the file."""
+    import errno
+    import os
+
+    from zoomr.paths import OutputUnwritable
+    from zoomr.rundir import write_json
+    from zoomr.script import run_script
+
+    summary = tmp_path / "summary.json"
+    write_json(summary, {"loss": 1.0})
+    real = Path.write_text
+
+    def disk_full(self, data, *args, **kwargs):
+        real(self, data[: len(data) // 2], *args, **kwargs)  # what fitted before the disk filled up
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Path, "write_text", disk_full)
+    with pytest.raises(OutputUnwritable, match=f"{summary} cannot be written \\(No space left on device\\)"):
+        write_json(summary, {"loss": 0.5})
+    monkeypatch.setattr("sys.argv", ["/repo/analysis/slim_runs.py"])
+    with pytest.raises(SystemExit) as stop:
+        run_script(lambda: write_json(summary, {"loss": 0.5}))
+    assert stop.value.code == f"slim_runs: {summary} cannot be written (No space left on device); the file there before is kept"
+    monkeypatch.setattr(Path, "write_text", real)
+    assert json.loads(summary.read_text()) == {"loss": 1.0}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]  # no torn temporary file

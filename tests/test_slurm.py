@@ -129,3 +129,56 @@ def test_a_sweep_with_a_bad_job_is_refused_before_any_job_starts(entry, override
     with pytest.raises(SystemExit, match=message):
         _hydra_main(main, [entry, "--multirun", *overrides, "logger=none", f"hydra.sweep.dir={sweep}"], monkeypatch)
     assert not sweep.exists()  # no multirun.yaml, no job directory
+
+
+FAKE_SRUN = """#!/bin/bash
+case "$*" in *hostname*) echo 10.0.0.1; exit 0;; esac
+trap 'echo stopped >> "$FAKE_LOG"; exit 143' TERM
+echo "$$" > "$FAKE_LOG.pid"
+while :; do sleep 0.02; done
+"""
+FAKE_SCONTROL = """#!/bin/bash
+case "$1" in show) echo node1;; *) echo "$*" >> "$FAKE_LOG";; esac
+"""
+
+
+def test_the_multinode_script_requeues_its_job_near_the_time_limit(tmp_path):
+    """`--signal=USR1@120` sent USR1 to the job steps: torchrun and every rank, which do not handle it, died on the
+    spot two minutes before the limit, and nothing requeued the job (the script's comment said a timeout requeued
+    it). Now the batch shell alone gets it (B:), requeues the job, and waits for the training SLURM then stops."""
+    import contextlib
+    import signal
+    import time
+
+    from zoomr.paths import REPO_ROOT
+
+    script = REPO_ROOT / "slurm" / "train_multinode.slurm"
+    assert "#SBATCH --signal=B:USR1@" in script.read_text()
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LOG": str(log), "SLURM_JOB_ID": "42",
+           "SLURM_JOB_NODELIST": "node1", "SLURM_NNODES": "1"}  # fmt: skip
+    job = subprocess.Popen(["bash", str(script), "+method=abridge"], cwd=tmp_path, env=env, stderr=subprocess.PIPE,
+                           text=True)  # fmt: skip
+    try:
+        pid_file, deadline = tmp_path / "calls.pid", time.monotonic() + 10
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)  # the shell is in its wait
+        job.send_signal(signal.SIGUSR1)  # SLURM, 120 s before the time limit
+        while "requeue" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert job.poll() is None, "the batch shell died of USR1"
+        os.kill(int(pid_file.read_text()), signal.SIGTERM)  # SLURM stops the requeued job's steps
+        err = job.communicate(timeout=10)[1]
+    finally:
+        if job.poll() is None:
+            job.kill()
+        if "stopped" not in (log.read_text() if log.exists() else ""):  # the fake training outlived the shell
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    assert log.read_text().splitlines() == ["requeue 42", "stopped"]
+    assert "time limit near: requeueing job 42" in err and job.returncode == 143

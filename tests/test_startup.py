@@ -115,3 +115,64 @@ def test_started_restores_only_its_own_handler():
         assert signal.getsignal(signal.SIGINT) is own
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def _sigterm_here():
+    """What SLURM does at a job's time limit (or `kill`). Under the default handler it would kill this test process."""
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL, "SIGTERM would kill the command without a word"
+    signal.raise_signal(signal.SIGTERM)
+
+
+def test_sigterm_ends_a_script_with_one_line_and_status_143(monkeypatch, capsys):
+    """SIGTERM (SLURM's time limit, preemption, `kill`) killed a script on the spot: no line, none of the cleanup Ctrl-C
+    gets (a temporary file left beside its target). Now it is handled as Ctrl-C is, with the shell's 143."""
+    from zoomr.script import run_script
+    from zoomr.startup import TERMINATED
+
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    monkeypatch.setattr(sys, "argv", ["/repo/analysis/bench_decode.py"])
+    with pytest.raises(SystemExit) as stop:
+        run_script(_sigterm_here)
+    assert stop.value.code == TERMINATED == 143
+    assert capsys.readouterr().err.strip() == "bench_decode: terminated (SIGTERM)"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back after the run
+
+
+def test_sigterm_ends_an_entry_point_naming_what_a_rerun_resumes_from(tmp_path, monkeypatch):
+    import contextlib
+    import io
+    import logging
+
+    import zoomr.entry
+    from data_prep.__main__ import main
+
+    out = tmp_path / "pairs"
+    monkeypatch.setattr(zoomr.entry, "check_run_settings", lambda cfg, here=True: _sigterm_here())
+    monkeypatch.setattr(sys, "argv", ["data_prep", "+pipeline=summarize", f"pipeline.out_dir={out}",
+                                      f"hydra.run.dir={tmp_path / 'run'}", "hydra/job_logging=none",
+                                      "hydra/hydra_logging=none"])  # fmt: skip
+    level = logging.root.level
+    try:
+        with pytest.raises(SystemExit) as stop, contextlib.redirect_stderr(io.StringIO()) as err:
+            main()
+    finally:
+        logging.root.setLevel(level)
+    assert stop.value.code == 143
+    assert err.getvalue().strip() == (
+        f"data_prep: terminated (SIGTERM); what was written to {out} is kept, and the same command resumes from it"
+    )
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_sigterm_handler_installed_before_the_run_is_left_alone():
+    """submitit ignores SIGTERM in its jobs (its own signal checkpoints and requeues them): that stays so."""
+    from zoomr.startup import stop_on_sigterm
+
+    seen = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    try:
+        with stop_on_sigterm():
+            signal.raise_signal(signal.SIGTERM)
+        assert seen == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -28,6 +28,7 @@ from zoomr.cache.kvzap import KVzapMethod
 from zoomr.jsonl import read_json_object
 from zoomr.kvzap.fit import fit_surrogates
 from zoomr.kvzap.pairs import pairs_pipeline, read_manifest
+from zoomr.runlock import hold_run_lock
 from zoomr.schemas import to_dataclass
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,9 @@ def run(cfg) -> dict[str, Any]:
         return plan.finished
     kinds = list(fit.models)
     out = Path(method.surrogate_dir)
+    # two fits of other run directories into one (empty) surrogate_dir both passed the check below and wrote
+    # linear/ and mlp/ in turn, each recording itself: one fit's summary described the other's surrogates
+    hold_run_lock(out, "KVzap fit", f"give this fit its own method.surrogate_dir (e.g. {out}-{Path(cfg.run_dir).name})")
     check_surrogate_dir(out, kinds, cfg.run_dir)
     # in W&B beside the pipeline that made its pairs (<model>/kvzap_pairs), not under the unused data=traces default
     run_dir, logger = start_run(cfg, job_type="train", target=pairs_pipeline(manifest))

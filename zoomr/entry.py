@@ -22,7 +22,7 @@ from zoomr.rundir import is_main_process, write_json
 from zoomr.schemas import register_with_hydra
 from zoomr.schemas.checks import SettingsError
 from zoomr.script import USER_ERRORS, interrupted, user_error_message
-from zoomr.startup import started
+from zoomr.startup import started, stop_on_sigterm
 from zoomr.tracking import RunLogger, init_run, resolve_mode, run_identity
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -33,7 +33,7 @@ def hydra_entry(
 ) -> Callable:
     """``@hydra_entry("train")`` = ``@hydra.main`` on conf/<config_name>.yaml with our schemas registered.
 
-    ``resumes_from(cfg)``: the directory a rerun of the same command continues from after Ctrl-C (eval's appended
+    ``resumes_from(cfg)``: the directory a rerun of the same command continues from after Ctrl-C or SIGTERM (eval's appended
     rows, train's checkpoints, the miniature's arms), None where it starts over; the interrupted line names it.
     ``settings(cfg)``: the entry point's own checks of a config that need no model or data (its run calls them too);
     a ``--multirun`` runs them for every job before any starts (:func:`check_sweep`)."""
@@ -48,12 +48,13 @@ def hydra_entry(
         def task(cfg: Any) -> Any:
             started()  # from here on Ctrl-C is a KeyboardInterrupt, reported below with where a rerun resumes
             try:
-                check_run_settings(cfg)
-                return fn(cfg)
+                with stop_on_sigterm():  # SIGTERM (kill, SLURM's time limit) too, with status 143
+                    check_run_settings(cfg)
+                    return fn(cfg)
             except USER_ERRORS as e:  # what the user gave is wrong: the message alone
                 stop = SystemExit(user_error_message(e))
-            except KeyboardInterrupt:
-                stop = interrupted(config_name, resumes_from(cfg) if resumes_from else None)
+            except KeyboardInterrupt as e:
+                stop = interrupted(config_name, resumes_from(cfg) if resumes_from else None, e)
             except SystemExit as e:  # a refusal
                 stop = e
             except Exception:  # a bug: its traceback, but the .hydra/ of the run already there is kept as on a refusal

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -18,6 +19,14 @@ def resolve_repo_path(path: str | Path) -> Path:
 
 class MissingInput(FileNotFoundError):
     """A path the user gave (a model, a data file) names nothing usable; entry points print the message alone."""
+
+
+class OutputUnwritable(OSError):
+    """A finished file could not be put in place (a full disk or quota, a file system gone read-only); the file
+    there before is kept. Entry points print the message alone."""
+
+
+FULL_OR_READ_ONLY = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)  # the output, not the code
 
 
 def output_problem(path: str | Path, directory: bool) -> str | None:

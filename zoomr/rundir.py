@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zoomr.paths import FULL_OR_READ_ONLY, OutputUnwritable
 from zoomr.runlock import hold_run_lock
 
 log = logging.getLogger(__name__)
@@ -278,24 +279,27 @@ def read_json(path: Path) -> Any:
 
 
 def write_json(path: Path, obj: Any) -> None:
-    """Write through a temporary file and rename, so a kill leaves the old file or the new one."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # one per process: ranks may write at once
-    tmp.write_text(json.dumps(obj, indent=2, default=str))
-    os.replace(tmp, path)
+    """Write through a temporary file and rename, so a kill leaves the old file or the new one (and a full disk
+    too: :func:`replace_file`)."""
+    text = json.dumps(obj, indent=2, default=str)
+    replace_file(Path(path), lambda tmp: tmp.write_text(text))
 
 
 def replace_file(path: Path, write: Callable[[Path], Any]) -> None:
     """``write(tmp)`` to a temporary name beside ``path``, then rename it over ``path``: a kill leaves the old file
-    or the new one, never a torn one (tables, figures: anything a writer can be given a path for)."""
+    or the new one, never a torn one (tables, figures: anything a writer can be given a path for). A full disk or
+    a read-only file system is :class:`~zoomr.paths.OutputUnwritable` naming ``path`` (it was ``OSError: [Errno 28]
+    No space left on device`` without a path, and ``write_json`` left its torn temporary file behind)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # one per process: ranks may write at once
     try:
         write(tmp)
-    except BaseException:
+        os.replace(tmp, path)
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno in FULL_OR_READ_ONLY:
+            raise OutputUnwritable(f"{path} cannot be written ({e.strerror}); the file there before is kept") from e
         raise
-    os.replace(tmp, path)
 
 
 def write_text_atomic(path: Path, text: str, newline: str | None = None) -> None:

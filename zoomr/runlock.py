@@ -19,11 +19,13 @@ LOCK_FILE = ".lock"
 
 
 class RunLock:
-    """An exclusive, non-blocking ``flock`` on ``run_dir/.lock`` (``what`` names the writer in the refusal)."""
+    """An exclusive, non-blocking ``flock`` on ``run_dir/.lock`` (``what`` names the writer in the refusal, ``instead``
+    what to do about it)."""
 
-    def __init__(self, run_dir: str | Path, what: str = "eval"):
+    def __init__(self, run_dir: str | Path, what: str = "eval", instead: str = "use another run_name / run_dir"):
         self.path = Path(run_dir) / LOCK_FILE
         self.what = what
+        self.instead = instead
         self._fd: int | None = None
 
     def __enter__(self) -> RunLock:
@@ -38,7 +40,7 @@ class RunLock:
             os.close(fd)
             raise SystemExit(
                 f"{self.path.parent} is being written by another {self.what} (pid {holder}); wait for it to finish, "
-                "or use another run_name / run_dir"
+                f"or {self.instead}"
             ) from None
         except OSError as e:  # a file system without flock (e.g. Lustre mounted without it): run unguarded
             log.warning("%s: cannot lock (%s); a second writer of this directory would not be refused", self.path, e)
@@ -56,11 +58,11 @@ class RunLock:
 _HELD: dict[Path, RunLock] = {}
 
 
-def hold_run_lock(run_dir: str | Path, what: str = "training") -> None:
+def hold_run_lock(run_dir: str | Path, what: str = "training", instead: str = "use another run_name / run_dir") -> None:
     """Take ``run_dir``'s lock for the rest of this process (again in the same process: a no-op)."""
     key = Path(run_dir).resolve()
     if key not in _HELD:
-        _HELD[key] = RunLock(run_dir, what).__enter__()
+        _HELD[key] = RunLock(run_dir, what, instead).__enter__()
 
 
 def release_run_lock(run_dir: str | Path) -> None:

@@ -7,15 +7,23 @@ on a Ctrl-C is a ``KeyboardInterrupt`` the entry point reports with the director
 scripts (``python -m analysis.<script>``, ``eval.<script>``, ``data_prep.<script>``) get the same from their
 package's ``__init__`` (:func:`quiet_if_running_a_script`), and :func:`zoomr.script.run_script` calls
 :func:`started`.
+
+SIGTERM (``kill``, SLURM at a job's time limit or on preemption, torchrun stopping its workers) is handled the same
+way while the run works (:func:`stop_on_sigterm`): :class:`Terminated`, a ``KeyboardInterrupt``, reported in one line
+with status 143.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+import threading
+from collections.abc import Iterator
 
 INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C
+TERMINATED = 143  # 128 + SIGTERM: what a shell reports for a command stopped by `kill` (SLURM's time limit)
 
 
 _package: str | None = None  # the package whose script ``python -m`` is locating (quiet_if_running_a_script)
@@ -59,3 +67,29 @@ def started() -> None:
     """Ctrl-C raises ``KeyboardInterrupt`` again (only where :func:`quiet_while_starting` replaced it)."""
     if signal.getsignal(signal.SIGINT) is _stop_starting:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM while a run works: a ``KeyboardInterrupt``, so everything that cleans up after Ctrl-C (removing a
+    temporary file, stopping the grading workers, the one-line report) does so after a ``kill`` too."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM while this one is reported ends it at once
+    raise Terminated
+
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """While the run works, SIGTERM raises :class:`Terminated` where Python's default killed the process on the spot:
+    no line, none of the cleanup a Ctrl-C gets. Only over the default (a handler someone else installed, e.g.
+    submitit's, which ignores SIGTERM until its own signal checkpoints the job, is left alone), in the main thread,
+    and put back afterwards."""
+    mine = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    if mine:
+        signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        if mine and signal.getsignal(signal.SIGTERM) is _terminate:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from zoomr.paths import output_dir
+from zoomr.runlock import RunLock
 
 from . import abridge_paper, kvzap_paper, zoomr_paper
 from .inputs import Inputs, discover
@@ -54,11 +55,14 @@ def build_all(runs: list[str], out: str | Path, memory_gib: float = 8.0, n_resam
         resolve_mode(logger_cfg["mode"])  # a bad logger.mode or WANDB_MODE refused before any table is written
     t0 = time.time()
     inputs = discover([str(r) for r in runs])
-    report = Report(Path(out))
-    abridge_paper.build(inputs, report, memory_gib, n_resamples, seed, allow_different_settings)
-    zoomr_paper.build(inputs, report, n_resamples, seed, allow_different_settings)
-    kvzap_paper.build(inputs, report)
-    index = report.write_index(inputs_summary(inputs))
+    # two at once into one out each removed the files its index did not list, the other's among them, and the
+    # index written last listed files the other had removed (or missed those it had written)
+    with RunLock(out, "paper_tables", "give each its own task.out (--out)"):
+        report = Report(Path(out))
+        abridge_paper.build(inputs, report, memory_gib, n_resamples, seed, allow_different_settings)
+        zoomr_paper.build(inputs, report, n_resamples, seed, allow_different_settings)
+        kvzap_paper.build(inputs, report)
+        index = report.write_index(inputs_summary(inputs))
     if logger_cfg and logger_cfg.get("mode", "disabled") != "disabled":
         from zoomr.tracking import init_run
 
