@@ -103,10 +103,9 @@ def test_an_unfinished_run_is_refused_not_reported_over_the_problems_it_reached(
     assert boundary_report(tmp_path, 128)["problems"] == 40
 
 
-def test_reports_cut_short_while_writing_leave_the_old_file_whole(tmp_path, monkeypatch):
+def test_reports_cut_short_while_writing_leave_the_old_file_whole(tmp_path):
     """``--out`` was written in place: a kill mid-write left a torn JSON. It is renamed into place whole now."""
-    import builtins
-    import io
+    from torn_writes import writes_torn
 
     recs = load_test_problems(OPTIONS)
     rows = [{**ROW, "problem_id": r["id"], "correct": True,
@@ -115,30 +114,6 @@ def test_reports_cut_short_while_writing_leave_the_old_file_whole(tmp_path, monk
     (tmp_path / "config.json").write_text(json.dumps({"benchmark": {"options": OPTIONS}}))
     out = tmp_path / "out.json"
     out.write_text("[]")
-    real_open = io.open
-
-    class Torn:  # a file whose write stops half-way: the kill
-        def __init__(self, f):
-            self.f = f
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.f.close()
-
-        def write(self, text):
-            self.f.write(text[: len(text) // 2])
-            self.f.close()
-            raise KeyboardInterrupt
-
-    def tearing_open(file, mode="r", *args, **kwargs):
-        f = real_open(file, mode, *args, **kwargs)
-        return Torn(f) if "w" in mode and "out.json" in str(file) else f
-
-    monkeypatch.setattr(io, "open", tearing_open)
-    monkeypatch.setattr(builtins, "open", tearing_open)
-    with pytest.raises(KeyboardInterrupt):
+    with writes_torn("out.json"), pytest.raises(KeyboardInterrupt):
         main([str(tmp_path), "--block-size", "128", "--out", str(out)])
-    monkeypatch.undo()
     assert out.read_text() == "[]" and sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "out.json", "results.jsonl"]

@@ -581,44 +581,19 @@ def test_arms_that_hold_fewer_problems_than_task_n_are_named_instead_of_a_bootst
         summarize(["full", "kvzip"], task)
 
 
-def test_a_report_cut_short_while_writing_leaves_the_old_results_json_whole(tmp_path, monkeypatch):
+def test_a_report_cut_short_while_writing_leaves_the_old_results_json_whole(tmp_path):
     """``write_report`` wrote ``results.json`` in place: a kill mid-write (here: the file's write stops half-way) left
     it torn, and the next ``--merge`` into that table was refused, the arms of the earlier runs lost. Each file is
     renamed into place whole now."""
-    import builtins
-    import io
+    from torn_writes import writes_torn
 
     from analysis.miniature_report import write_report
 
     old = (REPO_ROOT / "analysis/results/miniature/results.json").read_text()
     (tmp_path / "results.json").write_text(old)
     results = json.loads(old)
-    real_open = io.open
-
-    def tearing_open(file, mode="r", *args, **kwargs):
-        f = real_open(file, mode, *args, **kwargs)
-        if "w" not in mode or "results.json" not in str(file):
-            return f
-
-        class Torn:
-            def __enter__(self):
-                return self
-
-            def __exit__(self, *exc):
-                f.close()
-
-            def write(self, text):
-                f.write(text[: len(text) // 2])
-                f.close()
-                raise KeyboardInterrupt  # stands in for the kill
-
-        return Torn()
-
-    monkeypatch.setattr(io, "open", tearing_open)
-    monkeypatch.setattr(builtins, "open", tearing_open)
-    with pytest.raises(KeyboardInterrupt):
+    with writes_torn("results.json"), pytest.raises(KeyboardInterrupt):
         write_report({**results, "arms": results["arms"][:2]}, tmp_path)
-    monkeypatch.undo()
     assert (tmp_path / "results.json").read_text() == old
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 

@@ -255,42 +255,17 @@ def test_an_out_that_is_one_of_the_inputs_is_refused_before_it_is_overwritten(tm
     assert (a / "results.json").read_bytes() == before and not (a / "table.md").exists()
 
 
-def test_a_report_cut_short_while_writing_leaves_the_old_results_json_whole(tmp_path, monkeypatch):
+def test_a_report_cut_short_while_writing_leaves_the_old_results_json_whole(tmp_path):
     """results.json (the ``--committed`` input of a later run) was written in place: a kill mid-write left it torn.
     Each file is renamed into place whole now."""
     a = _fake_seed(tmp_path, 11, {"full": [1, 0, 1], "abridge": [1, 1, 0]})
     out = tmp_path / "report"
     seeds.main([str(a), "--out", str(out)])
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    import builtins
-    import io
+    from torn_writes import writes_torn
 
-    real_open = io.open
-
-    class Torn:  # a file whose write stops half-way: the kill
-        def __init__(self, f):
-            self.f = f
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.f.close()
-
-        def write(self, text):
-            self.f.write(text[: len(text) // 2])
-            self.f.close()
-            raise KeyboardInterrupt
-
-    def tearing_open(file, mode="r", *args, **kwargs):
-        f = real_open(file, mode, *args, **kwargs)
-        return Torn(f) if "w" in mode and "results.json" in str(file) else f
-
-    monkeypatch.setattr(io, "open", tearing_open)
-    monkeypatch.setattr(builtins, "open", tearing_open)
-    with pytest.raises(KeyboardInterrupt):
+    with writes_torn("results.json"), pytest.raises(KeyboardInterrupt):
         seeds.main([str(a), "--out", str(out)])
-    monkeypatch.undo()
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # whole, and no temporary file left
 
 
