@@ -86,10 +86,14 @@ def test_refuses_data_without_summaries():
         zoomr_sft.run(cfg)
 
 
-def test_rows_with_malformed_summary_markup_are_not_trained_on(tmp_path, cache_dir, monkeypatch):
-    """Rows whose summary markup is unclosed, nested or unpaired (a hand-edited or foreign summarized.jsonl) trained the
-    model to write it so, without a word; the trace loader now skips and counts them (``unpaired_summary_tags``), so
-    the SFT trains on the well-formed rows only."""
+class Split(Exception):
+    """Raised where the SFT splits the rows it trains on (``zoomr.sft.held_out_split``): after the model and its
+    adapter are prepared, before any run state is written. ``args[0]``: those rows."""
+
+
+def _run_until_split(data_path, cache_dir, monkeypatch) -> list:
+    """``python -m train +method=zoomr_sft data=zoomr_summaries data.path=<data_path>`` run in-process up to the point
+    it splits its rows; the rows it would train on."""
     from hydra import compose, initialize_config_dir
 
     import zoomr.sft
@@ -97,75 +101,51 @@ def test_rows_with_malformed_summary_markup_are_not_trained_on(tmp_path, cache_d
     from zoomr.entry import CONF_DIR
     from zoomr.schemas import register_with_hydra
 
-    class Split(Exception):
-        pass
-
     def split(rows, *args):
         raise Split(rows)
 
+    monkeypatch.setattr(zoomr.sft, "held_out_split", split)
+    register_with_hydra()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("train", overrides=["+method=zoomr_sft", "data=zoomr_summaries", f"data.path={data_path}",
+                                          f"cache_dir={cache_dir}", "logger=none", "run_dir=unused"])  # fmt: skip
+    with pytest.raises(Split) as stopped:
+        zoomr_sft.run(cfg)
+    return stopped.value.args[0]
+
+
+def test_rows_with_malformed_summary_markup_are_not_trained_on(tmp_path, cache_dir, monkeypatch):
+    """Rows whose summary markup is unclosed, nested or unpaired (a hand-edited or foreign summarized.jsonl) trained the
+    model to write it so, without a word; the trace loader now skips and counts them (``unpaired_summary_tags``), so
+    the SFT trains on the well-formed rows only."""
     B, E, T0, T1 = tokens.BEGIN_SUMMARY, tokens.END_SUMMARY, tokens.BEGIN_THOUGHT, tokens.END_THOUGHT
     bodies = {"good": f"a\n\n{B}s{E}\n\nb\n\n{B}t{E}", "open": f"a\n\n{B}s{E}\n\nb\n\n{B}t", "nested": f"a{B}s{B}t{E}",
               "stray": f"a{E}\n\nb\n\n{B}s{E}"}  # fmt: skip
     path = tmp_path / "summarized.jsonl"
     path.write_text("".join(json.dumps({"id": k, "conversations": [{"from": "user", "value": "q?"},
                     {"from": "assistant", "value": f"{T0}{v}{T1}"}]}) + "\n" for k, v in bodies.items()))  # fmt: skip
-    monkeypatch.setattr(zoomr.sft, "held_out_split", split)  # where the SFT splits the rows it trains on: stop there
-    register_with_hydra()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose("train", overrides=["+method=zoomr_sft", "data=zoomr_summaries", f"data.path={path}",
-                                          f"cache_dir={cache_dir}", "logger=none", "run_dir=unused"])  # fmt: skip
-    with pytest.raises(Split) as stopped:
-        zoomr_sft.run(cfg)
-    trained = stopped.value.args[0]
+    trained = _run_until_split(path, cache_dir, monkeypatch)
     assert len(trained) == 1 and B in trained[0]["messages"][-1]["content"]  # the well-formed row alone
 
 
 def test_the_data_is_read_once_and_checked_before_the_model_loads(summarized, cache_dir, monkeypatch):
     """The summary check read the data config's rows, then the SFT read them all again: once now, the rows the
     check passed are the rows trained on. The check still comes before the model loads."""
-    from hydra import compose, initialize_config_dir
-
     import data_prep.traces
     import zoomr.sft
-    from train import zoomr_sft
-    from zoomr.entry import CONF_DIR
-    from zoomr.schemas import register_with_hydra
-
-    class Split(Exception):
-        pass
-
-    def split(rows, *args):
-        raise Split(rows)
 
     events, read, load = [], data_prep.traces.sft_dataset, zoomr.sft.load_model
     monkeypatch.setattr(data_prep.traces, "sft_dataset", lambda *a: events.append(("data", read(*a))) or events[-1][1])
     monkeypatch.setattr(zoomr.sft, "load_model", lambda *a, **kw: events.append(("model", None)) or load(*a, **kw))
-    monkeypatch.setattr(zoomr.sft, "held_out_split", split)  # where the SFT splits the rows it trains on: stop there
-    register_with_hydra()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose("train", overrides=["+method=zoomr_sft", "data=zoomr_summaries", f"data.path={summarized}",
-                                          f"cache_dir={cache_dir}", "logger=none", "run_dir=unused"])  # fmt: skip
-    with pytest.raises(Split) as stopped:
-        zoomr_sft.run(cfg)
-    assert [e for e, _ in events] == ["data", "model"] and stopped.value.args[0] is events[0][1]
+    trained = _run_until_split(summarized, cache_dir, monkeypatch)
+    assert [e for e, _ in events] == ["data", "model"] and trained is events[0][1]
 
 
 def test_two_runs_of_one_command_start_from_the_same_delimiter_rows_and_lora(summarized, cache_dir, monkeypatch):
     """The delimiter rows (drawn from the embeddings' mean and covariance) and LoRA's initial weights were drawn
     before the trainer seeded the process: two runs of one command with one ``seed`` trained two models (the SFT
     without new tokens, whose PEFT model the trainer makes, reproduces itself). Now the draws come from ``seed``."""
-    from hydra import compose, initialize_config_dir
-
-    import zoomr.sft
     from train import zoomr_sft
-    from zoomr.entry import CONF_DIR
-    from zoomr.schemas import register_with_hydra
-
-    class Split(Exception):
-        pass
-
-    def split(rows, *args):
-        raise Split
 
     def prepare(*args):
         model, peft_config, extra = real(*args)
@@ -173,14 +153,8 @@ def test_two_runs_of_one_command_start_from_the_same_delimiter_rows_and_lora(sum
         return model, peft_config, extra
 
     starts, real = [], zoomr_sft.prepare
-    monkeypatch.setattr(zoomr.sft, "held_out_split", split)  # after prepare, before any run state: stop there
     monkeypatch.setattr(zoomr_sft, "prepare", prepare)
-    register_with_hydra()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose("train", overrides=["+method=zoomr_sft", "data=zoomr_summaries", f"data.path={summarized}",
-                                          f"cache_dir={cache_dir}", "logger=none", "run_dir=unused"])  # fmt: skip
     for _ in range(2):
-        with pytest.raises(Split):
-            zoomr_sft.run(cfg)
+        _run_until_split(summarized, cache_dir, monkeypatch)
     assert starts[0].keys() == starts[1].keys() and any("lora_A" in k for k in starts[0])
     assert all(torch.equal(starts[0][k], starts[1][k]) for k in starts[0])
