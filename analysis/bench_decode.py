@@ -41,7 +41,7 @@ import torch
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from analysis.cli import bench_out_dir, require_at_least, write_bench_report
+from analysis.cli import bench_out_dir, require_at_least, require_device, write_bench_report
 from zoomr import configs
 from zoomr.cache import build_policy
 from zoomr.decode_forward import DecoderForward
@@ -408,6 +408,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if min(args.contexts) <= args.budget:
         p.error(f"every context must exceed --budget {args.budget}")
     check_conf_names(p, args.policies, args.model)
+    require_device(p, args.device)
     if "full" not in args.policies:
         args.policies = ["full", *args.policies]
     return args

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from analysis.bench_decode import check_conf_names, model_spec
-from analysis.cli import require_at_least, write_bench_json
+from analysis.cli import require_at_least, require_device, write_bench_json
 from zoomr import tokens
 from zoomr.cache.lightthinker import LightThinkerCache, LightThinkerMethod, resolve_cache_tokens
 from zoomr.engine import DecodeSettings, generate
@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         p.error("--thought-tokens must be >= 2 (a thought needs a token besides its splitter)")
     require_at_least(p, args, 1, "lengths", "num_cache_tokens", "prompt_tokens", "batch", "repeats", "threads")
     check_conf_names(p, [], args.model)
+    require_device(p, args.device)
     report = run(args)
     write_bench_json(args.out, "bench_lightthinker", args.model, report, table(report))
     return report

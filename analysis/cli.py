@@ -24,6 +24,15 @@ def require_at_least(parser: argparse.ArgumentParser, args: argparse.Namespace, 
         parser.error(f"{', '.join(bad)} must be >= {low}")
 
 
+def require_device(parser: argparse.ArgumentParser, device: str) -> None:
+    """``parser.error`` unless ``--device`` is cpu, cuda or a cuda:N this machine has (``mps``, a typo or a missing GPU
+    failed in torch after the run had started: gpu_check wrote a report of one error per section, exit status 0)."""
+    from zoomr.entry import device_problem
+
+    if (problem := device_problem(device, auto=False)) is not None:
+        parser.error(f"--device {device}: {problem}")
+
+
 def require_checkpoint(parser: argparse.ArgumentParser, path: str, option: str = "--model") -> None:
     """``parser.error`` unless ``path`` is a saved model directory (a ``config.json`` in it)."""
     if not (Path(path) / "config.json").is_file():

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from analysis.cli import brief, require_at_least
+from analysis.cli import brief, require_at_least, require_device
 from zoomr.paths import REPO_ROOT, output_dir, output_problem
 
 R1_QWEN_7B = {  # deepseek-ai/DeepSeek-R1-Distill-Qwen-7B config.json (Qwen2ForCausalLM)
@@ -316,8 +316,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.out = DRY_RUN_OUT if args.dry_run else str(RESULTS_DIR)
         if problem := output_problem(args.out, directory=True):
             p.error(f"--out {problem}")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        p.error("--device cuda but no GPU is visible (use --dry-run to check the code path on CPU)")
+    require_device(p, args.device)  # cpu, or a cuda:N this machine has
     if not args.dry_run and not args.device.startswith("cuda"):
         p.error("the full check needs a GPU (7B-architecture shapes); use --dry-run on CPU")
     args.dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32

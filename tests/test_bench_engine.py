@@ -206,3 +206,21 @@ def test_bench_grading_rejects_a_pool_it_cannot_start(argv, message, capsys):
     with pytest.raises(SystemExit):
         bench_grading.main([*argv, "--out", "unused"])
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("device", ["mps", "bogus", "cuda:x", "auto", "cuda:99"])
+@pytest.mark.parametrize("script", ["gpu_check", "bench_decode", "bench_lightthinker"])
+def test_a_device_this_machine_lacks_is_refused_before_the_run(script, device, tmp_path, monkeypatch, capsys):
+    """``--device mps`` (or a typo, or a cuda:N past this machine's GPUs) ran: gpu_check --dry-run wrote a report of
+    one torch error per section and exited 0; the benches failed with torch's traceback (a list of 20 device types).
+    Now one line naming the option and what this machine has, before anything is written."""
+    import importlib
+
+    monkeypatch.chdir(tmp_path)
+    module = importlib.import_module(f"analysis.{script}")
+    argv = ["--device", device] + (["--dry-run", "--out", str(tmp_path / "g")] if script == "gpu_check" else [])
+    with pytest.raises(SystemExit):
+        module.main(argv)
+    err = capsys.readouterr().err
+    assert f"--device {device}: " + ("this machine has" if device == "cuda:99" else "give cpu, cuda or cuda:N") in err
+    assert not list(tmp_path.iterdir())  # no report, no runs/

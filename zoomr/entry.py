@@ -273,16 +273,24 @@ def check_device(name: Any, present: bool = True) -> None:
     """Refuse a ``device=`` other than auto | cpu | cuda | cuda:N, or (``present``) a CUDA device this machine lacks,
     before a model loads (torch's own errors came after it: "Torch not compiled with CUDA enabled", or a list of 20
     device types for ``device=tpu``)."""
-    if name is None or name in ("auto", "cpu"):
-        return
+    if (problem := device_problem(name, present)) is not None:
+        raise SystemExit(f"device={name}: {problem}" + ("; use device=auto or device=cpu" if problem.startswith("this machine") else ""))
+
+
+def device_problem(name: Any, present: bool = True, auto: bool = True) -> str | None:
+    """What is wrong with the device ``name`` (None: nothing): not (``auto``) auto, cpu, cuda or cuda:N, or
+    (``present``) a CUDA device this machine lacks (the analysis scripts' ``--device`` takes no auto)."""
+    if name is None or name == "cpu" or (auto and name == "auto"):
+        return None
     kind, _, index = str(name).partition(":")
     if kind != "cuda" or (index and not index.isdigit()):
-        raise SystemExit(f"device={name}: give auto (CUDA when present, else CPU), cpu, cuda or cuda:N")
+        return f"give {'auto (CUDA when present, else CPU), ' if auto else ''}cpu, cuda or cuda:N"
     if not present:
-        return
+        return None
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if int(index or 0) >= count:
-        raise SystemExit(f"device={name}: this machine has {count} CUDA device(s); use device=auto or device=cpu")
+        return f"this machine has {count} CUDA device(s)"
+    return None
 
 
 def check_cache_dir(cache_dir: Any) -> None:
