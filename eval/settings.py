@@ -65,6 +65,19 @@ def _benchmark_problems(bench: BenchmarkConfig) -> list[str]:
     return out
 
 
+def _attention_problems(model: Any) -> list[str]:
+    """``model.attn_implementation`` other than sdpa: eval decodes every batch through the cache policies' attention
+    (SDPA, eager where a policy reads the weights), so eager, flex_attention or flash_attention_2 were not used, while
+    config.json and the fingerprint said they were (flash_attention_2 without its package: an ImportError traceback)."""
+    from zoomr.cache.base import POLICY_ATTENTION
+
+    attn = model.get("attn_implementation") if model is not None else None
+    if attn in (None, "sdpa"):
+        return []
+    return [f"model.attn_implementation={attn} would be ignored: eval decodes through {POLICY_ATTENTION}, which "
+            "computes with SDPA (eagerly where a policy reads the attention weights); leave it at sdpa"]  # fmt: skip
+
+
 def _method(method: dict[str, Any] | None) -> tuple[Any | None, list[str]]:
     """The policy config dataclass of the ``+method=`` node (None without one), and its problems."""
     if method is None:
@@ -106,6 +119,7 @@ def validate(cfg: Any) -> EvalSettings:
             problems.append(str(e))
     method, method_problems = _method(to_plain(cfg.method) if cfg.get("method") is not None else None)
     problems += method_problems
+    problems += _attention_problems(cfg.get("model"))
     if problems:
         raise SystemExit("invalid eval settings (nothing was written):\n  " + "\n  ".join(problems))
     gen = parsed["generation"]

@@ -57,6 +57,11 @@ def _cfg(run_dir, cache_dir, *overrides):
         (["+method=kvzip", "method.mode=threshold", "method.ratio=0.3"], "method.ratio=0.3 would be ignored with method.mode=threshold"),
         (["+method=kvzip", "method.window=16"], "method.window=16 would be ignored with method.mode=ratio"),
         (["+method=lightthinker", "method.page_size=0"], "method.page_size=0"),  # was a traceback after config.json
+        # was accepted and not used (every batch decodes through the policies' SDPA attention), config.json saying
+        # eager / flex_attention; flash_attention_2 without its package or a GPU: an ImportError traceback
+        (["model.attn_implementation=eager"], "model.attn_implementation=eager would be ignored: eval decodes"),
+        (["model.attn_implementation=flex_attention"], "model.attn_implementation=flex_attention would be ignored"),
+        (["model.attn_implementation=flash_attention_2"], "model.attn_implementation=flash_attention_2 would be"),
     ],
 )
 def test_an_invalid_setting_writes_nothing(tmp_path, cache_dir, overrides, message):
