@@ -272,3 +272,26 @@ def test_testbed_training_whose_loss_is_nan_stops_before_the_step_and_saves_noth
     with pytest.raises(SystemExit, match=r"training diverged: loss nan, grad_norm nan at step 1; stopped before"):
         recipe.run(cfg)
     assert not list((tmp_path / "run").glob("checkpoints/step-*")) and not (tmp_path / "run" / "final").exists()
+
+
+@pytest.mark.parametrize(
+    "attn,refusal",
+    [("bogus", r"model.attn_implementation=bogus: not one of eager, .*sdpa"),
+     ("flash_attention_2", r"model.attn_implementation=flash_attention_2: FlashAttention runs on CUDA GPUs only")],
+)  # fmt: skip
+def test_an_attention_this_machine_cannot_run_is_refused_naming_the_setting(tmp_path, attn, refusal):
+    """``model.attn_implementation=bogus``: transformers' ValueError traceback listing its choices; ``flash_attention_2``
+    on a machine without a GPU: an ImportError traceback saying the package was missing (whether or not it was).
+    Now the setting named in one line, before any run state."""
+    import torch
+
+    import train.sft as recipe
+    from zoomr.schemas.checks import SettingsError
+
+    if attn.startswith("flash") and torch.cuda.is_available():
+        pytest.skip("a GPU machine can run FlashAttention")
+    cfg = compose_train(tmp_path, "+method=sft", "model=tiny-qwen2", f"model.attn_implementation={attn}",
+                        "data.max_samples=2", "method.max_steps=1")  # fmt: skip
+    with pytest.raises(SettingsError, match=refusal):
+        recipe.run(cfg)
+    assert not (tmp_path / "run").exists()

@@ -338,6 +338,20 @@ def tokenizer_vocab_problem(path: str | Path, tokenizer) -> str | None:
     return None
 
 
+def attention_problem(name: str) -> str | None:
+    """What stops the attention implementation ``name`` on this machine (None: nothing known here): a name
+    transformers does not know (its ``ValueError`` traceback from ``from_pretrained``), or ``flash_attention_*``
+    without a CUDA GPU (an ``ImportError`` traceback saying the package is missing, also where it is installed)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    known = ["eager", *ALL_ATTENTION_FUNCTIONS.valid_keys()]
+    if name.startswith("flash_attention") and not torch.cuda.is_available():
+        return "FlashAttention runs on CUDA GPUs only, and this machine has none: use sdpa"
+    if name not in known and name.removeprefix("paged|") not in known and "/" not in name:  # org/repo: a hub kernel
+        return f"not one of {', '.join(known)}"
+    return None
+
+
 def load_model(
     spec: ModelSpec,
     cache_dir: Path | None = None,
@@ -350,12 +364,11 @@ def load_model(
     A PEFT adapter directory (``adapter_config.json``, e.g. ``+method=sft`` / ``zoomr_sft`` LoRA output) is
     loaded onto its base and merged (:func:`load_adapter_merged`): LoRA weights and trainable token rows.
     """
+    attn = attn_implementation or spec.attn_implementation
+    if problem := attention_problem(attn):
+        raise SettingsError(f"model.attn_implementation={attn}: {problem}")
     path = resolve_model_path(spec, cache_dir)
-    kwargs = dict(
-        dtype=DTYPES[dtype or spec.dtype],
-        attn_implementation=attn_implementation or spec.attn_implementation,
-        trust_remote_code=spec.trust_remote_code,
-    )
+    kwargs = dict(dtype=DTYPES[dtype or spec.dtype], attn_implementation=attn, trust_remote_code=spec.trust_remote_code)
     try:
         if adapter_base(path) is not None:
             model = load_adapter_merged(path, **kwargs)
@@ -363,6 +376,10 @@ def load_model(
             model = load_matching_weights(path, strict=spec.is_tiny or is_local_path(str(spec.hf_id)), **kwargs)
     except ModelPathError:
         raise
+    except ImportError as e:  # flash_attention_2 on a GPU machine without the flash-attn package (nor a kernel)
+        if not attn.startswith("flash_attention"):
+            raise
+        raise MissingInput(f"model.attn_implementation={attn}: {str(e).strip()} (or use sdpa)") from None
     except OSError as e:
         raise _hub_error(spec, e) from e
     return model.to(device).eval()
