@@ -446,3 +446,11 @@ def test_an_eval_fraction_the_masked_trainers_ignore_is_refused(method, tmp_path
                             "method.max_steps=1", "method.testbed_eval_problems=0" if method == "abridge" else "method.save_steps=1"],
                            tmp_path / "run")  # fmt: skip
     assert "invalid settings: data.eval_fraction=0.5: this trainer holds out the first method.heldout_examples" in stderr
+
+
+@pytest.mark.parametrize("method", ["kvzap", "sft_testbed", "abridge_allocate"])
+def test_deepspeed_with_a_recipe_that_does_not_run_it_is_refused(method, tmp_path):
+    """``deepspeed=zero2`` with the KVzap fit, the testbed trainer or the AbridgeKV allocation (their own loops, not
+    the HF Trainer) was accepted and not used: one process without ZeRO, while config.json said zero2."""
+    message = train_refused([f"+method={method}", "deepspeed=zero2"], tmp_path / "run")
+    assert f"deepspeed=zero2 would be ignored: +method={method} trains in its own loop" in message

@@ -27,8 +27,24 @@ def check_settings(cfg) -> None:
     from zoomr.schemas import to_dataclass
 
     require_group(cfg, "method", "train")
+    check_deepspeed(cfg)
     if dataclasses.is_dataclass(schema := OmegaConf.get_type(cfg.method)):
         to_dataclass(schema, cfg.method)
+
+
+DEEPSPEED_TRAINERS = ("sft", "zoomr_sft", "abridge", "lightthinker")  # the recipes built on the HF Trainer
+
+
+def check_deepspeed(cfg) -> None:
+    """``deepspeed=zero2|zero3`` with a recipe that trains in its own loop (the KVzap fit, the testbed trainer, the
+    AbridgeKV allocation) was accepted and not used: one process without ZeRO, config.json saying zero2."""
+    trainer = cfg.method.get("trainer")
+    if cfg.deepspeed.get("config") and trainer and trainer not in DEEPSPEED_TRAINERS:
+        raise SystemExit(
+            f"deepspeed={cfg.deepspeed.name} would be ignored: +method={cfg.method.name} trains in its own loop "
+            f"(train/{trainer}.py), not the HF Trainer that runs DeepSpeed ({', '.join(DEEPSPEED_TRAINERS)}); "
+            "leave deepspeed=none"
+        )
 
 
 @hydra_entry("train", resumes_from=lambda cfg: cfg.run_dir if cfg.get("resume") == "auto" else None,
@@ -42,6 +58,7 @@ def main(cfg) -> None:  # resumes from its checkpoints
             f"method {cfg.method.name!r} has nothing to train (it is a decoding policy): "
             f"evaluate it with `python -m eval +method={cfg.method.name}`"
         )
+    check_deepspeed(cfg)
     import_hf_wandb_quietly()  # before the HF Trainer's import prints a W&B offline notice (WANDB_MODE=offline)
     importlib.import_module(f"train.{trainer}").run(cfg)
 
