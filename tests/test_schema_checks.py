@@ -454,3 +454,15 @@ def test_deepspeed_with_a_recipe_that_does_not_run_it_is_refused(method, tmp_pat
     the HF Trainer) was accepted and not used: one process without ZeRO, while config.json said zero2."""
     message = train_refused([f"+method={method}", "deepspeed=zero2"], tmp_path / "run")
     assert f"deepspeed=zero2 would be ignored: +method={method} trains in its own loop" in message
+
+
+def test_the_testbed_trainer_refuses_a_device_or_attention_it_would_not_use_before_any_run_state(tmp_path, monkeypatch):
+    """``+method=sft_testbed device=cuda`` (on a GPU machine) trained on the CPU without a word (its model stays where
+    load_model puts it); ``model.attn_implementation=bogus`` failed after config.json, when the model loaded."""
+    testbed = ["+method=sft_testbed", "data=testbed", "model=tiny-testbed"]
+    message = train_refused([*testbed, "model.attn_implementation=bogus"], tmp_path / "a")
+    assert "model.attn_implementation=bogus: not one of eager" in message
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # a machine with one GPU, as far as device= is checked
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
+    message = train_refused([*testbed, "device=cuda"], tmp_path / "b")
+    assert "device=cuda: the testbed trainer (+method=sft_testbed) trains on the CPU" in message

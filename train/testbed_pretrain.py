@@ -41,6 +41,7 @@ from transformers import AutoConfig
 from zoomr.entry import model_spec, start_run, to_plain
 from zoomr.models import (
     ModelPathError,
+    check_attention,
     checkpoint_dir_problem,
     describe,
     load_model,
@@ -225,6 +226,10 @@ def run(cfg) -> dict[str, Any]:
     tokenizer = load_tokenizer(spec, cfg.cache_dir)
     check_tokenizer(tokenizer)  # a model without the testbed's words is refused before any state is written
     layers = pointer_layers(AutoConfig.from_pretrained(resolve_model_path(spec, cfg.cache_dir)).num_hidden_layers, method)
+    check_attention(spec.attn_implementation)  # the model loads after the run state is written
+    if str(cfg.get("device") or "auto").startswith("cuda"):  # it trains where load_model puts the model: the CPU
+        raise SettingsError(f"device={cfg.device}: the testbed trainer (+method={cfg.method.name}) trains on the CPU; "
+                            "leave device=auto or give device=cpu")  # fmt: skip
     plan = prepare_run(cfg.run_dir, to_plain(cfg), cfg.resume, free=FREE_KEYS, checkpoint_problems=checkpoint_problems,
                        title="testbed training", checkpoint_prefix=CHECKPOINT_PREFIX)  # fmt: skip
     if plan.finished:

@@ -352,6 +352,13 @@ def attention_problem(name: str) -> str | None:
     return None
 
 
+def check_attention(name: str) -> None:
+    """:func:`attention_problem` as a :class:`SettingsError` naming ``model.attn_implementation``: called by
+    :func:`load_model`, and before any run state by an entry point that loads its model after writing some."""
+    if problem := attention_problem(name):
+        raise SettingsError(f"model.attn_implementation={name}: {problem}")
+
+
 def load_model(
     spec: ModelSpec,
     cache_dir: Path | None = None,
@@ -365,8 +372,7 @@ def load_model(
     loaded onto its base and merged (:func:`load_adapter_merged`): LoRA weights and trainable token rows.
     """
     attn = attn_implementation or spec.attn_implementation
-    if problem := attention_problem(attn):
-        raise SettingsError(f"model.attn_implementation={attn}: {problem}")
+    check_attention(attn)
     path = resolve_model_path(spec, cache_dir)
     kwargs = dict(dtype=DTYPES[dtype or spec.dtype], attn_implementation=attn, trust_remote_code=spec.trust_remote_code)
     try:
