@@ -466,3 +466,15 @@ def test_the_testbed_trainer_refuses_a_device_or_attention_it_would_not_use_befo
     monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
     message = train_refused([*testbed, "device=cuda"], tmp_path / "b")
     assert "device=cuda: the testbed trainer (+method=sft_testbed) trains on the CPU" in message
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda:1"])
+@pytest.mark.parametrize("method", ["sft", "abridge"])
+def test_a_device_the_hf_trainer_would_not_train_on_is_refused(method, device, tmp_path, monkeypatch):
+    """On a GPU machine the HF Trainer recipes train on the GPU (cuda:0) whatever ``device=`` said: ``device=cpu``
+    trained on the GPU and ``device=cuda:1`` on cuda:0, without a word, config.json naming the device asked for."""
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # a machine with two GPUs, as far as device= is checked
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
+    message = train_refused([f"+method={method}", f"device={device}"], tmp_path / "run")
+    assert message.startswith(f"device={device}: +method={method} trains with the HF Trainer")
+    assert "CUDA_VISIBLE_DEVICES=" in message

@@ -32,6 +32,23 @@ def check_settings(cfg) -> None:
         to_dataclass(schema, cfg.method)
 
 
+def check_trainer_device(cfg) -> None:
+    """A ``device=`` the HF Trainer recipes would not train on: it trains on the GPU whenever one is visible and on
+    cuda:0 (each torchrun rank on its own), so ``device=cpu`` on a GPU machine trained on the GPU, and ``device=cuda:1``
+    on cuda:0, without a word (config.json saying otherwise)."""
+    import torch
+
+    device, trainer = str(cfg.get("device") or "auto"), cfg.method.get("trainer")
+    if trainer not in DEEPSPEED_TRAINERS or not torch.cuda.is_available():
+        return
+    if device == "cpu":
+        raise SystemExit(f"device=cpu: +method={cfg.method.name} trains with the HF Trainer, which uses the GPU this "
+                         "machine has; to train on the CPU hide it (CUDA_VISIBLE_DEVICES= python -m train …)")  # fmt: skip
+    if device.startswith("cuda:") and device != "cuda:0":
+        raise SystemExit(f"device={device}: +method={cfg.method.name} trains with the HF Trainer, which uses cuda:0; "
+                         f"pick the GPU with CUDA_VISIBLE_DEVICES={device.partition(':')[2]} and device=cuda")  # fmt: skip
+
+
 DEEPSPEED_TRAINERS = ("sft", "zoomr_sft", "abridge", "lightthinker")  # the recipes built on the HF Trainer
 
 
@@ -59,6 +76,7 @@ def main(cfg) -> None:  # resumes from its checkpoints
             f"evaluate it with `python -m eval +method={cfg.method.name}`"
         )
     check_deepspeed(cfg)
+    check_trainer_device(cfg)
     import_hf_wandb_quietly()  # before the HF Trainer's import prints a W&B offline notice (WANDB_MODE=offline)
     importlib.import_module(f"train.{trainer}").run(cfg)
 
