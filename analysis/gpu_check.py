@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ import torch
 
 from analysis.cli import brief, require_at_least, require_device
 from zoomr.paths import REPO_ROOT, output_dir, output_problem
+from zoomr.rundir import write_text_atomic
 
 R1_QWEN_7B = {  # deepseek-ai/DeepSeek-R1-Distill-Qwen-7B config.json (Qwen2ForCausalLM)
     "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
@@ -367,14 +369,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             torch.cuda.reset_peak_memory_stats()
         report["sections"][name] = sec
         report["seconds"] = time.perf_counter() - t_all
-        (out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
-        (out / "gpu_check.md").write_text(table(report) + "\n")
+        write_text_atomic(out / "gpu_check.json", json.dumps(report, indent=2, default=str))  # after every section
+        write_text_atomic(out / "gpu_check.md", table(report) + "\n")
         print(table({**report, "sections": {name: sec}}), flush=True)
     print(f"\nwrote {out / 'gpu_check.json'} ({report['seconds']:.0f} s)")
     return report
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """``python -m analysis.gpu_check``: exit status 1 when a section failed (its error is in the report, the other
+    sections still ran), so a batch job or a script notices; 0 otherwise."""
+    report = main(argv)
+    failed = [name for name, sec in report["sections"].items() if "error" in sec]
+    if failed:
+        print(f"[gpu_check] failed: {', '.join(failed)} (the errors are in gpu_check.json)", file=sys.stderr)
+    return 1 if failed else 0
+
+
 if __name__ == "__main__":
     from zoomr.script import run_script
 
-    run_script(main)
+    run_script(cli)

@@ -134,6 +134,23 @@ def test_gpu_check_dry_run_memory_section(tmp_path, capsys):
     assert json.loads((tmp_path / "gpu_check.json").read_text())["sections"]["memory"]["rows"] == sec["rows"]
 
 
+def test_gpu_check_exits_non_zero_when_a_section_failed(tmp_path, monkeypatch, capsys):
+    """A section that raised was recorded in the report and the run exited 0, even when every section had failed:
+    a batch job on a GPU machine saw success. The report still holds every section; the status is 1 now."""
+
+    def broken(args, tok):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(gpu_check, "section_memory", broken)
+    argv = ["--dry-run", "--only", "memory", "--out", str(tmp_path)]
+    assert gpu_check.cli(argv) == 1
+    assert "[gpu_check] failed: memory" in capsys.readouterr().err
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert report["sections"]["memory"]["error"] == "RuntimeError: CUDA out of memory"
+    monkeypatch.undo()
+    assert gpu_check.cli(argv) == 0
+
+
 @pytest.mark.slow
 def test_gpu_check_dry_run_every_section(tmp_path):
     report = gpu_check.main(["--dry-run", "--out", str(tmp_path)])
