@@ -133,7 +133,8 @@ def run_dirs(root: Path) -> list[Path]:
 
     if is_run(root):
         return [root]
-    return sorted(p for p in root.rglob("*") if p.is_dir() and not set(p.parts) & PRUNE and is_run(p))
+    # pruned below root only: a source under a folder named like one (/scratch/final/runs) held "no run directory"
+    return sorted(p for p in root.rglob("*") if p.is_dir() and not set(p.relative_to(root).parts) & PRUNE and is_run(p))
 
 
 def slim_runs(sources: list[Path], out: Path) -> dict[str, int]:

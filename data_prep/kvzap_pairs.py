@@ -19,7 +19,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -89,12 +89,19 @@ def row_text(source: TextSource, line: str, where: str) -> str:
 
 
 def cut_documents(
-    token_docs: list[tuple[int, list[int]]], sep: list[int], lo: int, hi: int, rng: np.random.Generator
+    token_docs: Iterable[tuple[int, list[int]]], sep: list[int], lo: int, hi: int, rng: np.random.Generator
 ) -> list[tuple[int, str, list[int]]]:
     """Pieces of [lo, hi] tokens as (first source doc, origin, ids), in the given document order."""
+    return list(iter_pieces(token_docs, sep, lo, hi, rng))
+
+
+def iter_pieces(
+    token_docs: Iterable[tuple[int, list[int]]], sep: list[int], lo: int, hi: int, rng: np.random.Generator
+) -> Iterator[tuple[int, str, list[int]]]:
+    """:func:`cut_documents`' pieces one at a time, taking from ``token_docs`` only as many documents as they need
+    (a caller that stops early leaves the rest untokenized)."""
     if not 0 < lo <= hi:
         raise ValueError(f"need 0 < min_tokens <= max_tokens, got {lo}, {hi}")
-    pieces: list[tuple[int, str, list[int]]] = []
     pack: list[int] = []
     packed: list[int] = []
     target = int(rng.integers(lo, hi + 1))
@@ -103,16 +110,15 @@ def cut_documents(
             pos = 0
             while len(ids) - pos >= lo:
                 n = min(int(rng.integers(lo, hi + 1)), len(ids) - pos)
-                pieces.append((j, f"{j}[{pos}:{pos + n}]", ids[pos : pos + n]))
+                yield j, f"{j}[{pos}:{pos + n}]", ids[pos : pos + n]
                 pos += n
             continue
         pack += (sep if pack else []) + ids
         packed.append(j)
         if len(pack) >= lo:
             n = min(target, len(pack))
-            pieces.append((packed[0], "packed " + ",".join(map(str, packed)), pack[:n]))
+            yield packed[0], "packed " + ",".join(map(str, packed)), pack[:n]
             pack, packed, target = [], [], int(rng.integers(lo, hi + 1))
-    return pieces
 
 
 def plan_documents(sources: list[TextSource], tokenizer, p: KVzapPairsPipeline, seed: int) -> list[Document]:
@@ -125,9 +131,11 @@ def plan_documents(sources: list[TextSource], tokenizer, p: KVzapPairsPipeline, 
         order = rng.permutation(len(texts))
         # as text: a document quoting '<|endoftext|>' or '<|im_end|>' (a GPT-2 style dump's separator) was read as the
         # special token, so KVzip scored, and the surrogate learned from, contexts ended mid-document
-        token_docs = [(int(j), tokenizer(texts[j], add_special_tokens=False, split_special_tokens=True)["input_ids"])
-                      for j in order]  # fmt: skip
-        pieces = cut_documents(token_docs, sep, p.min_tokens, p.max_tokens, rng)
+        # one at a time, as the pieces need them: a source of 50,000 lines tokenized all of them (78 s, 1.7 GB of
+        # token lists) to keep the 505 documents of the first few hundred
+        token_docs = ((int(j), tokenizer(texts[j], add_special_tokens=False, split_special_tokens=True)["input_ids"])
+                      for j in order)  # fmt: skip
+        pieces = iter_pieces(token_docs, sep, p.min_tokens, p.max_tokens, rng)
         val_sources: set[int] = set()
         n_val = n_train = 0
         for j, origin, ids in pieces:  # pieces of one source document are consecutive
@@ -138,6 +146,8 @@ def plan_documents(sources: list[TextSource], tokenizer, p: KVzapPairsPipeline, 
             elif j not in val_sources and n_train < p.max_docs_per_subset:
                 docs.append(Document(len(docs), source.name, "train", f"{source.name}:{origin}", ids))
                 n_train += 1
+            if n_val == p.val_docs_per_subset and n_train == p.max_docs_per_subset:
+                break  # both splits full: no later piece is kept
         if n_val + n_train == 0:
             log.warning("source %s: no document reaches %d tokens", source.name, p.min_tokens)
     return docs

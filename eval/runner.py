@@ -118,10 +118,16 @@ def evaluate(
         total=len(scope), initial=graded, desc=f"eval {benchmark} [{store.path.parent.name}]", disable=not progress,
         dynamic_ncols=True,
     )
-    prompts: dict[str, str] = {}
+    # the last problem's prompt, rendered once for its samples (consecutive: problem-major order); a dict of every
+    # prompt (setdefault, which renders its argument each time) rendered one per sample and kept them all
+    rendered: dict[str, str] = {}
     for start in range(0, len(todo), batch_size):
         batch = todo[start : start + batch_size]
-        texts = [prompts.setdefault(p.id, render(p)) for p, _ in batch]
+        texts = []
+        for p, _ in batch:
+            if p.id not in rendered:
+                rendered = {p.id: render(p)}
+            texts.append(rendered[p.id])
         seeds = [sample_seed(seed, p.id, s) for p, s in batch]
         t0 = time.perf_counter()
         gens = generate(texts, seeds, [script(p) for p, _ in batch]) if script else generate(texts, seeds)

@@ -59,6 +59,22 @@ def test_rows_have_every_field(tmp_path):
     assert 0 < m["pooled"]["accuracy"] < 1
 
 
+def test_each_problem_s_prompt_is_rendered_once_for_all_its_samples(tmp_path):
+    """The samples of a problem (3, across batches of 4) share one rendering; the runner rendered it once per sample
+    and kept every problem's prompt until the run ended."""
+    rendered = []
+
+    def render(p):
+        rendered.append(p.id)
+        return p.question
+
+    with Grader(workers=1, math_verify=False) as grader:
+        rows = evaluate(PROBLEMS, fake_generate, grader, ResultStore(tmp_path), render, benchmark="toy", n_samples=3,
+                        batch_size=4, seed=1234, progress=False)  # fmt: skip
+    assert rendered == [p.id for p in PROBLEMS]
+    assert _strip_times(rows) == _strip_times(_evaluate(tmp_path / "again"))
+
+
 def test_the_progress_bar_names_the_run_it_belongs_to(tmp_path, capsys):
     """An analysis running several arms (testbed_table, zoomr_testbed) showed 'eval testbed' for each of them."""
     _evaluate(tmp_path / "h2o-50", progress=True)

@@ -34,6 +34,27 @@ def test_cut_documents_lengths_and_packing():
     assert [o for j, o, _ in pieces if j == 4] == ["4[0:130]"]
 
 
+def test_plan_tokenizes_only_the_source_documents_its_kept_pieces_need(tmp_path):
+    """The plan takes at most val + max_docs pieces per subset; a source of 300 lines was tokenized whole (every line
+    held as a token list) before the first piece was kept. Capped, it reads no further than the pieces it keeps, and
+    keeps the same documents as a plan that reads every line."""
+    (tmp_path / "t.txt").write_text("".join(" ".join(f"w{i}x{k}" for k in range(40)) + "\n" for i in range(300)))
+    tokenized = []
+
+    def tokenizer(text, **kw):
+        tokenized.append(text)
+        return {"input_ids": [len(w) for w in text.split()]}
+
+    source = [TextSource(name="t", path=str(tmp_path / "t.txt"), format="lines")]
+    kw = dict(sources=source, min_tokens=15, max_tokens=20, val_docs_per_subset=2, tokens_per_doc=10)
+    capped = plan_documents(source, tokenizer, KVzapPairsPipeline(max_docs_per_subset=4, **kw), seed=3)
+    assert len(tokenized) - 1 <= 6  # the separator, then about one line per two pieces: not all 300 lines
+    tokenized.clear()
+    every = plan_documents(source, tokenizer, KVzapPairsPipeline(max_docs_per_subset=10**6, **kw), seed=3)
+    assert len(tokenized) == 301
+    assert capped == every[:6] and [d.split for d in capped] == ["val"] * 2 + ["train"] * 4
+
+
 @pytest.fixture(scope="module")
 def model_tok(cache_dir):
     return load_model_and_tokenizer(tiny_spec("qwen2"), cache_dir)

@@ -242,6 +242,26 @@ def test_a_torn_results_row_is_reported_and_the_file_left_as_it_was(tmp_path):
     assert results.read_bytes() == torn
 
 
+def test_the_runs_read_keep_no_per_row_text(tmp_path):
+    """paper_tables held every row's text (and gold, extracted answer, testbed recall list) of every run it read until
+    its tables were written, though no table reads them: gigabytes over a sweep of arms with long samples. The runs
+    are read without them, to the same metrics."""
+    import shutil
+
+    from analysis.paper_tables.inputs import discover
+
+    run = tmp_path / "full"
+    shutil.copytree(SLIM_ARMS / "full", run)
+    plain = discover([str(run)]).evals[0]
+    rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+    (run / "results.jsonl").write_text("".join(json.dumps({**r, "text": "long " * 200, "gold": "1", "extracted": "1",
+                                                           "recall": [{"key": "k", "correct": True}]}) + "\n"
+                                               for r in rows))  # fmt: skip
+    arm = discover([str(run)]).evals[0]
+    assert not {"text", "gold", "extracted", "recall"} & {k for r in arm.run.rows for k in r}
+    assert arm.metrics == plain.metrics and arm.run.rows == plain.run.rows
+
+
 @pytest.mark.parametrize(
     "edit, message",
     [

@@ -88,6 +88,19 @@ def test_slim_runs_refuses_a_folder_without_runs(tmp_path):
         slim_runs([tmp_path / "missing"], tmp_path / "out")
 
 
+def test_runs_under_a_folder_named_like_a_pruned_one_are_found(tmp_path):
+    """Folders named ``final``, ``checkpoints``, ``wandb`` … are pruned below a source, not above it: runs under
+    ``/scratch/final/runs`` were refused as 'no run directory' (the same runs given as ``runs`` from inside were
+    copied). Below the source they are still pruned."""
+    from analysis.slim_runs import run_dirs
+
+    for run in ("final/runs/arm", "final/runs/arm/final/inner", "final/runs/b/checkpoints/c"):
+        (tmp_path / run).mkdir(parents=True)
+        (tmp_path / run / "config.json").write_text("{}")
+        (tmp_path / run / "results.jsonl").write_text("")
+    assert run_dirs(tmp_path / "final/runs") == [tmp_path / "final/runs/arm"]
+
+
 def test_slim_runs_never_writes_into_what_it_copies(tmp_path):
     """``--out`` = the runs' parent slimmed each run in place: its results.jsonl was emptied (read while rewritten)."""
     from zoomr.jsonl import BadRowError

@@ -362,6 +362,27 @@ def test_plan_counts_messy_rows():
     assert plan_rows([already], SummarizeSettings())[1] == {"already_summarized": 1}
 
 
+def test_token_counts_are_taken_a_few_texts_at_a_time(monkeypatch):
+    """The stats count tokens in batches of COUNT_BATCH texts: every response in one tokenizer call held all their
+    encodings at once (2 GB for 1,000 traces of 4,000 tokens). The counts are those of one call over all texts."""
+    from data_prep import summarize
+
+    calls = []
+
+    def tokenizer(texts, add_special_tokens=True):
+        calls.append(len(texts))
+        return {"input_ids": [t.split() for t in texts]}
+
+    records = [{"paragraphs": ["a b c", "d e"], "summaries": ["x", "y z"], "conversations": [{}, {"value": "a b " * i}]}
+               for i in range(1, 6)]  # fmt: skip
+    originals = ["a " * i for i in range(1, 6)]
+    monkeypatch.setattr(summarize, "COUNT_BATCH", 3, raising=False)
+    stats = summarize.length_stats(records, originals, tokenizer)
+    assert calls and max(calls) <= 3 and sum(calls) == 10 + 10 + 5 + 5
+    assert stats["paragraphs"] == 10 and stats["mean_paragraph_tokens"] == 2.5 and stats["mean_summary_tokens"] == 1.5
+    assert stats["response_growth"] == 2 * 15 / 15 and stats["compression_ratio"] == 25 / 15
+
+
 def test_entry_point(tmp_path):
     """``python -m data_prep +pipeline=summarize +data=traces`` end to end against the fake server."""
     with FakeServer() as server:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from analysis.slim_runs import DROPPED
 from eval.compare import CompareError, Run, load_run
 from eval.metrics import compute_metrics
 from zoomr.jsonl import BadRowError, read_json, read_json_object
@@ -256,6 +257,9 @@ def add_eval(path: Path, inputs: Inputs) -> None:
                 "this one is not used (give one of them another run_name)"
             )
             return
+    # without the per-row texts no table reads (the fields slim copies drop): every run's were held until the end,
+    # 47 MiB per 480-row run of 100k-character samples, gigabytes over a paper's sweep of arms
+    run.rows = [{k: v for k, v in r.items() if k not in DROPPED} for r in run.rows]
     inputs.evals.append(EvalArm(run, config, model, label, method, compute_metrics(run.rows)))
 
 
