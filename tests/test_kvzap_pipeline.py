@@ -104,7 +104,8 @@ def test_pairs_then_fit_through_the_configs(tmp_path, cache_dir):
         run_fit(_compose("train", [*cfg_overrides(tmp_path, cache_dir), "method.fit.ridge_alpha=7"]))
     # another fit (its own run directory) into the same surrogate_dir was written over this one without a word
     weights = (tmp_path / "surrogates" / "mlp" / "model.safetensors").stat().st_mtime_ns
-    assert json.loads((tmp_path / "surrogates" / "mlp" / "fitted_by.json").read_text())["run_dir"] == str(tmp_path / "fit")
+    record = json.loads((tmp_path / "surrogates" / "mlp" / "fitted_by.json").read_text())
+    assert record == {"run_dir": str(tmp_path / "fit"), "model": None}  # a tiny model built from its config: no path
     other = [*cfg_overrides(tmp_path, cache_dir), f"run_dir={tmp_path}/fit2", "method.fit.ridge_alpha=7"]
     with pytest.raises(SystemExit, match=f"holds surrogates written by the fit in {tmp_path / 'fit'}; this fit would"):
         run_fit(_compose("train", other))

@@ -301,3 +301,37 @@ def test_kvzip_refuses_a_chunked_prefill_before_scoring_a_chunk(tiny):
     with pytest.raises(RuntimeError, match=r"prefill it in one step \(prefill_chunk=None\)"):
         generate(model, tok, [list(range(10, 22)), [7, 8]], cache, settings)
     assert scored == []  # refused before any chunk was scored
+
+
+def test_a_surrogate_fitted_for_another_checkpoint_is_served_with_a_warning(tmp_path, caplog, monkeypatch):
+    """``method.surrogate_dir`` is per model *name* by default (``runs/kvzap/${model.name}``), so every checkpoint of
+    ``model=tiny-testbed`` shared one: surrogates fitted on one checkpoint's pairs scored another's rows without a
+    word. The fit now records the model it fitted (``fitted_by.json``) and serving another says so."""
+    from zoomr.models import tiny_config
+
+    config = tiny_config("qwen2", vocab_size=64, num_hidden_layers=2)
+    new_surrogate(config.hidden_size, config.num_key_value_heads, config.num_hidden_layers).save_pretrained(
+        tmp_path / "s" / "mlp"
+    )
+    fitted, other = tmp_path / "ckpt_a", tmp_path / "ckpt_b"
+    fitted.mkdir(), other.mkdir()
+    method = {"name": "kvzap", "surrogate_dir": str(tmp_path / "s"), "threshold": -4.0}
+
+    def served(name_or_path):
+        config._name_or_path = str(name_or_path)
+        with caplog.at_level("WARNING", logger="zoomr.cache.kvzap"):
+            caplog.clear()
+            build_policy(method, config)
+        return [r.getMessage() for r in caplog.records]
+
+    assert served(other) == []  # no record (a download, an older fit): nothing to compare
+    (tmp_path / "s" / "mlp" / "fitted_by.json").write_text(json.dumps({"run_dir": "x", "model": str(fitted)}))
+    assert served(fitted) == []
+    said = served(other)
+    assert len(said) == 1 and f"was fitted for {fitted}, not for the model served ({other})" in said[0]
+    assert served(other) == []  # once per surrogate and model: the evaluator builds a cache for every batch
+    from zoomr.kvzap.surrogate import model_identity
+
+    monkeypatch.chdir(tmp_path)
+    assert model_identity("ckpt_b") == str(other)  # a local checkpoint: resolved, as the fit records it
+    assert model_identity("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B" and model_identity(None) is None  # a hub id as given

@@ -28,12 +28,12 @@ from zoomr.cache.kvzap import KVzapMethod
 from zoomr.jsonl import read_json_object
 from zoomr.kvzap.fit import fit_surrogates
 from zoomr.kvzap.pairs import pairs_pipeline, read_manifest
+from zoomr.kvzap.surrogate import FIT_RECORD, model_identity
 from zoomr.runlock import hold_run_lock
 from zoomr.schemas import to_dataclass
 
 log = logging.getLogger(__name__)
 
-FIT_RECORD = "fitted_by.json"  # beside each surrogate checkpoint: the run directory of the fit that wrote it
 
 
 def layer_table(rows: list[dict[str, Any]], kinds: list[str]) -> tuple[list[str], list[list[Any]]]:
@@ -143,7 +143,8 @@ def run(cfg) -> dict[str, Any]:
     seconds = time.time() - t0
     for kind, model in models.items():
         model.save_pretrained(str(out / kind))
-        write_json(out / kind / FIT_RECORD, {"run_dir": str(Path(run_dir).resolve())})
+        write_json(out / kind / FIT_RECORD, {"run_dir": str(Path(run_dir).resolve()),
+                                             "model": model_identity(cfg.model.hf_id)})  # None: a tiny model by config
     with (run_dir / "r2.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()

@@ -18,6 +18,7 @@ Compression (fraction of KV pairs removed, kvpress's definition) per layer and s
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,8 +30,11 @@ import torch
 from zoomr.cache.base import PolicyCache, PolicyLayer
 from zoomr.cache.config import PolicyConfig
 from zoomr.cache.registry import register_policy
-from zoomr.kvzap.surrogate import KVzapModel, check_matches, load_surrogate
+from zoomr.kvzap.surrogate import KVzapModel, check_matches, fitted_for, load_surrogate, model_identity
 from zoomr.schemas.kvzap import KVzapFit
+
+log = logging.getLogger(__name__)
+_WARNED: set[tuple[Path, str]] = set()  # (surrogate, served model) said in this process: a cache is built per batch
 
 SCORE = "kvzap_score"
 
@@ -90,8 +94,17 @@ class KVzapCache(PolicyCache):
         self._hidden: dict[int, torch.Tensor] = {}
 
     def load_surrogate(self) -> KVzapModel:
-        """The surrogate checkpoint ``<surrogate_dir>/<model_type>`` (override to load from elsewhere)."""
-        return load_surrogate(Path(self.config.surrogate_dir) / self.config.model_type)
+        """The surrogate checkpoint ``<surrogate_dir>/<model_type>`` (override to load from elsewhere). One fitted
+        for another checkpoint (its ``fitted_by.json``) is served with a warning: ``surrogate_dir`` is per model
+        *name* by default, so two checkpoints of one config (e.g. ``model=tiny-testbed model.hf_id=…``) share it."""
+        path = Path(self.config.surrogate_dir) / self.config.model_type
+        fitted, serving = fitted_for(path), model_identity(getattr(self.model_config, "_name_or_path", None))
+        if fitted and serving and fitted != serving and (path, serving) not in _WARNED:
+            _WARNED.add((path, serving))
+            log.warning("kvzap: the surrogate %s was fitted for %s, not for the model served (%s): its scores predict "
+                        "another model's importance; fit one for this model (python -m train +method=kvzap "
+                        "model.hf_id=...) into its own method.surrogate_dir", path, fitted, serving)  # fmt: skip
+        return load_surrogate(path)
 
     # ------------------------------------------------------------------ model hooks
     wants_attention_input = True  # the engine's pre-hooks feed on_attention_input

@@ -99,6 +99,26 @@ def expected_weight_names(config: KVzapConfig) -> dict[str, tuple[int, ...]]:
     return names
 
 
+FIT_RECORD = "fitted_by.json"  # beside each surrogate checkpoint: the fit's run directory and the model it fitted
+
+
+def model_identity(name_or_path: str | None) -> str | None:
+    """A model as a fit record names it: a local checkpoint's resolved directory, else the hub id as given."""
+    if not name_or_path:
+        return None
+    path = Path(name_or_path).expanduser()
+    return str(path.resolve()) if path.exists() else name_or_path
+
+
+def fitted_for(path: str | Path) -> str | None:
+    """The model the surrogate at ``path`` was fitted for (:func:`model_identity`), when its fit recorded one."""
+    record = Path(path) / FIT_RECORD
+    if not record.is_file():  # NVIDIA's downloads, fits made before the record
+        return None
+    model = read_json_object(record, "KVzap fit record").get("model")
+    return model if isinstance(model, str) else None
+
+
 def load_surrogate(
     path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
 ) -> KVzapModel:
