@@ -118,20 +118,25 @@ def test_slim_runs_never_writes_into_what_it_copies(tmp_path):
         slim_runs([run], tmp_path / "out")
 
 
+def _slimmed_then_renamed(tmp_path: Path, *names: str):
+    """Eval runs ``names`` under ``tmp_path/runs`` slimmed into ``tmp_path/out``, then the last one's ``run_name``
+    changed at the source: (runs, that run, out, the copy's files before, its original config)."""
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    *_, last = [_eval_run(runs / n, None) for n in names]
+    slim_runs([runs], out)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    config = json.loads((last / "config.json").read_text())
+    (last / "config.json").write_text(json.dumps({**config, "run_name": "renamed"}))
+    return runs, last, out, before, config
+
+
 def test_an_unreadable_source_leaves_no_copy_written_or_half_updated(tmp_path):
     """A source run with a bad row or a config.json that is not one was found after the runs before it were copied
     and its own JSON files written: a fresh --out was left with a partial copy (no results.jsonl), and re-slimming
     into an existing --out left the run's new config.json beside its old rows. Everything is read first now."""
     from zoomr.jsonl import BadRowError
 
-    runs = tmp_path / "runs"
-    _eval_run(runs / "a", None)
-    b = _eval_run(runs / "b", None)
-    out = tmp_path / "out"
-    slim_runs([runs], out)
-    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    config = json.loads((b / "config.json").read_text())
-    (b / "config.json").write_text(json.dumps({**config, "run_name": "renamed"}))
+    runs, b, out, before, config = _slimmed_then_renamed(tmp_path, "a", "b")
     with (b / "results.jsonl").open("a") as f:
         f.write("[1, 2]\n")
     with pytest.raises(BadRowError, match="b/results.jsonl line"):
@@ -153,13 +158,7 @@ def test_a_copy_interrupted_while_writing_leaves_the_old_copy_whole(tmp_path, mo
     """Re-slimming wrote a copy's files one after the other in place: a kill between them left the run's new
     config.json beside its old rows (or a torn results.jsonl), which paper_tables read as a whole run. Each file is
     written to a temporary name and the copy's files are renamed only once all are written."""
-    runs = tmp_path / "runs"
-    b = _eval_run(runs / "b", None)
-    out = tmp_path / "out"
-    slim_runs([runs], out)
-    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    config = json.loads((b / "config.json").read_text())
-    (b / "config.json").write_text(json.dumps({**config, "run_name": "renamed"}))
+    runs, b, out, before, config = _slimmed_then_renamed(tmp_path, "b")
     (b / "results.jsonl").write_text((b / "results.jsonl").read_text().replace('"correct": true', '"correct": false'))
     write_text, calls = Path.write_text, []
 
